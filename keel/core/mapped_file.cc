@@ -1,0 +1,79 @@
+#include "keel/core/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace keel {
+
+Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    std::string msg = path + ": " + std::strerror(err);
+    if (err == ENOENT) return Status::NotFound(msg);
+    return Status::IOError(msg);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    std::string msg = path + ": fstat: " + std::strerror(errno);
+    ::close(fd);
+    return Status::IOError(msg);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument(path + ": not a regular file");
+  }
+  size_t size = static_cast<size_t>(st.st_size);
+  const uint8_t* data = nullptr;
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      std::string msg = path + ": mmap: " + std::strerror(errno);
+      ::close(fd);
+      return Status::IOError(msg);
+    }
+    data = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file referenced
+  return std::shared_ptr<MappedFile>(new MappedFile(path, data, size));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (::access(path.c_str(), F_OK) != 0) return Status::NotFound(path + ": no such file");
+    return Status::IOError(path + ": cannot open");
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IOError(path + ": read failed");
+  return ss.str();
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view data) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return Status::IOError(tmp + ": cannot open for writing");
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    out.flush();
+    if (!out) return Status::IOError(tmp + ": write failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::IOError(path + ": rename failed: " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace keel

@@ -1,0 +1,41 @@
+// MappedFile: a read-only memory map of a whole file. Model weights are used straight from the
+// map, so a model's bytes exist once in memory (the page cache). Immutable after Open and safe
+// to read from any thread. Not copyable; the mapping lives as long as the object.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "keel/core/status.h"
+
+namespace keel {
+
+class MappedFile {
+ public:
+  // Maps `path` read-only. NotFound if it does not exist, IOError if it cannot be mapped.
+  // An empty file maps to size() == 0 and data() == nullptr.
+  static Result<std::shared_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile(std::string path, const uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const uint8_t* data_;
+  size_t size_;
+};
+
+// Reads a whole (small) file into a string. NotFound / IOError on failure.
+Result<std::string> ReadFileToString(const std::string& path);
+// Writes `data` to `path` atomically (temp file + rename).
+Status WriteFileAtomic(const std::string& path, std::string_view data);
+
+}  // namespace keel

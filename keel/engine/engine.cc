@@ -1,0 +1,73 @@
+#include "keel/engine/engine.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+
+namespace keel::engine {
+
+namespace fs = std::filesystem;
+
+Result<std::string> FindTokenizer(const std::string& model_path) {
+  std::error_code ec;
+  fs::path model(model_path);
+  fs::path dir = fs::is_directory(model, ec) ? model : model.parent_path();
+  if (dir.empty()) dir = ".";
+  fs::path direct = dir / "tokenizer.bin";
+  if (fs::is_regular_file(direct, ec)) return direct.string();
+  const std::string stem = fs::is_directory(model, ec) ? std::string() : model.filename().string();
+  std::string best;
+  size_t best_common = 0;
+  int candidates = 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || name == model.filename().string()) continue;
+    if (name.find("tok") == std::string::npos || name.size() < 4 || name.substr(name.size() - 4) != ".bin") continue;
+    ++candidates;
+    size_t common = 0;
+    while (common < name.size() && common < stem.size() && name[common] == stem[common]) ++common;
+    if (best.empty() || common > best_common) {
+      best = entry.path().string();
+      best_common = common;
+    }
+  }
+  if (!best.empty() && (best_common > 0 || candidates == 1)) return best;
+  return Status::NotFound("no tokenizer found for " + model_path + ": tried " + direct.string() +
+                          " and *tok*.bin files in " + dir.string() + "; pass --tokenizer");
+}
+
+Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options, SchedulerObserver observer) {
+  std::unique_ptr<Engine> e(new Engine());
+  KEEL_ASSIGN_OR_RETURN(Model m, LoadModel(options.model_path));
+  e->model_ = std::make_unique<Model>(std::move(m));
+  std::string tok_path = options.tokenizer_path;
+  if (tok_path.empty()) {
+    KEEL_ASSIGN_OR_RETURN(tok_path, FindTokenizer(options.model_path));
+  }
+  KEEL_ASSIGN_OR_RETURN(Tokenizer t, Tokenizer::Load(tok_path, e->model_->config.vocab_size));
+  e->tokenizer_ = std::make_unique<Tokenizer>(std::move(t));
+  KEEL_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(*e->model_, options.kv_codec, options.kv));
+  e->scheduler_ = std::make_unique<Scheduler>(*e->model_, *e->tokenizer_, *e->cache_, options.scheduler,
+                                              std::move(observer));
+  return e;
+}
+
+Result<GenerationEvent> Engine::Generate(const std::string& prompt, const GenerationParams& params,
+                                         const std::function<void(const std::string&)>& on_text,
+                                         std::vector<int>* tokens_out) {
+  auto req = std::make_shared<Request>();
+  req->prompt = tokenizer_->Encode(prompt, /*bos=*/true);
+  req->params = params;
+  GenerationEvent final_event;
+  req->on_event = [&](const GenerationEvent& ev) {
+    if (!ev.text.empty() && on_text) on_text(ev.text);
+    if (tokens_out) tokens_out->insert(tokens_out->end(), ev.tokens.begin(), ev.tokens.end());
+    if (ev.finished) final_event = ev;
+  };
+  KEEL_RETURN_IF_ERROR(scheduler_->Submit(req));
+  scheduler_->RunUntilIdle();
+  if (final_event.finish_reason == FinishReason::kError) return final_event.error;
+  return final_event;
+}
+
+}  // namespace keel::engine

@@ -1,0 +1,53 @@
+// Engine: the pieces one inference instance needs, wired together — model, tokenizer, KV cache
+// and scheduler — with the discovery rules the CLI and servers share. Thin by design: everything
+// here is a composition of public APIs that can be used on their own.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "keel/core/status.h"
+#include "keel/engine/kv_cache.h"
+#include "keel/engine/model.h"
+#include "keel/engine/scheduler.h"
+#include "keel/engine/tokenizer.h"
+
+namespace keel::engine {
+
+struct EngineOptions {
+  std::string model_path;
+  std::string tokenizer_path;   // empty: found beside the model (see FindTokenizer)
+  std::string kv_codec = "raw";
+  KvCacheOptions kv;
+  SchedulerOptions scheduler;
+};
+
+// Finds the tokenizer for a model: <dir>/tokenizer.bin, else the "*tok*.bin" file in the model's
+// directory whose name shares the longest prefix with the model's file name. NotFound lists what
+// was tried.
+Result<std::string> FindTokenizer(const std::string& model_path);
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Open(const EngineOptions& options, SchedulerObserver observer = {});
+
+  const Model& model() const { return *model_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  KvCache& cache() { return *cache_; }
+  Scheduler& scheduler() { return *scheduler_; }
+
+  // Generates synchronously (runs the scheduler on the calling thread). `on_text` receives
+  // text as it is produced. Returns the final event (finish reason, token counts).
+  Result<GenerationEvent> Generate(const std::string& prompt, const GenerationParams& params,
+                                   const std::function<void(const std::string&)>& on_text = {},
+                                   std::vector<int>* tokens_out = nullptr);
+
+ private:
+  Engine() = default;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+}  // namespace keel::engine

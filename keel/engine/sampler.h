@@ -1,0 +1,33 @@
+// Sampler: picks the next token from logits. Greedy when temperature == 0; otherwise
+// temperature, then top-k, then top-p (nucleus) over the softmax, drawn with a per-sequence
+// seeded generator so a (seed, prompt) pair always gives the same text.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace keel::engine {
+
+struct SamplingOptions {
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options);
+  // Picks a token from `logits` (vocab floats); may modify `logits` in place.
+  int Sample(float* logits, int vocab);
+
+ private:
+  SamplingOptions opt_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int>> cand_;
+};
+
+int Argmax(const float* x, int n);
+
+}  // namespace keel::engine

@@ -1,0 +1,420 @@
+#include "keel/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "keel/core/log.h"
+
+namespace keel::engine {
+
+using Clock = std::chrono::steady_clock;
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "none";
+}
+
+struct Scheduler::Active {
+  std::shared_ptr<Request> req;
+  SeqId seq = 0;
+  Sampler sampler;
+  std::vector<int> context;    // tokens whose K/V must be in the cache before decoding
+  int computed = 0;            // leading context tokens already in the cache
+  int cached_prompt = 0;       // prompt tokens served from shared blocks (first admission)
+  std::vector<int> generated;
+  int prev_token = Tokenizer::kBos;
+  std::string pending;         // decoded text not yet delivered
+  std::string out_text;        // text ready for the next event
+  std::vector<int> out_tokens;
+  Clock::time_point last_token_time;
+  bool first_token_seen = false;
+  bool done = false;
+  FinishReason reason = FinishReason::kNone;
+  Status error;
+
+  explicit Active(std::shared_ptr<Request> r) : req(std::move(r)), sampler(req->params.sampling) {}
+  bool prefilling() const { return computed < static_cast<int>(context.size()); }
+  int length() const { return static_cast<int>(req->prompt.size() + generated.size()); }
+};
+
+Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, KvCache& cache,
+                     const SchedulerOptions& options, SchedulerObserver observer)
+    : model_(model), tokenizer_(tokenizer), cache_(cache), options_(options),
+      observer_(std::move(observer)), transformer_(model) {
+  options_.max_running = std::max(1, options_.max_running);
+  options_.max_batch_tokens = std::max(1, options_.max_batch_tokens);
+}
+
+Scheduler::~Scheduler() = default;
+
+Status Scheduler::Submit(std::shared_ptr<Request> request) {
+  const ModelConfig& c = model_.config;
+  const auto& p = request->params;
+  const int n = static_cast<int>(request->prompt.size());
+  if (n == 0) return Status::InvalidArgument("prompt is empty");
+  for (int t : request->prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return Status::InvalidArgument("prompt token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                                     std::to_string(c.vocab_size - 1) + ")");
+    }
+  }
+  if (p.max_tokens < 1) return Status::InvalidArgument("max_tokens must be at least 1");
+  if (n >= c.max_seq_len) {
+    return Status::InvalidArgument("prompt has " + std::to_string(n) + " tokens but the model's context is " +
+                                   std::to_string(c.max_seq_len) + " tokens");
+  }
+  if (static_cast<int64_t>(n) + p.max_tokens > c.max_seq_len) {
+    return Status::InvalidArgument("this model's maximum context length is " + std::to_string(c.max_seq_len) +
+                                   " tokens; the request asks for " + std::to_string(n) + " prompt + " +
+                                   std::to_string(p.max_tokens) + " completion tokens");
+  }
+  if (!(p.sampling.temperature >= 0.0f) || p.sampling.temperature > 100.0f) {
+    return Status::InvalidArgument("temperature must be between 0 and 100");
+  }
+  if (!(p.sampling.top_p > 0.0f && p.sampling.top_p <= 1.0f)) return Status::InvalidArgument("top_p must be in (0, 1]");
+  if (p.sampling.top_k < 0) return Status::InvalidArgument("top_k must be >= 0");
+  if (cache_.BlocksFor(n + p.max_tokens) > cache_.Stats().blocks_total) {
+    return Status::ResourceExhausted("request needs " + std::to_string(cache_.BlocksFor(n + p.max_tokens)) +
+                                     " KV blocks but the whole cache holds " +
+                                     std::to_string(cache_.Stats().blocks_total) + "; raise the KV budget");
+  }
+  request->submitted = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return Status::Unavailable("server is shutting down");
+    if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+      return Status::ResourceExhausted("request queue is full (" + std::to_string(options_.max_queue) +
+                                       " waiting); retry later");
+    }
+    queue_.push_back(std::move(request));
+  }
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+int Scheduler::QueueDepth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(queue_.size()) + static_cast<int>(preempted_count_.load());
+}
+
+SchedulerStats Scheduler::Stats() const {
+  SchedulerStats s;
+  s.queue_depth = QueueDepth();
+  s.running = running_.load();
+  s.steps = steps_.load();
+  s.prompt_tokens = prompt_tokens_.load();
+  s.generated_tokens = generated_tokens_.load();
+  s.requests_finished = finished_.load();
+  s.preemptions = preemptions_.load();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  s.kv = kv_stats_;
+  return s;
+}
+
+void Scheduler::Admit() {
+  while (static_cast<int>(active_.size()) < options_.max_running) {
+    std::unique_ptr<Active> a;
+    bool resumed = false;
+    if (!preempted_.empty()) {
+      a = std::move(preempted_.front());
+      preempted_.pop_front();
+      --preempted_count_;
+      resumed = true;
+    } else {
+      std::shared_ptr<Request> req;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (queue_.empty()) return;
+        req = queue_.front();
+        queue_.pop_front();
+      }
+      a = std::make_unique<Active>(std::move(req));
+      a->context = a->req->prompt;
+    }
+    if (a->req->cancelled.load()) {
+      Finish(*a, FinishReason::kCancelled);
+      continue;
+    }
+    a->seq = next_seq_++;
+    Result<int> reused = cache_.BeginSequence(a->seq, a->context);
+    Status st = reused.ok() ? cache_.Reserve(a->seq, static_cast<int>(a->context.size())) : reused.status();
+    if (!st.ok()) {
+      cache_.Release(a->seq);
+      if (st.code() == StatusCode::kResourceExhausted && !active_.empty()) {
+        // Not enough room yet: wait at the head of the line for running sequences to finish.
+        if (resumed) {
+          preempted_.push_front(std::move(a));
+          ++preempted_count_;
+        } else {
+          std::lock_guard<std::mutex> lock(mu_);
+          queue_.push_front(a->req);
+        }
+        return;
+      }
+      Finish(*a, FinishReason::kError, st);
+      continue;
+    }
+    a->computed = *reused;
+    if (!resumed) a->cached_prompt = *reused;
+    ++running_;
+    active_.push_back(std::move(a));
+  }
+}
+
+void Scheduler::Preempt(size_t index) {
+  std::unique_ptr<Active> a = std::move(active_[index]);
+  active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(index));
+  cache_.Release(a->seq);
+  // On re-admission the whole context (prompt + generated) is prefilled and the next token is
+  // sampled from its last row, exactly where decoding stopped.
+  a->context = a->req->prompt;
+  a->context.insert(a->context.end(), a->generated.begin(), a->generated.end());
+  a->computed = 0;
+  --running_;
+  ++preemptions_;
+  preempted_.push_front(std::move(a));
+  ++preempted_count_;
+}
+
+bool Scheduler::ReserveDecode(size_t index) {
+  Active& a = *active_[index];
+  while (true) {
+    Status st = cache_.Reserve(a.seq, a.length());
+    if (st.ok()) return true;
+    if (index + 1 >= active_.size()) {
+      Finish(a, FinishReason::kError, st);
+      return false;
+    }
+    Preempt(active_.size() - 1);  // the youngest yields
+  }
+}
+
+void Scheduler::Deliver(Active& a, bool finished) {
+  if (!finished && a.out_text.empty()) return;
+  GenerationEvent ev;
+  ev.text = std::move(a.out_text);
+  ev.tokens = std::move(a.out_tokens);
+  a.out_text.clear();
+  a.out_tokens.clear();
+  ev.finished = finished;
+  ev.finish_reason = a.reason;
+  ev.error = a.error;
+  ev.prompt_tokens = static_cast<int>(a.req->prompt.size());
+  ev.completion_tokens = static_cast<int>(a.generated.size());
+  ev.cached_prompt_tokens = a.cached_prompt;
+  if (a.req->on_event) a.req->on_event(ev);
+}
+
+void Scheduler::Finish(Active& a, FinishReason reason, Status error) {
+  if (a.done) return;
+  a.done = true;
+  a.reason = reason;
+  a.error = std::move(error);
+  if (reason != FinishReason::kCancelled && reason != FinishReason::kError) a.out_text += a.pending;
+  a.pending.clear();
+  Deliver(a, true);
+  ++finished_;
+}
+
+namespace {
+
+// Bytes at the end of `s` that may start a stop sequence, or an incomplete UTF-8 character:
+// they are held back until the next token decides.
+size_t HoldBack(const std::string& s, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& stop : stops) {
+    for (size_t k = std::min(stop.size() - 1, s.size()); k > hold; --k) {
+      if (s.compare(s.size() - k, k, stop, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  // Incomplete UTF-8 sequence at the end.
+  for (size_t back = 1; back <= 4 && back <= s.size(); ++back) {
+    unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
+    size_t need = (c & 0x80) == 0 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    if (need > back) hold = std::max(hold, back);
+    break;
+  }
+  return hold;
+}
+
+}  // namespace
+
+void Scheduler::Emit(Active& a, int token) {
+  const GenerationParams& p = a.req->params;
+  auto now = Clock::now();
+  if (!a.first_token_seen) {
+    a.first_token_seen = true;
+    if (observer_.time_to_first_token) {
+      observer_.time_to_first_token(std::chrono::duration<double>(now - a.req->submitted).count());
+    }
+  } else if (observer_.inter_token_latency) {
+    observer_.inter_token_latency(std::chrono::duration<double>(now - a.last_token_time).count());
+  }
+  a.last_token_time = now;
+  ++generated_tokens_;
+  if (p.stop_at_eos && (token == Tokenizer::kBos || token == Tokenizer::kEos)) {
+    a.generated.push_back(token);
+    Finish(a, FinishReason::kStop);
+    return;
+  }
+  a.generated.push_back(token);
+  a.out_tokens.push_back(token);
+  a.pending += tokenizer_.Decode(a.prev_token, token);
+  a.prev_token = token;
+  for (const std::string& stop : p.stop) {
+    size_t at = stop.empty() ? std::string::npos : a.pending.find(stop);
+    if (at != std::string::npos) {
+      a.out_text += a.pending.substr(0, at);
+      a.pending.clear();
+      Finish(a, FinishReason::kStop);
+      return;
+    }
+  }
+  size_t hold = HoldBack(a.pending, p.stop);
+  a.out_text += a.pending.substr(0, a.pending.size() - hold);
+  a.pending.erase(0, a.pending.size() - hold);
+  if (static_cast<int>(a.generated.size()) >= p.max_tokens || a.length() >= model_.config.max_seq_len) {
+    Finish(a, FinishReason::kLength);
+    return;
+  }
+  Deliver(a, false);
+}
+
+bool Scheduler::Step() {
+  if (cancel_all_.load()) {
+    for (auto& a : active_) a->req->cancelled = true;
+    for (auto& a : preempted_) a->req->cancelled = true;
+  }
+  Admit();
+  // Drop cancelled sequences before spending compute on them.
+  for (auto& a : active_) {
+    if (a->req->cancelled.load()) Finish(*a, FinishReason::kCancelled);
+  }
+  auto drop_done = [&] {
+    for (size_t i = 0; i < active_.size();) {
+      if (active_[i]->done) {
+        cache_.Release(active_[i]->seq);
+        active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        --running_;
+      } else {
+        ++i;
+      }
+    }
+  };
+  drop_done();
+  if (active_.empty()) return false;
+
+  // Decoders first (one token each, cheap and latency-bound), then prompt chunks.
+  std::vector<BatchToken> batch;
+  std::vector<Active*> owners;  // per batch row
+  int budget = options_.max_batch_tokens;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Active& a = *active_[i];
+    if (a.prefilling() || a.done) continue;
+    if (!ReserveDecode(i)) continue;
+    batch.push_back({a.seq, a.generated.back(), a.length() - 1, true});
+    owners.push_back(&a);
+    --budget;
+  }
+  for (auto& ap : active_) {
+    Active& a = *ap;
+    if (!a.prefilling() || a.done || budget <= 0) continue;
+    const int remaining = static_cast<int>(a.context.size()) - a.computed;
+    const int chunk = std::min(remaining, budget);
+    for (int j = 0; j < chunk; ++j) {
+      const int pos = a.computed + j;
+      batch.push_back({a.seq, a.context[pos], pos, j == remaining - 1});
+      owners.push_back(&a);
+    }
+    budget -= chunk;
+  }
+  if (batch.empty()) {
+    drop_done();
+    return !active_.empty();
+  }
+
+  Status st = transformer_.Forward(batch, cache_, logits_);
+  ++steps_;
+  if (!st.ok()) {
+    Log().error("forward pass failed: {}", st.ToString());
+    for (Active* a : owners) Finish(*a, FinishReason::kError, st);
+    drop_done();
+    return true;
+  }
+  // Commit stored tokens per sequence (rows of one sequence are contiguous), then sample.
+  for (size_t r = 0; r < batch.size();) {
+    size_t e = r;
+    while (e < batch.size() && owners[e] == owners[r]) ++e;
+    Active& a = *owners[r];
+    std::vector<int> toks;
+    for (size_t j = r; j < e; ++j) toks.push_back(batch[j].token);
+    cache_.Commit(a.seq, toks.data(), static_cast<int>(toks.size()));
+    if (a.prefilling()) {
+      a.computed += static_cast<int>(e - r);
+      prompt_tokens_ += static_cast<int64_t>(e - r);
+    }
+    r = e;
+  }
+  int row = 0;
+  const int vocab = model_.config.vocab_size;
+  for (size_t r = 0; r < batch.size(); ++r) {
+    if (!batch[r].want_logits) continue;
+    Active& a = *owners[r];
+    int token = a.sampler.Sample(&logits_[static_cast<size_t>(row) * vocab], vocab);
+    ++row;
+    Emit(a, token);
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    kv_stats_ = cache_.Stats();
+  }
+  drop_done();
+  return true;
+}
+
+void Scheduler::Run(const std::atomic<bool>& stop) {
+  while (!stop.load()) {
+    if (Step()) continue;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return !queue_.empty() || stop.load(); });
+  }
+}
+
+void Scheduler::RunUntilIdle() {
+  while (true) {
+    if (Step()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty() && preempted_.empty() && active_.empty()) return;
+  }
+}
+
+void Scheduler::Shutdown(bool cancel) {
+  std::deque<std::shared_ptr<Request>> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+    queued.swap(queue_);
+  }
+  for (auto& r : queued) {
+    r->cancelled = true;
+    GenerationEvent ev;
+    ev.finished = true;
+    ev.finish_reason = FinishReason::kCancelled;
+    ev.prompt_tokens = static_cast<int>(r->prompt.size());
+    if (r->on_event) r->on_event(ev);
+  }
+  // The scheduler thread notices at its next step and finishes running sequences as cancelled.
+  if (cancel) cancel_all_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace keel::engine

@@ -1,0 +1,153 @@
+// Scheduler: continuous batching over one model and one KV cache.
+//
+// Requests enter a bounded queue (Submit fails with ResourceExhausted when it is full; servers
+// answer 429). Each Step() admits queued requests whose prompt fits the free KV blocks, then runs
+// one forward pass over every active sequence: one token for each decoding sequence, then
+// prompt chunks for sequences still prefilling, up to max_batch_tokens. New requests join
+// between steps. Decode blocks are allocated as sequences grow; when the budget runs out the
+// youngest sequence is preempted (its blocks released, its context recomputed on re-admission,
+// mostly from still-cached prefix blocks), so the oldest requests always make progress.
+// Events (text deltas, finish) are delivered through the request's callback on the scheduler
+// thread; callbacks must be quick and must not call back into the scheduler.
+//
+// Submit, Cancel, QueueDepth and Stats are thread-safe; Step/Run belong to one thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "keel/core/status.h"
+#include "keel/engine/kv_cache.h"
+#include "keel/engine/model.h"
+#include "keel/engine/sampler.h"
+#include "keel/engine/tokenizer.h"
+#include "keel/engine/transformer.h"
+
+namespace keel::engine {
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct GenerationParams {
+  SamplingOptions sampling;
+  int max_tokens = 16;                 // generated tokens at most
+  std::vector<std::string> stop;       // stop sequences (not included in the output)
+  bool stop_at_eos = true;             // BOS/EOS end generation (llama2.c stops at BOS)
+};
+
+struct GenerationEvent {
+  std::string text;           // new text since the last event (may be empty)
+  std::vector<int> tokens;    // token ids produced since the last event
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  Status error;               // set when finish_reason == kError
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_prompt_tokens = 0;  // prompt tokens served from shared KV blocks
+};
+
+struct Request {
+  std::vector<int> prompt;  // token ids, BOS included when wanted
+  GenerationParams params;
+  std::function<void(const GenerationEvent&)> on_event;
+  // Set by the owner (client went away) or by Shutdown; checked between steps.
+  std::atomic<bool> cancelled{false};
+  std::chrono::steady_clock::time_point submitted;  // set by Submit
+};
+
+struct SchedulerOptions {
+  int max_queue = 64;               // queued (not yet admitted) requests
+  int max_running = 32;             // sequences in one batch
+  int max_batch_tokens = 512;       // prompt tokens + decode tokens per step
+};
+
+struct SchedulerStats {
+  int64_t queue_depth = 0;
+  int64_t running = 0;
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;       // cumulative, computed (excludes cache hits)
+  int64_t generated_tokens = 0;    // cumulative
+  int64_t requests_finished = 0;
+  int64_t preemptions = 0;
+  KvCacheStats kv;
+};
+
+// Observers for metrics: called on the scheduler thread.
+struct SchedulerObserver {
+  std::function<void(double seconds)> time_to_first_token;
+  std::function<void(double seconds)> inter_token_latency;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, const Tokenizer& tokenizer, KvCache& cache,
+            const SchedulerOptions& options, SchedulerObserver observer = {});
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Validates and enqueues. InvalidArgument when the prompt is empty, a token id is out of
+  // range, or prompt + max_tokens exceeds the context; ResourceExhausted when the queue is full
+  // or the request could never fit the KV budget; Unavailable after Shutdown.
+  Status Submit(std::shared_ptr<Request> request);
+
+  // Runs one iteration. Returns false when there was nothing to do.
+  bool Step();
+  // Steps until `stop` is set; sleeps while idle. Used by servers on a dedicated thread.
+  void Run(const std::atomic<bool>& stop);
+  // Stops admitting; running and queued requests finish with kCancelled when `cancel` is true,
+  // otherwise running ones are left to finish (queued ones are cancelled).
+  void Shutdown(bool cancel);
+  // Steps until every submitted request has finished (CLI use).
+  void RunUntilIdle();
+
+  int QueueDepth() const;
+  SchedulerStats Stats() const;
+  const Model& model() const { return model_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const KvCache& cache() const { return cache_; }
+
+ private:
+  struct Active;
+  void Admit();
+  bool ReserveDecode(size_t index);
+  void Preempt(size_t index);
+  void Finish(Active& a, FinishReason reason, Status error = Status::Ok());
+  void Emit(Active& a, int token);
+  void Deliver(Active& a, bool finished);
+
+  const Model& model_;
+  const Tokenizer& tokenizer_;
+  KvCache& cache_;
+  SchedulerOptions options_;
+  SchedulerObserver observer_;
+  Transformer transformer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  bool shutdown_ = false;
+  // Sequences evicted from the KV cache to make room; they re-enter before new requests and
+  // recompute their context (usually from still-cached prefix blocks).
+  std::deque<std::unique_ptr<Active>> preempted_;  // scheduler thread only
+  std::atomic<int64_t> preempted_count_{0};
+  std::atomic<bool> cancel_all_{false};
+
+  std::vector<std::unique_ptr<Active>> active_;
+  SeqId next_seq_ = 1;
+  std::vector<float> logits_;
+  std::atomic<int64_t> steps_{0}, prompt_tokens_{0}, generated_tokens_{0}, finished_{0}, running_{0},
+      preemptions_{0};
+  mutable std::mutex stats_mu_;
+  KvCacheStats kv_stats_;
+};
+
+}  // namespace keel::engine

@@ -1,0 +1,233 @@
+#include "keel/engine/transformer.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace keel::engine {
+
+namespace {
+
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t* p, DType t) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (t == DType::kF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float HSum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+inline float ScalarAt(const void* row, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(row)[i];
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(row)[i]);
+    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(row)[i]);
+  }
+  return 0.0f;
+}
+
+// Dot products of one weight row against up to 4 activation rows at once, so the weight row is
+// read from memory once per 4 batch rows. The summation order for a given (row, x) pair does not
+// depend on how many rows share the call, which keeps results independent of batch shape.
+template <int NB>
+void DotRowTile(const void* wrow, DType t, const float* const* xs, int64_t n, float* out) {
+  __m256 acc[NB][2];
+  for (int b = 0; b < NB; ++b) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+  int64_t i = 0;
+  if (t == DType::kF32) {
+    const float* w = static_cast<const float*>(wrow);
+    for (; i + 16 <= n; i += 16) {
+      __m256 w0 = Load8(w + i), w1 = Load8(w + i + 8);
+      for (int b = 0; b < NB; ++b) {
+        acc[b][0] = _mm256_fmadd_ps(w0, Load8(xs[b] + i), acc[b][0]);
+        acc[b][1] = _mm256_fmadd_ps(w1, Load8(xs[b] + i + 8), acc[b][1]);
+      }
+    }
+  } else {
+    const uint16_t* w = static_cast<const uint16_t*>(wrow);
+    for (; i + 16 <= n; i += 16) {
+      __m256 w0 = Load8(w + i, t), w1 = Load8(w + i + 8, t);
+      for (int b = 0; b < NB; ++b) {
+        acc[b][0] = _mm256_fmadd_ps(w0, Load8(xs[b] + i), acc[b][0]);
+        acc[b][1] = _mm256_fmadd_ps(w1, Load8(xs[b] + i + 8), acc[b][1]);
+      }
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    float s = HSum(_mm256_add_ps(acc[b][0], acc[b][1]));
+    for (int64_t j = i; j < n; ++j) s += ScalarAt(wrow, t, j) * xs[b][j];
+    out[b] = s;
+  }
+}
+
+}  // namespace
+
+void MatMul(const TensorView& w, const float* x, int n_rows, float* y) {
+  const int64_t out_dim = w.rows, in_dim = w.cols;
+  const size_t row_bytes = static_cast<size_t>(in_dim) * DTypeSize(w.dtype);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  // Threads only pay off once there is real work per call (tiny models run single-threaded).
+  const bool parallel = out_dim * in_dim * n_rows >= (1 << 15);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t o = 0; o < out_dim; ++o) {
+    const void* wrow = base + static_cast<size_t>(o) * row_bytes;
+    int b = 0;
+    float tmp[4];
+    for (; b + 4 <= n_rows; b += 4) {
+      const float* xs[4] = {x + b * in_dim, x + (b + 1) * in_dim, x + (b + 2) * in_dim, x + (b + 3) * in_dim};
+      DotRowTile<4>(wrow, w.dtype, xs, in_dim, tmp);
+      for (int k = 0; k < 4; ++k) y[(b + k) * out_dim + o] = tmp[k];
+    }
+    for (; b < n_rows; ++b) {
+      const float* xs[1] = {x + b * in_dim};
+      DotRowTile<1>(wrow, w.dtype, xs, in_dim, tmp);
+      y[b * out_dim + o] = tmp[0];
+    }
+  }
+}
+
+void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) {
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  ss /= static_cast<float>(n);
+  ss += eps;
+  ss = 1.0f / std::sqrt(ss);
+  for (int i = 0; i < n; ++i) out[i] = weight[i] * (ss * x[i]);
+}
+
+namespace {
+
+// Rotates one head's vector for position `pos` and writes it in interleaved pair order.
+void RopeHead(float* v, int hd, int pos, float theta, RopeStyle style, float* tmp) {
+  const int half = hd / 2;
+  for (int j = 0; j < half; ++j) {
+    const float freq = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(hd));
+    const float val = static_cast<float>(pos) * freq;
+    const float c = std::cos(val), s = std::sin(val);
+    const int a = style == RopeStyle::kInterleaved ? 2 * j : j;
+    const int b = style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
+    const float v0 = v[a], v1 = v[b];
+    tmp[2 * j] = v0 * c - v1 * s;
+    tmp[2 * j + 1] = v0 * s + v1 * c;
+  }
+  std::memcpy(v, tmp, sizeof(float) * hd);
+}
+
+void AddBias(float* x, const float* bias, int rows, int cols) {
+  if (bias == nullptr) return;
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < cols; ++i) x[r * cols + i] += bias[i];
+}
+
+}  // namespace
+
+Transformer::Transformer(const Model& model) : model_(model) {
+  attend_scratch_.resize(static_cast<size_t>(omp_get_max_threads()));
+}
+
+void Transformer::EnsureScratch(int n) {
+  if (n <= cap_) return;
+  const ModelConfig& c = model_.config;
+  cap_ = n;
+  x_.resize(static_cast<size_t>(n) * c.dim);
+  xb_.resize(static_cast<size_t>(n) * c.dim);
+  xo_.resize(static_cast<size_t>(n) * c.dim);
+  q_.resize(static_cast<size_t>(n) * c.dim);
+  att_.resize(static_cast<size_t>(n) * c.dim);
+  k_.resize(static_cast<size_t>(n) * c.kv_dim());
+  v_.resize(static_cast<size_t>(n) * c.kv_dim());
+  hb_.resize(static_cast<size_t>(n) * c.hidden_dim);
+  hb2_.resize(static_cast<size_t>(n) * c.hidden_dim);
+}
+
+Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache, std::vector<float>& logits) {
+  const ModelConfig& c = model_.config;
+  const int n = static_cast<int>(batch.size());
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hidden = c.hidden_dim;
+  if (n == 0) {
+    logits.clear();
+    return Status::Ok();
+  }
+  for (const BatchToken& t : batch) {
+    if (t.token < 0 || t.token >= c.vocab_size) {
+      return Status::InvalidArgument("token id " + std::to_string(t.token) + " outside vocabulary of " +
+                                     std::to_string(c.vocab_size));
+    }
+    if (t.pos < 0 || t.pos >= c.max_seq_len) {
+      return Status::InvalidArgument("position " + std::to_string(t.pos) + " outside context of " +
+                                     std::to_string(c.max_seq_len));
+    }
+    if (cache.Capacity(t.seq) <= t.pos) {
+      return Status::InvalidArgument("sequence " + std::to_string(t.seq) + " has no KV blocks reserved for position " +
+                                     std::to_string(t.pos));
+    }
+  }
+  EnsureScratch(n);
+  const size_t row = DTypeSize(model_.embedding.dtype) * dim;
+  for (int i = 0; i < n; ++i) {
+    ConvertToF32(model_.embedding.dtype, static_cast<const uint8_t*>(model_.embedding.data) + row * batch[i].token,
+                 &x_[static_cast<size_t>(i) * dim], dim);
+  }
+
+  const kv::Codec& codec = cache.codec();
+  std::vector<const uint8_t* const*> tables(n);
+  std::vector<float> rope_tmp(hd);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = model_.layers[l];
+    for (int i = 0; i < n; ++i) RmsNorm(&x_[i * dim], w.attn_norm, dim, c.rms_eps, &xb_[i * dim]);
+    MatMul(w.wq, xb_.data(), n, q_.data());
+    MatMul(w.wk, xb_.data(), n, k_.data());
+    MatMul(w.wv, xb_.data(), n, v_.data());
+    AddBias(q_.data(), w.bq, n, dim);
+    AddBias(k_.data(), w.bk, n, kvd);
+    AddBias(v_.data(), w.bv, n, kvd);
+    for (int i = 0; i < n; ++i) {
+      const BatchToken& t = batch[i];
+      for (int h = 0; h < c.n_heads; ++h) RopeHead(&q_[i * dim + h * hd], hd, t.pos, c.rope_theta, c.rope_style, rope_tmp.data());
+      for (int h = 0; h < c.n_kv_heads; ++h) RopeHead(&k_[i * kvd + h * hd], hd, t.pos, c.rope_theta, c.rope_style, rope_tmp.data());
+      int slot;
+      uint8_t* block = cache.BlockFor(t.seq, l, t.pos, &slot);
+      codec.append(l, block, slot, &k_[i * kvd], &v_[i * kvd]);
+    }
+    for (int i = 0; i < n; ++i) tables[i] = cache.LayerBlocks(batch[i].seq, l);
+    // Every K/V of this layer for this batch is stored before any token attends, so tokens of
+    // one sequence see their predecessors in the same batch (causal by n_tokens = pos + 1).
+    const bool par = n > 1 && static_cast<int64_t>(n) * (batch.back().pos + 1) * dim >= (1 << 14);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int i = 0; i < n; ++i) {
+      kv::AttendScratch& scratch = attend_scratch_[static_cast<size_t>(omp_get_thread_num())];
+      codec.attend(l, tables[i], batch[i].pos + 1, &q_[static_cast<size_t>(i) * dim], &att_[static_cast<size_t>(i) * dim], scratch);
+    }
+    MatMul(w.wo, att_.data(), n, xo_.data());
+    for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xo_[j];
+
+    for (int i = 0; i < n; ++i) RmsNorm(&x_[i * dim], w.ffn_norm, dim, c.rms_eps, &xb_[i * dim]);
+    MatMul(w.w1, xb_.data(), n, hb_.data());
+    MatMul(w.w3, xb_.data(), n, hb2_.data());
+    for (size_t j = 0; j < static_cast<size_t>(n) * hidden; ++j) {
+      float g = hb_[j];
+      hb_[j] = g / (1.0f + std::exp(-g)) * hb2_[j];
+    }
+    MatMul(w.w2, hb_.data(), n, xo_.data());
+    for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xo_[j];
+  }
+
+  int n_out = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!batch[i].want_logits) continue;
+    RmsNorm(&x_[i * dim], model_.final_norm, dim, c.rms_eps, &xb_[n_out * dim]);
+    ++n_out;
+  }
+  logits.resize(static_cast<size_t>(n_out) * c.vocab_size);
+  if (n_out > 0) MatMul(model_.classifier, xb_.data(), n_out, logits.data());
+  return Status::Ok();
+}
+
+}  // namespace keel::engine

@@ -1,0 +1,32 @@
+// RawCodec: K/V stored uncompressed as fp32 or bf16. The reference every other codec is
+// measured and checked against. Block layout per layer: K[block_tokens][kv_dim] then
+// V[block_tokens][kv_dim], elements little-endian in the chosen type.
+#pragma once
+
+#include "keel/core/dtype.h"
+#include "keel/kv/codec.h"
+
+namespace keel::kv {
+
+class RawCodec final : public Codec {
+ public:
+  RawCodec(const KvShape& shape, DType dtype);  // dtype: kF32 or kBF16
+
+  std::string spec() const override;
+  std::string fingerprint() const override;
+  const KvShape& shape() const override { return shape_; }
+  size_t block_bytes(int layer) const override;
+  void append(int layer, uint8_t* block, int slot, const float* k, const float* v) const override;
+  void attend(int layer, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
+              AttendScratch& scratch) const override;
+  void read(int layer, const uint8_t* block, int slot, float* k, float* v) const override;
+
+ private:
+  // Pointer to row `slot` of K (which=0) or V (which=1) inside a block.
+  const uint8_t* row(const uint8_t* block, int which, int slot) const;
+  KvShape shape_;
+  DType dtype_;
+  size_t elem_ = 4;
+};
+
+}  // namespace keel::kv
