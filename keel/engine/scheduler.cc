@@ -186,11 +186,18 @@ bool Scheduler::ReserveDecode(size_t index) {
   while (true) {
     Status st = cache_.Reserve(a.seq, a.length());
     if (st.ok()) return true;
-    if (index + 1 >= active_.size()) {
-      Finish(a, FinishReason::kError, st);
-      return false;
+    if (index + 1 < active_.size()) {
+      Preempt(active_.size() - 1);  // the youngest yields
+      continue;
     }
-    Preempt(active_.size() - 1);  // the youngest yields
+    // `a` is the youngest itself: it waits for older sequences to finish. Alone, it can never
+    // fit (Submit rules that out unless the budget is fragmented by other state): an error.
+    if (index > 0) {
+      Preempt(index);
+    } else {
+      Finish(a, FinishReason::kError, st);
+    }
+    return false;
   }
 }
 

@@ -1,0 +1,123 @@
+#include "keel/engine/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "keel/core/mapped_file.h"
+#include "test_util.h"
+
+namespace keel::engine {
+namespace {
+
+Tokenizer LoadAidreams() {
+  auto t = Tokenizer::Load(test::ModelsDir() + "/aidreams_tok512.bin", 512);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(t).value();
+}
+
+TEST(Tokenizer, LoadsAidreamsVocabulary) {
+  Tokenizer t = LoadAidreams();
+  EXPECT_EQ(t.vocab_size(), 512);
+  EXPECT_EQ(t.max_token_length(), 10);
+  EXPECT_EQ(t.piece(1), "\n<s>\n");
+  EXPECT_EQ(t.piece(2), "\n</s>\n");
+  EXPECT_EQ(t.piece(3), "<0x00>");
+  EXPECT_EQ(t.piece(3 + 'A'), "<0x41>");
+}
+
+TEST(Tokenizer, EmptyTextIsJustBos) {
+  Tokenizer t = LoadAidreams();
+  EXPECT_EQ(t.Encode("", true), std::vector<int>{Tokenizer::kBos});
+  EXPECT_TRUE(t.Encode("", false).empty());
+  EXPECT_EQ(t.Encode("", true, true), (std::vector<int>{Tokenizer::kBos, Tokenizer::kEos}));
+}
+
+TEST(Tokenizer, DummyPrefixAndRoundTrip) {
+  Tokenizer t = LoadAidreams();
+  const std::string text = "Echoes of vectors unfold, a gentle hum of precision.";
+  std::vector<int> ids = t.Encode(text, true);
+  ASSERT_GT(ids.size(), 2u);
+  EXPECT_EQ(ids[0], Tokenizer::kBos);
+  // The dummy prefix space is merged into the first piece, and dropped again after BOS.
+  EXPECT_EQ(t.piece(ids[1])[0], ' ');
+  std::vector<int> body(ids.begin() + 1, ids.end());
+  EXPECT_EQ(t.DecodeAll(body), text);
+  // Merges shrink the sequence well below one token per byte.
+  EXPECT_LT(body.size(), text.size() / 2);
+}
+
+TEST(Tokenizer, MergesPickHighestScoringPairFirst) {
+  Tokenizer t = LoadAidreams();
+  // Every adjacent pair left after encoding must not be a vocabulary piece (BPE ran to the end).
+  std::vector<int> ids = t.Encode("as I sense the nodes, a gentle hum", false);
+  for (size_t i = 0; i + 1 < ids.size(); ++i) {
+    std::string merged = t.piece(ids[i]) + t.piece(ids[i + 1]);
+    for (int id = 0; id < t.vocab_size(); ++id) ASSERT_NE(t.piece(id), merged) << "unmerged pair at " << i;
+  }
+}
+
+TEST(Tokenizer, UnknownCharactersFallBackToBytes) {
+  Tokenizer t = LoadAidreams();
+  const std::string text = "\xE2\x98\x83";  // U+2603 SNOWMAN, not in a 512-piece vocabulary
+  std::vector<int> ids = t.Encode(text, false);
+  // dummy prefix + 3 byte pieces
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids[1], 0xE2 + 3);
+  EXPECT_EQ(ids[2], 0x98 + 3);
+  EXPECT_EQ(ids[3], 0x83 + 3);
+  std::string decoded;
+  for (size_t i = 1; i < ids.size(); ++i) decoded += t.Decode(ids[i - 1], ids[i]);
+  EXPECT_EQ(decoded, text);
+}
+
+TEST(Tokenizer, MissingFileIsNotFound) {
+  auto t = Tokenizer::Load("/nonexistent/tok.bin", 512);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+}
+
+TEST(Tokenizer, TruncatedFileNamesFileAndOffset) {
+  auto bytes = ReadFileToString(test::ModelsDir() + "/aidreams_tok512.bin");
+  ASSERT_TRUE(bytes.ok());
+  test::TempDir dir;
+  for (size_t cut : {size_t{0}, size_t{3}, size_t{100}, bytes->size() - 1}) {
+    std::string path = dir.file("tok" + std::to_string(cut) + ".bin");
+    std::ofstream(path, std::ios::binary).write(bytes->data(), static_cast<std::streamsize>(cut));
+    auto t = Tokenizer::Load(path, 512);
+    ASSERT_FALSE(t.ok()) << "cut at " << cut;
+    EXPECT_EQ(t.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(t.status().message().find(path), std::string::npos);
+    EXPECT_NE(t.status().message().find("offset"), std::string::npos);
+  }
+}
+
+TEST(Tokenizer, HostileLengthIsRejected) {
+  test::TempDir dir;
+  std::string path = dir.file("bad.bin");
+  std::string bytes(4 + 8, '\0');
+  int32_t max_len = 10, len = 1 << 30;
+  float score = 0;
+  std::memcpy(bytes.data(), &max_len, 4);
+  std::memcpy(bytes.data() + 4, &score, 4);
+  std::memcpy(bytes.data() + 8, &len, 4);
+  ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
+  auto t = Tokenizer::Load(path, 3);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("offset 8"), std::string::npos) << t.status().ToString();
+}
+
+TEST(Tokenizer, WriteThenLoadRoundTrips) {
+  test::TempDir dir;
+  std::vector<std::string> pieces = {"<unk>", "\n<s>\n", "\n</s>\n", "a", "b", "ab"};
+  std::vector<float> scores = {0, 0, 0, -1, -2, 5};
+  ASSERT_TRUE(Tokenizer::Write(dir.file("t.bin"), pieces, scores).ok());
+  auto t = Tokenizer::Load(dir.file("t.bin"), 6);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->piece(5), "ab");
+  EXPECT_FLOAT_EQ(t->score(5), 5.0f);
+}
+
+}  // namespace
+}  // namespace keel::engine
