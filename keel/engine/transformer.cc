@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 namespace keel::engine {
@@ -33,63 +34,91 @@ inline float ScalarAt(const void* row, DType t, int64_t i) {
   return 0.0f;
 }
 
-// Dot products of one weight row against up to 4 activation rows at once, so the weight row is
-// read from memory once per 4 batch rows. The summation order for a given (row, x) pair does not
-// depend on how many rows share the call, which keeps results independent of batch shape.
-template <int NB>
-void DotRowTile(const void* wrow, DType t, const float* const* xs, int64_t n, float* out) {
-  __m256 acc[NB][2];
-  for (int b = 0; b < NB; ++b) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
-  int64_t i = 0;
-  if (t == DType::kF32) {
-    const float* w = static_cast<const float*>(wrow);
-    for (; i + 16 <= n; i += 16) {
-      __m256 w0 = Load8(w + i), w1 = Load8(w + i + 8);
-      for (int b = 0; b < NB; ++b) {
-        acc[b][0] = _mm256_fmadd_ps(w0, Load8(xs[b] + i), acc[b][0]);
-        acc[b][1] = _mm256_fmadd_ps(w1, Load8(xs[b] + i + 8), acc[b][1]);
-      }
-    }
+// Register-blocked dot products: R weight rows against B activation rows, 8 lanes at a time.
+// Each (row, activation) pair owns one accumulator and walks k in the same order whatever R and
+// B are, so a token's result does not depend on how it was batched (decode == prefill, bit for
+// bit), which prefix sharing and preemption rely on.
+template <DType T>
+inline __m256 LoadW(const uint8_t* row, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    return Load8(reinterpret_cast<const float*>(row) + i);
   } else {
-    const uint16_t* w = static_cast<const uint16_t*>(wrow);
-    for (; i + 16 <= n; i += 16) {
-      __m256 w0 = Load8(w + i, t), w1 = Load8(w + i + 8, t);
-      for (int b = 0; b < NB; ++b) {
-        acc[b][0] = _mm256_fmadd_ps(w0, Load8(xs[b] + i), acc[b][0]);
-        acc[b][1] = _mm256_fmadd_ps(w1, Load8(xs[b] + i + 8), acc[b][1]);
-      }
+    return Load8(reinterpret_cast<const uint16_t*>(row) + i, T);
+  }
+}
+
+template <DType T, int R, int B>
+void DotTile(const uint8_t* const* wrows, const float* const* xs, int64_t n, float* out, int64_t out_stride) {
+  __m256 acc[R][B];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 w[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) w[r] = LoadW<T>(wrows[r], i);
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      __m256 xv = Load8(xs[b] + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(w[r], xv, acc[r][b]);
     }
   }
-  for (int b = 0; b < NB; ++b) {
-    float s = HSum(_mm256_add_ps(acc[b][0], acc[b][1]));
-    for (int64_t j = i; j < n; ++j) s += ScalarAt(wrow, t, j) * xs[b][j];
-    out[b] = s;
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < B; ++b) {
+      float s = HSum(acc[r][b]);
+      for (int64_t j = i; j < n; ++j) s += ScalarAt(wrows[r], T, j) * xs[b][j];
+      out[b * out_stride + r] = s;
+    }
+  }
+}
+
+template <DType T, int R>
+void RowGroup(const uint8_t* const* wrows, const float* x, int n_rows, int64_t in_dim, float* y, int64_t out_dim) {
+  int b = 0;
+  for (; b + 2 <= n_rows; b += 2) {
+    const float* xs[2] = {x + b * in_dim, x + (b + 1) * in_dim};
+    DotTile<T, R, 2>(wrows, xs, in_dim, y + b * out_dim, out_dim);
+  }
+  if (b < n_rows) {
+    const float* xs[1] = {x + b * in_dim};
+    DotTile<T, R, 1>(wrows, xs, in_dim, y + b * out_dim, out_dim);
+  }
+}
+
+template <DType T>
+void MatMulT(const TensorView& w, const float* x, int n_rows, float* y) {
+  const int64_t out_dim = w.rows, in_dim = w.cols;
+  const size_t row_bytes = static_cast<size_t>(in_dim) * DTypeSize(T);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  // Threads only pay off once there is real work per call (tiny models run single-threaded).
+  const bool parallel = out_dim * in_dim * n_rows >= (1 << 18);
+  const int64_t groups = (out_dim + 3) / 4;
+  // Four weight rows stay in L1 while every activation row streams past them.
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t o = g * 4;
+    const uint8_t* rows[4];
+    const int r = static_cast<int>(std::min<int64_t>(4, out_dim - o));
+    for (int k = 0; k < r; ++k) rows[k] = base + static_cast<size_t>(o + k) * row_bytes;
+    switch (r) {
+      case 4: RowGroup<T, 4>(rows, x, n_rows, in_dim, y + o, out_dim); break;
+      case 3: RowGroup<T, 3>(rows, x, n_rows, in_dim, y + o, out_dim); break;
+      case 2: RowGroup<T, 2>(rows, x, n_rows, in_dim, y + o, out_dim); break;
+      default: RowGroup<T, 1>(rows, x, n_rows, in_dim, y + o, out_dim); break;
+    }
   }
 }
 
 }  // namespace
 
 void MatMul(const TensorView& w, const float* x, int n_rows, float* y) {
-  const int64_t out_dim = w.rows, in_dim = w.cols;
-  const size_t row_bytes = static_cast<size_t>(in_dim) * DTypeSize(w.dtype);
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  // Threads only pay off once there is real work per call (tiny models run single-threaded).
-  const bool parallel = out_dim * in_dim * n_rows >= (1 << 15);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t o = 0; o < out_dim; ++o) {
-    const void* wrow = base + static_cast<size_t>(o) * row_bytes;
-    int b = 0;
-    float tmp[4];
-    for (; b + 4 <= n_rows; b += 4) {
-      const float* xs[4] = {x + b * in_dim, x + (b + 1) * in_dim, x + (b + 2) * in_dim, x + (b + 3) * in_dim};
-      DotRowTile<4>(wrow, w.dtype, xs, in_dim, tmp);
-      for (int k = 0; k < 4; ++k) y[(b + k) * out_dim + o] = tmp[k];
-    }
-    for (; b < n_rows; ++b) {
-      const float* xs[1] = {x + b * in_dim};
-      DotRowTile<1>(wrow, w.dtype, xs, in_dim, tmp);
-      y[b * out_dim + o] = tmp[0];
-    }
+  switch (w.dtype) {
+    case DType::kF32: return MatMulT<DType::kF32>(w, x, n_rows, y);
+    case DType::kF16: return MatMulT<DType::kF16>(w, x, n_rows, y);
+    case DType::kBF16: return MatMulT<DType::kBF16>(w, x, n_rows, y);
   }
 }
 
