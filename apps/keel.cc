@@ -5,7 +5,10 @@
 #include <iostream>
 
 #include "keel/core/log.h"
+#include "keel/engine/convert.h"
 #include "keel/engine/engine.h"
+#include "keel/engine/server.h"
+#include "keel/engine/throughput.h"
 
 namespace {
 
@@ -69,6 +72,100 @@ int RunGenerate(const GenerateArgs& a) {
   return 0;
 }
 
+struct ServeArgs {
+  std::string model, tokenizer, codec = "raw", host = "127.0.0.1", name;
+  int port = 8080, max_queue = 64, max_running = 32, max_batch_tokens = 512;
+  size_t kv_mb = 256;
+  double drain = 10;
+};
+
+int RunServe(const ServeArgs& a) {
+  EngineOptions opt;
+  opt.model_path = a.model;
+  opt.tokenizer_path = a.tokenizer;
+  opt.kv_codec = a.codec;
+  opt.kv.budget_bytes = a.kv_mb << 20;
+  opt.scheduler.max_queue = a.max_queue;
+  opt.scheduler.max_running = a.max_running;
+  opt.scheduler.max_batch_tokens = a.max_batch_tokens;
+  auto metrics = MakeEngineMetrics();
+  auto engine = Engine::Open(opt, ObserverFor(metrics));
+  if (!engine.ok()) return Fail(engine.status());
+  Engine& e = **engine;
+  ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.model_name = a.name;
+  so.drain_seconds = a.drain;
+  Server server(e.scheduler(), e.tokenizer(), so, metrics);
+  if (Status s = server.Start(); !s.ok()) return Fail(s);
+  const auto& c = e.model().config;
+  Log().info("model {} ({} layers, dim {}, context {}, {} parameters), KV codec {}, KV budget {} blocks of {} tokens",
+             e.model().source, c.n_layers, c.dim, c.max_seq_len, c.ParameterCount(), e.cache().codec().spec(),
+             e.cache().Stats().blocks_total, e.cache().block_tokens());
+  Log().info("serving \"{}\" on http://{}:{}", server.model_name(), a.host, server.port());
+  if (Status s = RunServerUntilSignal(server); !s.ok()) return Fail(s);
+  Log().info("stopped");
+  return 0;
+}
+
+struct BenchArgs {
+  std::string model, codec = "raw";
+  int prompt = 64, decode = 64, repeats = 3;
+  std::vector<int> concurrency = {1, 16};
+};
+
+int RunBench(const BenchArgs& a) {
+  auto m = LoadModel(a.model);
+  if (!m.ok()) return Fail(m.status());
+  ThroughputOptions o;
+  o.prompt_tokens = a.prompt;
+  o.decode_tokens = a.decode;
+  o.concurrency = a.concurrency;
+  o.kv_codec = a.codec;
+  o.repeats = a.repeats;
+  auto rep = MeasureThroughput(*m, o);
+  if (!rep.ok()) return Fail(rep.status());
+  std::string title = m->source + " (" + std::to_string(m->config.ParameterCount()) + " parameters, " +
+                      std::to_string(a.prompt) + " prompt + " + std::to_string(a.decode) + " decode tokens, KV " + a.codec + ")";
+  std::fputs(rep->Table(title).c_str(), stdout);
+  return 0;
+}
+
+int RunInspect(const std::string& path) {
+  auto m = LoadModel(path);
+  if (!m.ok()) return Fail(m.status());
+  std::fputs(DescribeModel(*m).c_str(), stdout);
+  return 0;
+}
+
+struct ConvertArgs {
+  std::string model, tokenizer, out, dtype = "f32";
+};
+
+Result<DType> ParseDType(const std::string& s) {
+  if (s == "f32" || s == "F32") return DType::kF32;
+  if (s == "f16" || s == "F16") return DType::kF16;
+  if (s == "bf16" || s == "BF16") return DType::kBF16;
+  return Status::InvalidArgument("unknown dtype '" + s + "' (f32, f16, bf16)");
+}
+
+int RunConvert(const ConvertArgs& a) {
+  auto m = LoadModel(a.model);
+  if (!m.ok()) return Fail(m.status());
+  auto dt = ParseDType(a.dtype);
+  if (!dt.ok()) return Fail(dt.status());
+  std::string tok = a.tokenizer;
+  if (tok.empty()) {
+    auto found = FindTokenizer(a.model);
+    if (!found.ok()) return Fail(found.status());
+    tok = *found;
+  }
+  if (Status s = ConvertToSafetensors(*m, tok, a.out, *dt); !s.ok()) return Fail(s);
+  Log().info("wrote {} (config.json, model.safetensors, tokenizer.bin)", a.out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,8 +189,71 @@ int main(int argc, char** argv) {
   generate->add_option("--kv-codec", gen.codec, "KV cache codec: raw, raw:f32, raw:bf16")->capture_default_str();
   generate->add_flag("--print-ids", gen.print_ids, "print generated token ids on stderr");
 
+  ServeArgs serve_args;
+  auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions)");
+  serve->add_option("--model,-m", serve_args.model, "llama2.c .bin checkpoint or Hugging Face model directory")->required();
+  serve->add_option("--tokenizer,-z", serve_args.tokenizer, "llama2.c tokenizer.bin (default: found beside the model)");
+  serve->add_option("--host", serve_args.host, "address to bind")->capture_default_str();
+  serve->add_option("--port", serve_args.port, "port to bind (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  serve->add_option("--model-name", serve_args.name, "name clients use in \"model\" (default: model file stem)");
+  serve->add_option("--kv-codec", serve_args.codec, "KV cache codec: raw, raw:f32, raw:bf16")->capture_default_str();
+  serve->add_option("--kv-memory-mb", serve_args.kv_mb, "KV cache budget in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  serve->add_option("--max-queue", serve_args.max_queue, "queued requests before 429")->capture_default_str()->check(CLI::Range(0, 100000));
+  serve->add_option("--max-running", serve_args.max_running, "sequences batched per step")->capture_default_str()->check(CLI::Range(1, 4096));
+  serve->add_option("--max-batch-tokens", serve_args.max_batch_tokens, "tokens per forward step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  serve->add_option("--drain-seconds", serve_args.drain, "on SIGTERM, let streams finish this long")->capture_default_str();
+
+  BenchArgs bench_args;
+  auto* bench = app.add_subcommand("bench", "Measure prefill/decode tokens/s next to a memory-bandwidth roofline");
+  bench->add_option("--model,-m", bench_args.model, "model to measure")->required();
+  bench->add_option("--prompt-tokens", bench_args.prompt, "prompt length per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--decode-tokens", bench_args.decode, "generated tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--concurrency", bench_args.concurrency, "sequences decoded together (list)")->capture_default_str()->delimiter(',');
+  bench->add_option("--repeats", bench_args.repeats, "best of N runs")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--kv-codec", bench_args.codec, "KV cache codec")->capture_default_str();
+
+  std::string inspect_path;
+  auto* inspect = app.add_subcommand("inspect", "Print a model's header, tensor list and checksum");
+  inspect->add_option("model", inspect_path, "llama2.c .bin or Hugging Face model directory")->required();
+
+  ConvertArgs conv;
+  auto* convert = app.add_subcommand("convert", "Convert a llama2.c checkpoint to Hugging Face safetensors + config.json");
+  convert->add_option("--model,-m", conv.model, "model to convert")->required();
+  convert->add_option("--tokenizer,-z", conv.tokenizer, "llama2.c tokenizer (default: found beside the model)");
+  convert->add_option("--out,-o", conv.out, "output directory")->required();
+  convert->add_option("--dtype", conv.dtype, "f32, f16 or bf16")->capture_default_str();
+
+  RandomModelOptions mk;
+  std::string mk_dtype = "f32";
+  auto* make_model = app.add_subcommand("make-model", "Write a seeded random-weight model (safetensors + config.json + tokenizer.bin)");
+  make_model->add_option("--arch", mk.arch, "llama or qwen2")->capture_default_str()->check(CLI::IsMember({"llama", "qwen2"}));
+  make_model->add_option("--layers", mk.layers, "transformer layers")->capture_default_str();
+  make_model->add_option("--dim", mk.dim, "hidden size")->capture_default_str();
+  make_model->add_option("--heads", mk.heads, "attention heads")->capture_default_str();
+  make_model->add_option("--kv-heads", mk.kv_heads, "K/V heads (0 = heads)")->capture_default_str();
+  make_model->add_option("--hidden", mk.hidden, "FFN size (0 = 8*dim/3 rounded up to 32)")->capture_default_str();
+  make_model->add_option("--vocab", mk.vocab, "vocabulary size (>= 259)")->capture_default_str();
+  make_model->add_option("--context", mk.max_seq_len, "context length")->capture_default_str();
+  make_model->add_option("--seed", mk.seed, "weight seed")->capture_default_str();
+  make_model->add_option("--dtype", mk_dtype, "f32, f16 or bf16")->capture_default_str();
+  make_model->add_flag("--tie-embeddings", mk.tie_embeddings, "share the embedding as the classifier");
+  make_model->add_option("--out", mk.out_dir, "output directory")->required();
+
   CLI11_PARSE(app, argc, argv);
   SetLogLevel(log_level);
   if (generate->parsed()) return RunGenerate(gen);
+  if (serve->parsed()) return RunServe(serve_args);
+  if (bench->parsed()) return RunBench(bench_args);
+  if (inspect->parsed()) return RunInspect(inspect_path);
+  if (convert->parsed()) return RunConvert(conv);
+  if (make_model->parsed()) {
+    auto dt = ParseDType(mk_dtype);
+    if (!dt.ok()) return Fail(dt.status());
+    mk.dtype = *dt;
+    if (Status s = MakeRandomModel(mk); !s.ok()) return Fail(s);
+    auto cfg = RandomModelConfig(mk);
+    Log().info("wrote {} ({} parameters)", mk.out_dir, cfg.ok() ? cfg->ParameterCount() : 0);
+    return 0;
+  }
   return 0;
 }

@@ -76,6 +76,8 @@ class KvCache {
   int Capacity(SeqId seq) const;
   // Blocks a sequence of n tokens needs.
   int64_t BlocksFor(int n_tokens) const { return (n_tokens + block_tokens_ - 1) / block_tokens_; }
+  // Blocks in the budget; fixed at creation, so safe to read from any thread.
+  int64_t TotalBlocks() const { return static_cast<int64_t>(blocks_.size()); }
   // Blocks that could be handed out now (free + cached).
   int64_t AvailableBlocks() const;
   KvCacheStats Stats() const;

@@ -78,10 +78,11 @@ Status Scheduler::Submit(std::shared_ptr<Request> request) {
   }
   if (!(p.sampling.top_p > 0.0f && p.sampling.top_p <= 1.0f)) return Status::InvalidArgument("top_p must be in (0, 1]");
   if (p.sampling.top_k < 0) return Status::InvalidArgument("top_k must be >= 0");
-  if (cache_.BlocksFor(n + p.max_tokens) > cache_.Stats().blocks_total) {
-    return Status::ResourceExhausted("request needs " + std::to_string(cache_.BlocksFor(n + p.max_tokens)) +
+  if (cache_.BlocksFor(n + p.max_tokens) > cache_.TotalBlocks()) {
+    // Can never succeed with this server's budget, whatever the load: the request is at fault.
+    return Status::InvalidArgument("request needs " + std::to_string(cache_.BlocksFor(n + p.max_tokens)) +
                                      " KV blocks but the whole cache holds " +
-                                     std::to_string(cache_.Stats().blocks_total) + "; raise the KV budget");
+                                     std::to_string(cache_.TotalBlocks()) + "; raise the KV budget");
   }
   request->submitted = Clock::now();
   {
@@ -318,7 +319,10 @@ bool Scheduler::Step() {
     }
   };
   drop_done();
-  if (active_.empty()) return false;
+  if (active_.empty()) {
+    PublishStats();
+    return false;
+  }
 
   // Decoders first (one token each, cheap and latency-bound), then prompt chunks.
   std::vector<BatchToken> batch;
@@ -380,12 +384,14 @@ bool Scheduler::Step() {
     ++row;
     Emit(a, token);
   }
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    kv_stats_ = cache_.Stats();
-  }
   drop_done();
+  PublishStats();
   return true;
+}
+
+void Scheduler::PublishStats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  kv_stats_ = cache_.Stats();
 }
 
 void Scheduler::Run(const std::atomic<bool>& stop) {

@@ -95,8 +95,8 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Validates and enqueues. InvalidArgument when the prompt is empty, a token id is out of
-  // range, or prompt + max_tokens exceeds the context; ResourceExhausted when the queue is full
-  // or the request could never fit the KV budget; Unavailable after Shutdown.
+  // range, prompt + max_tokens exceeds the context, or the request could never fit the KV
+  // budget; ResourceExhausted when the queue is full; Unavailable after Shutdown.
   Status Submit(std::shared_ptr<Request> request);
 
   // Runs one iteration. Returns false when there was nothing to do.
@@ -123,6 +123,7 @@ class Scheduler {
   void Finish(Active& a, FinishReason reason, Status error = Status::Ok());
   void Emit(Active& a, int token);
   void Deliver(Active& a, bool finished);
+  void PublishStats();  // KV figures for Stats(), read by other threads
 
   const Model& model_;
   const Tokenizer& tokenizer_;

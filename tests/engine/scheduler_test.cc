@@ -140,7 +140,7 @@ TEST_F(SchedulerTest, RequestLargerThanTheWholeCacheIsRejected) {
   auto e = Open(4 * 32768);  // 4 blocks = 64 tokens
   Collected c;
   Status st = e->scheduler().Submit(Make(*e, "", 100, &c));
-  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("KV budget"), std::string::npos);
 }
 

@@ -1,0 +1,191 @@
+// HttpServer: a small HTTP/1.1 server (Boost.Beast parser and serializer over plain POSIX
+// sockets), one thread per connection with blocking I/O and poll()-based timeouts. Simple to
+// reason about and robust for the connection counts an inference engine sees; not meant for
+// tens of thousands of idle clients.
+//
+// Bounded everywhere: at most `max_connections` open connections (the next one gets 503 and is
+// closed), request headers at most `max_header_bytes` (431), bodies at most `max_body_bytes`
+// (413), reads and writes time out. Malformed requests get 400 and the connection is closed;
+// nothing a client sends can crash the server. Keep-alive and pipelining follow HTTP/1.1
+// (HTTP/1.0 clients get keep-alive only when they ask for it).
+//
+// The handler runs on the connection's thread and may block (e.g. waiting for generated
+// tokens); it answers through an HttpResponder, either with one Send or with a chunked stream
+// (BeginStream, WriteChunk..., EndStream). A handler that returns without answering gets 500;
+// one that leaves a stream open has it closed for it.
+//
+// Start, Stop, StopAccepting and port are thread-safe. Stop drains: it stops accepting, closes
+// idle keep-alive connections, waits up to `drain_seconds` for handlers in progress, then shuts
+// the remaining sockets down (their writes fail, ClientGone() turns true) and joins every thread.
+// Handlers must therefore return once writes fail or ClientGone() is true, and must not call
+// Stop themselves (it joins their thread).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "keel/core/status.h"
+
+namespace keel {
+
+// Header list with case-insensitive lookup (names keep the client's spelling).
+class HttpHeaders {
+ public:
+  void Add(std::string name, std::string value) { fields_.emplace_back(std::move(name), std::move(value)); }
+  // The first value for `name` (any case), or "" when absent.
+  std::string_view Get(std::string_view name) const;
+  bool Has(std::string_view name) const;
+  const std::vector<std::pair<std::string, std::string>>& fields() const { return fields_; }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+struct HttpRequest {
+  std::string method;   // "GET", "POST", ... as sent
+  std::string target;   // path plus query, as sent ("/v1/models?x=1")
+  std::string path;     // target up to '?'
+  std::string query;    // after '?', without it ("" when none)
+  int version = 11;     // 10 or 11
+  HttpHeaders headers;
+  std::string body;
+  std::string remote;   // "ip:port" of the peer
+};
+
+using HttpHeaderList = std::vector<std::pair<std::string, std::string>>;
+
+// How a handler answers one request. Used only on the handler's thread, only during the call.
+// Status and body are written once: the second Send/BeginStream is refused (returns false).
+class HttpResponder {
+ public:
+  virtual ~HttpResponder() = default;
+
+  // Writes a complete response with Content-Length. False if the write failed (client gone)
+  // or a response was already started.
+  virtual bool Send(int status, std::string_view content_type, std::string body,
+                    const HttpHeaderList& extra = {}) = 0;
+  // Writes the status line and headers of a chunked response. False as for Send.
+  virtual bool BeginStream(int status, std::string_view content_type,
+                           const HttpHeaderList& extra = {}) = 0;
+  // Writes one chunk (empty data is skipped, since a zero-size chunk ends the body). False when
+  // the client is gone, the write timed out, the server is shutting the socket down, or no
+  // stream is open.
+  virtual bool WriteChunk(std::string_view data) = 0;
+  // Ends the chunked body. False when it could not be written.
+  virtual bool EndStream() = 0;
+  // True when the peer has closed or reset the connection, or half-closed it (a client that
+  // shuts down its sending side is treated as gone), or the server shut it down. Non-blocking;
+  // a peer that vanished without a FIN is only noticed when a write fails.
+  virtual bool ClientGone() = 0;
+  // The status written so far, 0 before Send/BeginStream.
+  virtual int status() const = 0;
+};
+
+using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;
+
+// Builds the body of an error the server itself produces (400, 404, 405, 413, 431, 500, 503).
+using HttpErrorBody = std::function<std::string(int status, std::string_view message)>;
+// {"error":{"message":..., "code":<status>}}
+std::string DefaultHttpErrorBody(int status, std::string_view message);
+
+// Exact-path router: method + path -> handler. Unknown path: 404; known path with another
+// method: 405 with an Allow header. Both answer with `error_body` as application/json.
+// Configure before the server starts; immutable (and thread-safe to call) afterwards.
+class HttpRouter {
+ public:
+  explicit HttpRouter(HttpErrorBody error_body = DefaultHttpErrorBody)
+      : error_body_(std::move(error_body)) {}
+  void Handle(std::string method, std::string path, HttpHandler handler);
+  // Dispatches; `matched` (if given) is set to true when a route for the path exists.
+  void Dispatch(const HttpRequest& request, HttpResponder& responder, bool* matched = nullptr) const;
+  void operator()(const HttpRequest& request, HttpResponder& responder) const {
+    Dispatch(request, responder);
+  }
+  bool HasPath(std::string_view path) const;
+
+ private:
+  HttpErrorBody error_body_;
+  std::map<std::string, std::map<std::string, HttpHandler>, std::less<>> routes_;  // path -> method
+};
+
+// Reason phrase for a status code ("OK", "Not Found", ...); "" for unknown codes.
+std::string_view HttpReason(int status);
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";     // numeric address or resolvable name
+  int port = 0;                        // 0 = pick a free port; see HttpServer::port()
+  int max_connections = 256;           // open connections; beyond: 503 and close
+  size_t max_body_bytes = 1 << 20;     // 413 beyond
+  size_t max_header_bytes = 8 << 10;   // request line + headers; 431 beyond
+  double read_timeout_seconds = 30;    // idle keep-alive or a stalled request: close
+  double write_timeout_seconds = 30;   // a client not reading: the write fails
+  double drain_seconds = 10;           // Stop waits this long for handlers in progress
+  int backlog = 128;
+  std::string server_name = "keel";    // Server header
+  HttpErrorBody error_body = DefaultHttpErrorBody;
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, HttpHandler handler);
+  ~HttpServer();  // Stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the accept thread. IOError naming host:port when the address
+  // cannot be resolved or bound; InvalidArgument for a bad port; Internal if already started.
+  Status Start();
+  // The bound port (the real one when options.port was 0); 0 before Start.
+  int port() const { return port_.load(); }
+  // Stops accepting and closes idle keep-alive connections; returns at once. Requests already
+  // being handled continue; their connections close after the response.
+  void StopAccepting();
+  // StopAccepting, then waits up to `drain_seconds` (options.drain_seconds when negative) for
+  // handlers in progress, shuts the rest down and joins every thread. Idempotent.
+  void Stop(double drain_seconds = -1);
+
+  // Connections open now, and requests being handled now.
+  int open_connections() const;
+  int active_requests() const;
+
+ private:
+  struct Conn {
+    int fd = -1;
+    bool busy = false;     // between a complete request and the end of its response
+    bool closed = false;   // fd closed by its thread
+    bool done = false;     // thread finished; join and erase
+    std::thread thread;
+  };
+  void AcceptLoop();
+  void Serve(Conn* conn, std::string remote);
+  void RejectOverloaded(int fd);
+  void ReapDone();  // joins threads of finished connections (takes mu_)
+
+  HttpServerOptions options_;
+  HttpHandler handler_;
+  std::atomic<int> port_{0};
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: wakes the accept loop for StopAccepting
+  std::thread accept_thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // signalled when a connection goes idle or finishes
+  bool started_ = false;
+  bool accepting_ = false;
+  bool stopped_ = false;
+  std::list<Conn> conns_;
+  int busy_ = 0;
+};
+
+}  // namespace keel

@@ -1,0 +1,397 @@
+#include "keel/core/http_server.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/core/http_test_client.h"
+
+namespace keel {
+namespace {
+
+using test::HttpTestClient;
+using test::HttpTestResponse;
+
+// A one-shot latch for ordering steps across threads without sleeping.
+class Latch {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Waits at most 30 s (a bound against hangs, not a timing assertion).
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void StartServer(HttpServerOptions options = {}) {
+    router_.Handle("GET", "/hello", [](const HttpRequest& req, HttpResponder& res) {
+      res.Send(200, "text/plain", "hello " + req.query, {{"X-Test", "1"}});
+    });
+    router_.Handle("POST", "/echo", [](const HttpRequest& req, HttpResponder& res) {
+      nlohmann::json j = {{"body", req.body},
+                          {"content_type", std::string(req.headers.Get("content-TYPE"))},
+                          {"method", req.method},
+                          {"path", req.path}};
+      res.Send(200, "application/json", j.dump());
+    });
+    router_.Handle("GET", "/stream", [this](const HttpRequest&, HttpResponder& res) {
+      ASSERT_TRUE(res.BeginStream(200, "text/event-stream"));
+      ASSERT_TRUE(res.WriteChunk("first"));
+      first_sent_.Open();
+      release_.Wait();
+      for (int i = 0; i < 3; ++i) res.WriteChunk("chunk" + std::to_string(i));
+      res.EndStream();
+    });
+    router_.Handle("GET", "/until-gone", [this](const HttpRequest&, HttpResponder& res) {
+      res.BeginStream(200, "text/plain");
+      res.WriteChunk("x");
+      first_sent_.Open();
+      // Keep writing until the client is seen to be gone (bounded as a safety net).
+      for (int i = 0; i < 30000; ++i) {
+        if (res.ClientGone() || !res.WriteChunk("tick\n")) {
+          saw_gone_ = true;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      gone_.Open();
+    });
+    router_.Handle("GET", "/silent", [](const HttpRequest&, HttpResponder&) {});
+    router_.Handle("GET", "/throws", [](const HttpRequest&, HttpResponder&) { throw std::runtime_error("boom"); });
+    server_ = std::make_unique<HttpServer>(options, [this](const HttpRequest& q, HttpResponder& r) { router_(q, r); });
+    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_GT(server_->port(), 0);
+  }
+  void TearDown() override {
+    release_.Open();
+    if (server_) server_->Stop(1);
+  }
+
+  HttpRouter router_;
+  std::unique_ptr<HttpServer> server_;
+  Latch first_sent_, release_, gone_;
+  std::atomic<bool> saw_gone_{false};
+};
+
+TEST_F(HttpServerTest, GetAndPost) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.connected());
+  HttpTestResponse r = c.Request("GET", "/hello?name=x");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "hello name=x");
+  EXPECT_EQ(r.Header("x-test"), "1");
+  EXPECT_EQ(r.Header("Content-Type"), "text/plain");
+  r = c.Request("POST", "/echo", R"({"a":1})");
+  ASSERT_EQ(r.status, 200);
+  auto j = nlohmann::json::parse(r.body);
+  EXPECT_EQ(j["body"], R"({"a":1})");
+  EXPECT_EQ(j["content_type"], "application/json");
+  EXPECT_EQ(j["path"], "/echo");
+}
+
+TEST_F(HttpServerTest, UnknownPathIs404AndWrongMethodIs405) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  HttpTestResponse r = c.Request("GET", "/nope");
+  EXPECT_EQ(r.status, 404);
+  auto j = nlohmann::json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  r = c.Request("POST", "/hello", "{}");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.Header("Allow"), "GET");
+  // The connection is still usable after client errors.
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, KeepAliveServesTwoRequestsOnOneConnection) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  EXPECT_EQ(c.Request("GET", "/hello?1").body, "hello 1");
+  EXPECT_EQ(c.Request("GET", "/hello?2").body, "hello 2");
+  EXPECT_EQ(server_->open_connections(), 1);
+}
+
+TEST_F(HttpServerTest, PipelinedRequestsAnsweredInOrder) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/hello?a") +
+                        HttpTestClient::BuildRequest("GET", "/hello?b")));
+  HttpTestResponse r1, r2;
+  ASSERT_TRUE(c.ReadResponse(&r1));
+  ASSERT_TRUE(c.ReadResponse(&r2));
+  EXPECT_EQ(r1.body, "hello a");
+  EXPECT_EQ(r2.body, "hello b");
+}
+
+TEST_F(HttpServerTest, Http10ClosesUnlessKeepAlive) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw("GET /hello HTTP/1.0\r\n\r\n"));
+  HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(c.WaitClosed());
+}
+
+TEST_F(HttpServerTest, OversizeBodyIs413) {
+  HttpServerOptions o;
+  o.max_body_bytes = 1024;
+  StartServer(o);
+  {
+    // Declared too large: refused after the headers, before the body is read.
+    HttpTestClient c(server_->port());
+    std::string body(4096, 'x');
+    ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("POST", "/echo", body)));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r));
+    EXPECT_EQ(r.status, 413);
+    auto j = nlohmann::json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j["error"]["code"], 413);
+    EXPECT_TRUE(c.WaitClosed());
+  }
+  {
+    // With Expect: 100-continue the client never has to send the body.
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r));
+    EXPECT_EQ(r.status, 413);
+  }
+  {
+    // Chunked bodies are bounded too.
+    HttpTestClient c(server_->port());
+    std::string req = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (int i = 0; i < 3; ++i) req += "200\r\n" + std::string(512, 'y') + "\r\n";
+    req += "0\r\n\r\n";
+    ASSERT_TRUE(c.SendRaw(req));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r));
+    EXPECT_EQ(r.status, 413);
+  }
+  // A body within the limit still works.
+  HttpTestClient ok(server_->port());
+  EXPECT_EQ(ok.Request("POST", "/echo", std::string(1000, 'z')).status, 200);
+}
+
+TEST_F(HttpServerTest, ExpectContinueWithinLimit) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"));
+  ASSERT_TRUE(c.SendRaw("{}"));
+  HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 200);
+}
+
+TEST_F(HttpServerTest, MalformedRequestsAre400AndClosed) {
+  StartServer();
+  const std::vector<std::string> bad = {
+      "GARBAGE\r\n\r\n",
+      "GET /hello HTTP/1.1\r\nBad Header Line\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+      std::string("GET /\0 HTTP/1.1\r\n\r\n", 20),
+  };
+  for (const std::string& req : bad) {
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw(req));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r)) << req;
+    EXPECT_EQ(r.status, 400) << req;
+    EXPECT_TRUE(c.WaitClosed()) << req;
+  }
+  // Still serving.
+  HttpTestClient c(server_->port());
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, RandomAndMutatedRequestsNeverCrash) {
+  HttpServerOptions o;
+  o.read_timeout_seconds = 2;  // a mutated Content-Length may promise bytes that never come
+  StartServer(o);
+  std::mt19937 rng(1234);
+  const std::string valid = HttpTestClient::BuildRequest("POST", "/echo", R"({"a":[1,2,3]})");
+  for (int i = 0; i < 300; ++i) {
+    std::string msg;
+    if (i % 3 == 0) {
+      msg.resize(rng() % 400);
+      for (char& c : msg) c = static_cast<char>(rng());
+    } else {
+      msg = valid;
+      int flips = 1 + static_cast<int>(rng() % 8);
+      for (int f = 0; f < flips; ++f) msg[rng() % msg.size()] = static_cast<char>(rng());
+      if (i % 3 == 2) msg.resize(rng() % msg.size());
+    }
+    HttpTestClient c(server_->port(), /*timeout_seconds=*/5);
+    ASSERT_TRUE(c.connected());
+    c.SendRaw(msg);
+    c.ShutdownWrite();
+    HttpTestResponse r;
+    if (c.ReadResponse(&r)) {
+      EXPECT_TRUE(r.status == 200 || (r.status >= 400 && r.status < 600)) << r.status;
+    }
+  }
+  HttpTestClient c(server_->port());
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, HeadersTooLargeAre431) {
+  HttpServerOptions o;
+  o.max_header_bytes = 1024;
+  StartServer(o);
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw("GET /hello HTTP/1.1\r\nX-Big: " + std::string(4000, 'a') + "\r\n\r\n"));
+  HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 431);
+}
+
+TEST_F(HttpServerTest, StreamingChunksArriveBeforeTheHandlerEnds) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  std::vector<std::string> seen;
+  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/stream")));
+  HttpTestResponse r;
+  bool ok = c.ReadResponse(&r, [&](std::string_view chunk) {
+    seen.emplace_back(chunk);
+    // The handler is blocked until we have seen the first chunk: it really was streamed.
+    if (seen.size() == 1) release_.Open();
+    return true;
+  });
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(r.chunked);
+  EXPECT_EQ(r.Header("Content-Type"), "text/event-stream");
+  EXPECT_EQ(seen, (std::vector<std::string>{"first", "chunk0", "chunk1", "chunk2"}));
+  // Keep-alive after a chunked response.
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, HandlerSeesClientGone) {
+  StartServer();
+  {
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/until-gone")));
+    ASSERT_TRUE(first_sent_.Wait());
+  }  // closes the socket
+  ASSERT_TRUE(gone_.Wait());
+  EXPECT_TRUE(saw_gone_);
+}
+
+TEST_F(HttpServerTest, SilentOrThrowingHandlerGets500) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  EXPECT_EQ(c.Request("GET", "/silent").status, 500);
+  EXPECT_EQ(c.Request("GET", "/throws").status, 500);
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
+  HttpServerOptions o;
+  o.max_connections = 1;
+  StartServer(o);
+  HttpTestClient a(server_->port());
+  ASSERT_EQ(a.Request("GET", "/hello").status, 200);  // a is open and counted
+  HttpTestClient b(server_->port());
+  HttpTestResponse r = b.Request("GET", "/hello");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_TRUE(b.WaitClosed());
+  a.Close();
+  // Once a has gone, a new connection is served (retry: a's thread needs a moment to close).
+  int status = 0;
+  for (int i = 0; i < 3000 && status != 200; ++i) {
+    HttpTestClient c(server_->port());
+    status = c.Request("GET", "/hello").status;
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(HttpServerTest, IncompleteRequestTimesOut) {
+  HttpServerOptions o;
+  o.read_timeout_seconds = 0.2;
+  StartServer(o);
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw("GET /hello HTTP/1.1\r\nHost: x\r\n"));  // never finished
+  HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 408);
+  EXPECT_TRUE(c.WaitClosed());
+}
+
+TEST_F(HttpServerTest, BindFailureNamesTheAddress) {
+  StartServer();
+  HttpServerOptions o;
+  o.port = server_->port();
+  HttpServer second(o, [](const HttpRequest&, HttpResponder& r) { r.Send(200, "text/plain", ""); });
+  Status st = second.Start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kIOError);
+  EXPECT_NE(st.message().find("127.0.0.1:" + std::to_string(server_->port())), std::string::npos) << st.message();
+}
+
+TEST_F(HttpServerTest, StopClosesIdleConnectionsAndDrainsInFlight) {
+  StartServer();
+  HttpTestClient idle(server_->port());
+  ASSERT_EQ(idle.Request("GET", "/hello").status, 200);
+
+  HttpTestClient streaming(server_->port());
+  ASSERT_TRUE(streaming.SendRaw(HttpTestClient::BuildRequest("GET", "/stream")));
+  ASSERT_TRUE(first_sent_.Wait());
+  std::thread stopper([&] { server_->Stop(30); });
+  // The idle keep-alive connection is closed at once; the in-flight stream completes.
+  EXPECT_TRUE(idle.WaitClosed());
+  release_.Open();
+  HttpTestResponse r;
+  ASSERT_TRUE(streaming.ReadResponse(&r));
+  EXPECT_EQ(r.body, "firstchunk0chunk1chunk2");
+  EXPECT_TRUE(streaming.WaitClosed());  // no keep-alive once stopping
+  stopper.join();
+  EXPECT_EQ(server_->open_connections(), 0);
+}
+
+TEST_F(HttpServerTest, StopAfterDrainTimeoutShutsSocketsDown) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/until-gone")));
+  ASSERT_TRUE(first_sent_.Wait());
+  server_->Stop(0);  // the handler never finishes on its own; Stop must still return
+  EXPECT_TRUE(saw_gone_);
+  EXPECT_TRUE(c.WaitClosed());
+}
+
+TEST(HttpHeadersTest, CaseInsensitiveLookup) {
+  HttpHeaders h;
+  h.Add("Content-Type", "a");
+  h.Add("X-Thing", "b");
+  EXPECT_EQ(h.Get("content-type"), "a");
+  EXPECT_EQ(h.Get("X-THING"), "b");
+  EXPECT_EQ(h.Get("missing"), "");
+  EXPECT_TRUE(h.Has("x-thing"));
+  EXPECT_FALSE(h.Has("x-thin"));
+  EXPECT_EQ(HttpReason(404), "Not Found");
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,608 @@
+// End-to-end tests of the OpenAI-compatible server: real HTTP on 127.0.0.1, the real aidreams
+// model, the real scheduler. No wall-clock assertions: waits are bounded only to turn a hang
+// into a failure.
+#include "keel/engine/server.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/engine/kv_cache.h"
+#include "keel/engine/model.h"
+#include "keel/engine/scheduler.h"
+#include "keel/engine/tokenizer.h"
+#include "tests/core/http_test_client.h"
+#include "tests/engine/test_util.h"
+
+namespace keel::engine {
+namespace {
+
+using json = nlohmann::json;
+using test::HttpTestClient;
+using test::HttpTestResponse;
+
+// The reference text of greedy generation from BOS (shared/data/README.md); it opens with a quote.
+constexpr const char* kGolden = "\"Echoes of vectors unfold";
+constexpr const char* kModel = "aidreams";
+
+// Polls `pred` until it holds (bounded at ~60 s so a bug fails instead of hanging).
+template <typename Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 6000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+struct SseResult {
+  std::vector<json> events;  // parsed data: payloads except [DONE]
+  bool done = false;         // the last frame was data: [DONE]
+  bool well_formed = true;   // every frame was "data: <json>\n\n"
+};
+
+SseResult ParseSse(const std::string& body) {
+  SseResult out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) {
+      out.well_formed = false;
+      break;
+    }
+    std::string frame = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (frame.rfind("data: ", 0) != 0 || out.done) {
+      out.well_formed = false;
+      continue;
+    }
+    std::string data = frame.substr(6);
+    if (data == "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    json j = json::parse(data, nullptr, false);
+    if (j.is_discarded()) {
+      out.well_formed = false;
+      continue;
+    }
+    out.events.push_back(std::move(j));
+  }
+  return out;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto model = LoadLlama2c(test::ModelsDir() + "/aidreams260K.bin");
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    model_ = new Model(std::move(*model));
+    auto tok = Tokenizer::Load(test::ModelsDir() + "/aidreams_tok512.bin", model_->config.vocab_size);
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    tokenizer_ = new Tokenizer(std::move(*tok));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete model_;
+    tokenizer_ = nullptr;
+    model_ = nullptr;
+  }
+
+  void Start(SchedulerOptions sched = {}, ServerOptions opts = {}) {
+    ASSERT_NE(model_, nullptr);
+    auto cache = KvCache::Create(*model_, "raw", {});
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    cache_ = std::move(*cache);
+    metrics_ = MakeEngineMetrics();
+    scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, *cache_, sched, ObserverFor(metrics_));
+    opts.port = 0;
+    opts.model_name = kModel;
+    server_ = std::make_unique<Server>(*scheduler_, *tokenizer_, opts, metrics_);
+    Status st = server_->Start();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    port_ = server_->port();
+    ASSERT_GT(port_, 0);
+  }
+
+  void TearDown() override {
+    if (server_) server_->Stop(true);
+    server_.reset();
+    scheduler_.reset();
+    cache_.reset();
+  }
+
+  HttpTestResponse Post(const std::string& path, const std::string& body) {
+    HttpTestClient c(port_);
+    return c.Request("POST", path, body);
+  }
+  HttpTestResponse Get(const std::string& path) {
+    HttpTestClient c(port_);
+    return c.Request("GET", path);
+  }
+  // Asserts an OpenAI error body and returns it.
+  static json ErrorBody(const HttpTestResponse& r) {
+    json j = json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    if (!j.is_object() || !j.contains("error")) return json::object();
+    const json& e = j["error"];
+    EXPECT_TRUE(e["message"].is_string()) << r.body;
+    EXPECT_TRUE(e["type"].is_string()) << r.body;
+    EXPECT_TRUE(e.contains("param")) << r.body;
+    EXPECT_TRUE(e.contains("code")) << r.body;
+    EXPECT_EQ(r.Header("Content-Type"), "application/json");
+    return e;
+  }
+  // Concatenated text deltas of a completion or chat stream.
+  static std::string StreamText(const SseResult& s, bool chat) {
+    std::string text;
+    for (const json& e : s.events) {
+      if (!e.contains("choices") || e["choices"].empty()) continue;
+      const json& c = e["choices"][0];
+      if (chat) {
+        if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+      } else {
+        text += c["text"].get<std::string>();
+      }
+    }
+    return text;
+  }
+  void ExpectStillServing() {
+    HttpTestResponse r = Get("/healthz");
+    EXPECT_EQ(r.status, 200);
+  }
+  double MetricValue(const std::string& line_prefix) {
+    std::string text = Get("/metrics").body;
+    size_t at = text.find("\n" + line_prefix + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + 1 + line_prefix.size() + 1));
+  }
+
+  static Model* model_;
+  static Tokenizer* tokenizer_;
+  std::unique_ptr<KvCache> cache_;
+  std::shared_ptr<EngineMetrics> metrics_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+};
+
+Model* ServerTest::model_ = nullptr;
+Tokenizer* ServerTest::tokenizer_ = nullptr;
+
+TEST_F(ServerTest, HealthzAndModels) {
+  Start();
+  HttpTestResponse r = Get("/healthz");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body), json({{"status", "ok"}}));
+  r = Get("/v1/models");
+  ASSERT_EQ(r.status, 200);
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], kModel);
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["owned_by"], "keel");
+  EXPECT_TRUE(j["data"][0]["created"].is_number_integer());
+}
+
+TEST_F(ServerTest, GreedyCompletionMatchesGolden) {
+  Start();
+  HttpTestResponse r = Post("/v1/completions",
+                            R"({"model":"aidreams","prompt":"","max_tokens":20,"temperature":0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], kModel);
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_TRUE(j["created"].is_number_integer());
+  ASSERT_EQ(j["choices"].size(), 1u);
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["index"], 0);
+  EXPECT_TRUE(c["logprobs"].is_null());
+  EXPECT_EQ(c["finish_reason"], "length");
+  std::string text = c["text"];
+  EXPECT_EQ(text.rfind(kGolden, 0), 0u) << text;
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 1);  // BOS
+  EXPECT_EQ(j["usage"]["completion_tokens"], 20);
+  EXPECT_EQ(j["usage"]["total_tokens"], 21);
+
+  // The same prompt given as token ids, and as an array of one string, gives the same text.
+  r = Post("/v1/completions", R"({"model":"aidreams","prompt":[1],"max_tokens":20,"temperature":0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], text);
+  r = Post("/v1/completions", R"({"model":"aidreams","prompt":[""],"max_tokens":20,"temperature":0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], text);
+}
+
+TEST_F(ServerTest, DefaultMaxTokensIs16) {
+  Start();
+  HttpTestResponse r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","temperature":0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 16);
+}
+
+TEST_F(ServerTest, StopSequenceEndsWithStop) {
+  Start();
+  HttpTestResponse r = Post("/v1/completions",
+                            R"({"model":"aidreams","prompt":"","max_tokens":40,"temperature":0,"stop":[","]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], kGolden);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, StreamedCompletionEqualsNonStreamed) {
+  Start();
+  const std::string req = R"({"model":"aidreams","prompt":"","max_tokens":30,"temperature":0)";
+  HttpTestResponse plain = Post("/v1/completions", req + "}");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string want = json::parse(plain.body)["choices"][0]["text"];
+
+  HttpTestResponse r = Post("/v1/completions", req + R"(,"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.Header("Content-Type"), "text/event-stream");
+  EXPECT_TRUE(r.chunked);
+  SseResult s = ParseSse(r.body);
+  EXPECT_TRUE(s.well_formed) << r.body;
+  EXPECT_TRUE(s.done) << r.body;
+  ASSERT_GE(s.events.size(), 2u);
+  for (size_t i = 0; i < s.events.size(); ++i) {
+    const json& e = s.events[i];
+    EXPECT_EQ(e["object"], "text_completion");
+    EXPECT_EQ(e["model"], kModel);
+    EXPECT_EQ(e["id"], s.events[0]["id"]);
+    const json& fr = e["choices"][0]["finish_reason"];
+    if (i + 1 < s.events.size()) {
+      EXPECT_TRUE(fr.is_null()) << e.dump();
+    } else {
+      EXPECT_EQ(fr, "length");
+    }
+  }
+  EXPECT_EQ(StreamText(s, false), want);
+  // The body ends with the [DONE] sentinel.
+  EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+}
+
+TEST_F(ServerTest, StreamIncludeUsage) {
+  Start();
+  HttpTestResponse r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":5,"temperature":0,
+      "stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(r.status, 200);
+  SseResult s = ParseSse(r.body);
+  ASSERT_TRUE(s.done);
+  ASSERT_FALSE(s.events.empty());
+  const json& last = s.events.back();
+  EXPECT_TRUE(last["choices"].empty());
+  EXPECT_EQ(last["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(last["usage"]["total_tokens"], 6);
+}
+
+TEST_F(ServerTest, ChatCompletionNonStreamAndStream) {
+  Start();
+  const std::string req =
+      R"({"model":"aidreams","messages":[{"role":"system","content":"You dream."},)"
+      R"({"role":"user","content":"Echoes"}],"max_tokens":12,"temperature":0)";
+  HttpTestResponse plain = Post("/v1/chat/completions", req + "}");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  json j = json::parse(plain.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  const std::string want = j["choices"][0]["message"]["content"];
+  // The documented template: contents joined by "\n", encoded with BOS.
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tokenizer_->Encode("You dream.\nEchoes", true).size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+
+  HttpTestResponse r = Post("/v1/chat/completions", req + R"(,"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  SseResult s = ParseSse(r.body);
+  EXPECT_TRUE(s.well_formed) << r.body;
+  EXPECT_TRUE(s.done);
+  ASSERT_GE(s.events.size(), 2u);
+  for (const json& e : s.events) EXPECT_EQ(e["object"], "chat.completion.chunk");
+  EXPECT_EQ(s.events.front()["choices"][0]["delta"]["role"], "assistant");
+  const json& last = s.events.back()["choices"][0];
+  EXPECT_EQ(last["finish_reason"], "length");
+  EXPECT_FALSE(last["delta"].contains("content"));
+  EXPECT_EQ(StreamText(s, true), want);
+}
+
+TEST_F(ServerTest, ChatDefaultMaxTokensFillsTheContext) {
+  Start();
+  HttpTestResponse r = Post("/v1/chat/completions",
+                            R"({"model":"aidreams","messages":[{"role":"user","content":""}],"temperature":0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  int prompt = j["usage"]["prompt_tokens"], completion = j["usage"]["completion_tokens"];
+  // Either the model stopped on its own or it used the whole context.
+  if (j["choices"][0]["finish_reason"] == "length") {
+    EXPECT_EQ(prompt + completion, model_->config.max_seq_len);
+  } else {
+    EXPECT_LE(prompt + completion, model_->config.max_seq_len);
+  }
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
+  Start();
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;  // "" = null
+  };
+  const std::string long_prompt = [] {
+    std::string s;
+    for (int i = 0; i < 200; ++i) s += "vectors unfold ";
+    return s;
+  }();
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{not json", 400, ""},
+      {"/v1/completions", "[1,2]", 400, ""},
+      {"/v1/completions", std::string(100, '[') + std::string(100, ']'), 400, ""},
+      {"/v1/completions", R"({"prompt":""})", 400, "model"},
+      {"/v1/completions", R"({"model":7,"prompt":""})", 400, "model"},
+      {"/v1/completions", R"({"model":"aidreams"})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":5})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":["a","b"]})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":[1,99999]})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":-1})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":0})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":"5"})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":1.5})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":100000000000})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":18446744073709551615})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":128})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":")" + long_prompt + R"("})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","temperature":"hot"})", 400, "temperature"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","temperature":2.5})", 400, "temperature"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","top_p":0})", 400, "top_p"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","top_k":-1})", 400, "top_k"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","seed":"x"})", 400, "seed"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","stop":[1]})", 400, "stop"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","stop":["a","b","c","d","e"]})", 400, "stop"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","stream":"yes"})", 400, "stream"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","n":2})", 400, "n"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","logprobs":5})", 400, "logprobs"},
+      {"/v1/chat/completions", R"({"model":"aidreams"})", 400, "messages"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":["hi"]})", 400, "messages[0]"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user"}]})", 400, "messages[0].content"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":5}]})", 400,
+       "messages[0].content"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"wizard","content":"x"}]})", 400,
+       "messages[0].role"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":"x"}],"max_completion_tokens":-3})",
+       400, "max_completion_tokens"},
+  };
+  for (const Case& c : cases) {
+    HttpTestResponse r = Post(c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.body.substr(0, 200) << " -> " << r.body;
+    json e = ErrorBody(r);
+    EXPECT_EQ(e["type"], "invalid_request_error") << r.body;
+    if (c.param.empty()) {
+      EXPECT_TRUE(e["param"].is_null()) << c.body.substr(0, 200) << " -> " << r.body;
+    } else {
+      EXPECT_EQ(e["param"], c.param) << c.body.substr(0, 200) << " -> " << r.body;
+    }
+    ExpectStillServing();
+  }
+
+  // Unknown model: 404 with code model_not_found.
+  HttpTestResponse r = Post("/v1/completions", R"({"model":"gpt-4","prompt":"hi"})");
+  EXPECT_EQ(r.status, 404);
+  json e = ErrorBody(r);
+  EXPECT_EQ(e["code"], "model_not_found");
+  EXPECT_EQ(e["param"], "model");
+  // Unknown path and wrong method.
+  r = Get("/v1/nothing");
+  EXPECT_EQ(r.status, 404);
+  ErrorBody(r);
+  r = Get("/v1/completions");
+  EXPECT_EQ(r.status, 405);
+  ErrorBody(r);
+  // A body over the limit.
+  r = Post("/v1/completions", std::string(2 << 20, ' '));
+  EXPECT_EQ(r.status, 413);
+  ErrorBody(r);
+  ExpectStillServing();
+  // And a good request still works.
+  r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":3,"temperature":0})");
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+TEST_F(ServerTest, QueueFullIs429) {
+  // The server does not step the scheduler here, so the first request stays queued and the
+  // queue (capacity 1) is full for the second: no timing involved.
+  ServerOptions opts;
+  opts.run_scheduler = false;
+  Start(SchedulerOptions{/*max_queue=*/1, /*max_running=*/1}, opts);
+
+  HttpTestResponse first;
+  std::thread t([&] {
+    first = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":16,"temperature":0,"stream":true})");
+  });
+  ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
+
+  HttpTestResponse r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":8})");
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.Header("Retry-After"), "1");
+  json e = ErrorBody(r);
+  EXPECT_EQ(e["code"], "rate_limit_exceeded");
+  // Same for a streaming request: refused before any stream starts.
+  r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":8,"stream":true})");
+  EXPECT_EQ(r.status, 429);
+
+  // Now let the scheduler run: the queued request completes normally.
+  std::atomic<bool> stop{false};
+  std::thread stepper([&] { scheduler_->Run(stop); });
+  t.join();
+  EXPECT_EQ(first.status, 200);
+  SseResult s = ParseSse(first.body);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(StreamText(s, false).rfind(kGolden, 0), 0u) << first.body;
+  server_->Stop(false);
+  stop = true;
+  stepper.join();
+  EXPECT_GE(metrics_->requests.WithLabels({"/v1/completions", "429"}).Value(), 2);
+}
+
+TEST_F(ServerTest, MetricsExposeEngineCounters) {
+  Start();
+  const double before = MetricValue(R"(keel_requests_total{route="/v1/completions",code="200"})");
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":10,"temperature":0})").status, 200);
+  }
+  HttpTestResponse r = Get("/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.Header("Content-Type").rfind("text/plain", 0), 0u);
+  for (const char* name :
+       {"keel_requests_total", "keel_prompt_tokens_total", "keel_generation_tokens_total", "keel_queue_depth",
+        "keel_running_sequences", "keel_kv_blocks_used", "keel_kv_blocks_total", "keel_kv_blocks_cached",
+        "keel_prefix_cache_hit_tokens_total", "keel_time_to_first_token_seconds_bucket",
+        "keel_inter_token_latency_seconds_count", "keel_request_duration_seconds_sum"}) {
+    EXPECT_NE(r.body.find(std::string("\n") + name), std::string::npos) << name << "\n" << r.body;
+  }
+  const double after = MetricValue(R"(keel_requests_total{route="/v1/completions",code="200"})");
+  EXPECT_EQ(after - std::max(before, 0.0), 2);
+  EXPECT_EQ(MetricValue("keel_generation_tokens_total"), 20);
+  EXPECT_EQ(MetricValue("keel_prompt_tokens_total"), 2);
+  EXPECT_EQ(MetricValue("keel_time_to_first_token_seconds_count"), 2);
+  EXPECT_EQ(MetricValue("keel_inter_token_latency_seconds_count"), 18);
+  EXPECT_EQ(MetricValue("keel_request_duration_seconds_count"), 2);
+  EXPECT_GT(MetricValue("keel_kv_blocks_total"), 0);
+  EXPECT_GE(MetricValue(R"(keel_requests_total{route="/healthz",code="200"})"), -1);
+  Get("/nope");
+  EXPECT_EQ(MetricValue(R"(keel_requests_total{route="other",code="404"})"), 1);
+}
+
+TEST_F(ServerTest, ThirtyTwoConcurrentStreamsAllComplete) {
+  Start();
+  constexpr int kClients = 32;
+  std::vector<HttpTestResponse> results(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      const bool chat = i % 2 == 1;
+      results[i] = Post(chat ? "/v1/chat/completions" : "/v1/completions",
+                        chat ? R"({"model":"aidreams","messages":[{"role":"user","content":""}],"max_tokens":24,"temperature":0,"stream":true})"
+                             : R"({"model":"aidreams","prompt":"","max_tokens":24,"temperature":0,"stream":true})");
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::string first_text;
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_EQ(results[i].status, 200) << i << ": " << results[i].body;
+    SseResult s = ParseSse(results[i].body);
+    EXPECT_TRUE(s.well_formed) << i;
+    EXPECT_TRUE(s.done) << i;
+    std::string text = StreamText(s, i % 2 == 1);
+    EXPECT_EQ(text.rfind(kGolden, 0), 0u) << i << ": " << text;
+    if (i == 0) first_text = text;
+    EXPECT_EQ(text, first_text) << i;  // same prompt, greedy: batching must not change the text
+  }
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, ClientDisconnectCancelsTheRequest) {
+  ServerOptions opts;
+  opts.run_scheduler = false;  // the test steps the scheduler, so nothing races
+  Start({}, opts);
+  {
+    HttpTestClient c(port_);
+    ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest(
+        "POST", "/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":100,"temperature":0,"stream":true})")));
+    ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
+    for (int i = 0; i < 3; ++i) scheduler_->Step();
+    HttpTestResponse r;
+    c.ReadResponse(&r, [](std::string_view) { return false; });  // read the first chunk, then leave
+    EXPECT_EQ(r.status, 200);
+  }
+  // The handler notices, cancels and returns; its connection then closes.
+  ASSERT_TRUE(Eventually([&] { return metrics_->open_connections.Value() == 0; }));
+  while (scheduler_->Step()) {
+  }
+  SchedulerStats st = scheduler_->Stats();
+  EXPECT_EQ(st.requests_finished, 1);
+  EXPECT_EQ(st.running, 0);
+  EXPECT_LT(st.generated_tokens, 100);
+}
+
+TEST_F(ServerTest, StopCancelsQueuedStreamsWithAnErrorEvent) {
+  ServerOptions opts;
+  opts.run_scheduler = false;  // the request can never progress on its own
+  Start({}, opts);
+  HttpTestResponse r;
+  std::thread t([&] {
+    r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":8,"stream":true})");
+  });
+  ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
+  server_->Stop(/*cancel_in_flight=*/true);
+  t.join();
+  ASSERT_EQ(r.status, 200);
+  SseResult s = ParseSse(r.body);
+  EXPECT_TRUE(s.well_formed) << r.body;
+  EXPECT_TRUE(s.done) << r.body;
+  ASSERT_FALSE(s.events.empty());
+  EXPECT_EQ(s.events.back()["error"]["code"], "server_shutting_down") << r.body;
+  // Nothing is accepted any more.
+  HttpTestClient c(port_);
+  EXPECT_NE(c.Request("GET", "/healthz").status, 200);
+}
+
+TEST_F(ServerTest, GracefulStopLetsRunningRequestsFinish) {
+  ServerOptions opts;
+  opts.run_scheduler = false;
+  opts.drain_seconds = 60;
+  Start({}, opts);
+  HttpTestResponse r;
+  std::thread t([&] {
+    r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":8,"temperature":0,"stream":true})");
+  });
+  ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
+  std::thread stopper([&] { server_->Stop(/*cancel_in_flight=*/false); });
+  // While Stop drains, new generation requests are refused; the one in flight completes.
+  std::atomic<bool> stop{false};
+  std::thread stepper([&] { scheduler_->Run(stop); });
+  t.join();
+  stopper.join();
+  stop = true;
+  stepper.join();
+  ASSERT_EQ(r.status, 200);
+  SseResult s = ParseSse(r.body);
+  EXPECT_TRUE(s.done);
+  ASSERT_FALSE(s.events.empty());
+  EXPECT_EQ(s.events.back()["choices"][0]["finish_reason"], "length") << r.body;
+}
+
+TEST_F(ServerTest, RunServerUntilSignalStopsOnSigterm) {
+  Start();
+  std::thread killer([] {
+    // Wait until the handler is installed, then signal the process.
+    struct sigaction sa {};
+    for (int i = 0; i < 60000; ++i) {
+      sigaction(SIGTERM, nullptr, &sa);
+      if (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    kill(getpid(), SIGTERM);
+  });
+  Status st = RunServerUntilSignal(*server_);
+  killer.join();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  // The previous disposition is back.
+  struct sigaction sa {};
+  sigaction(SIGTERM, nullptr, &sa);
+  EXPECT_EQ(sa.sa_handler, SIG_DFL);
+  HttpTestClient c(port_);
+  EXPECT_NE(c.Request("GET", "/healthz").status, 200);
+}
+
+}  // namespace
+}  // namespace keel::engine
