@@ -6,10 +6,8 @@
 
 #include <chrono>
 #include <cstring>
-#include <cmath>
 #include <deque>
 #include <filesystem>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -17,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "keel/core/log.h"
+#include "keel/engine/openai_protocol.h"
 
 namespace keel::engine {
 
@@ -25,74 +24,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// OpenAI error bodies
-
-struct ApiError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::optional<std::string> param;
-  std::optional<std::string> code;
-};
-
-// Generated text may hold bytes that are not valid UTF-8 (byte-fallback tokens); JSON output
-// replaces them with U+FFFD instead of throwing.
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-json ErrorObject(const ApiError& e) {
-  return {{"error",
-           {{"message", e.message},
-            {"type", e.type},
-            {"param", e.param ? json(*e.param) : json(nullptr)},
-            {"code", e.code ? json(*e.code) : json(nullptr)}}}};
-}
-
+// Sends `e` as an OpenAI error body (429 also gets Retry-After).
 void SendError(HttpResponder& res, const ApiError& e) {
   HttpHeaderList extra;
   if (e.status == 429) extra.emplace_back("Retry-After", "1");
   res.Send(e.status, "application/json", Dump(ErrorObject(e)), extra);
-}
-
-// An invalid_request_error naming the offending field ("" for the body as a whole: null).
-ApiError BadParam(std::string param, std::string message) {
-  std::optional<std::string> p;
-  if (!param.empty()) p = std::move(param);
-  return ApiError{400, std::move(message), "invalid_request_error", std::move(p), std::nullopt};
-}
-
-// Errors the HTTP layer itself produces (404, 405, 413, 431, 400 for broken HTTP, 503).
-std::string OpenAiHttpErrorBody(int status, std::string_view message) {
-  ApiError e;
-  e.status = status;
-  e.message = std::string(message);
-  e.type = status >= 500 ? "server_error" : "invalid_request_error";
-  if (status == 404) e.code = "not_found";
-  return Dump(ErrorObject(e));
-}
-
-// Deep nesting is rejected before parsing: nothing in this API nests more than a few levels,
-// and a megabyte of '[' must not cost recursion.
-bool NestingWithin(std::string_view s, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 std::string RandomHex(int n) {
@@ -103,86 +39,13 @@ std::string RandomHex(int n) {
   return s;
 }
 
-uint64_t RandomSeed() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return rng();
-}
-
 int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Request parsing
-
-// Reads an optional integer field. Absent or null leaves *out untouched and returns nullopt.
-std::optional<ApiError> GetInt(const json& body, const char* name, int64_t* out, bool* present) {
-  *present = false;
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (it->is_number_unsigned()) {
-    uint64_t v = it->get<uint64_t>();
-    *out = v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-               ? std::numeric_limits<int64_t>::max()
-               : static_cast<int64_t>(v);
-  } else if (it->is_number_integer()) {
-    *out = it->get<int64_t>();
-  } else {
-    return BadParam(name, fmt::format("'{}' must be an integer", name));
-  }
-  *present = true;
-  return std::nullopt;
-}
-
-std::optional<ApiError> GetNumber(const json& body, const char* name, double* out, bool* present) {
-  *present = false;
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return BadParam(name, fmt::format("'{}' must be a number", name));
-  *out = it->get<double>();
-  if (!std::isfinite(*out)) return BadParam(name, fmt::format("'{}' must be finite", name));
-  *present = true;
-  return std::nullopt;
-}
-
-std::optional<ApiError> GetBool(const json& body, const char* name, bool* out) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) return BadParam(name, fmt::format("'{}' must be a boolean", name));
-  *out = it->get<bool>();
-  return std::nullopt;
-}
-
-// The chat template. The llama2.c models Keel serves by default were trained on plain text and
-// know no role markers, so a conversation is rendered as the messages' contents in order, each
-// separated by a single "\n", with no role labels and no trailing separator:
-//   [{system,"A"},{user,"B"}]  ->  "A\nB"
-// which is then encoded with BOS. Models with a real chat template need their own renderer.
-std::string RenderChat(const std::vector<std::string>& contents) {
-  std::string out;
-  for (size_t i = 0; i < contents.size(); ++i) {
-    if (i) out += '\n';
-    out += contents[i];
-  }
-  return out;
-}
-
 }  // namespace
-
-// Everything about one generation request, parsed and validated.
-struct ServerJob {
-  bool chat = false;
-  std::string route;
-  std::vector<int> prompt;
-  GenerationParams params;
-  bool stream = false;
-  bool include_usage = false;
-  std::string id;
-  int64_t created = 0;
-  Clock::time_point start;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
@@ -223,225 +86,9 @@ SchedulerObserver ObserverFor(std::shared_ptr<EngineMetrics> metrics) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parsing
+// Event hand-off between the scheduler thread and the connection thread
 
 namespace {
-
-// Parses the fields common to both endpoints (model, n, sampling, stop, stream).
-std::optional<ApiError> ParseCommon(const json& body, const std::string& model_name, ServerJob* job) {
-  auto model = body.find("model");
-  if (model == body.end() || model->is_null()) return BadParam("model", "'model' is required");
-  if (!model->is_string()) return BadParam("model", "'model' must be a string");
-  if (model->get<std::string>() != model_name) {
-    ApiError e{404, fmt::format("The model `{}` does not exist; this server serves `{}`",
-                                model->get<std::string>(), model_name),
-               "invalid_request_error", "model", "model_not_found"};
-    return e;
-  }
-
-  bool present = false;
-  int64_t n = 1;
-  if (auto e = GetInt(body, "n", &n, &present)) return e;
-  if (present && n != 1) return BadParam("n", "only n = 1 is supported");
-  int64_t best_of = 1;
-  if (auto e = GetInt(body, "best_of", &best_of, &present)) return e;
-  if (present && best_of != 1) return BadParam("best_of", "only best_of = 1 is supported");
-
-  SamplingOptions& s = job->params.sampling;
-  double temperature = 1.0;
-  if (auto e = GetNumber(body, "temperature", &temperature, &present)) return e;
-  if (temperature < 0 || temperature > 2) {
-    return BadParam("temperature", "'temperature' must be between 0 and 2");
-  }
-  s.temperature = static_cast<float>(temperature);
-  double top_p = 1.0;
-  if (auto e = GetNumber(body, "top_p", &top_p, &present)) return e;
-  if (!(top_p > 0 && top_p <= 1)) return BadParam("top_p", "'top_p' must be in (0, 1]");
-  s.top_p = static_cast<float>(top_p);
-  int64_t top_k = 0;
-  if (auto e = GetInt(body, "top_k", &top_k, &present)) return e;
-  if (top_k < 0) return BadParam("top_k", "'top_k' must be >= 0");
-  s.top_k = static_cast<int>(std::min<int64_t>(top_k, std::numeric_limits<int>::max()));
-  auto seed = body.find("seed");
-  if (seed != body.end() && !seed->is_null()) {
-    if (seed->is_number_unsigned()) {
-      s.seed = seed->get<uint64_t>();
-    } else if (seed->is_number_integer()) {
-      s.seed = static_cast<uint64_t>(seed->get<int64_t>());
-    } else {
-      return BadParam("seed", "'seed' must be an integer");
-    }
-  } else {
-    s.seed = RandomSeed();
-  }
-
-  auto stop = body.find("stop");
-  if (stop != body.end() && !stop->is_null()) {
-    if (stop->is_string()) {
-      job->params.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      if (stop->size() > 4) return BadParam("stop", "'stop' holds at most 4 sequences");
-      for (const auto& v : *stop) {
-        if (!v.is_string()) return BadParam("stop", "'stop' must be a string or an array of strings");
-        job->params.stop.push_back(v.get<std::string>());
-      }
-    } else {
-      return BadParam("stop", "'stop' must be a string or an array of strings");
-    }
-    for (const auto& st : job->params.stop) {
-      if (st.empty()) return BadParam("stop", "stop sequences must not be empty");
-    }
-  }
-
-  if (auto e = GetBool(body, "stream", &job->stream)) return e;
-  auto so = body.find("stream_options");
-  if (so != body.end() && !so->is_null()) {
-    if (!so->is_object()) return BadParam("stream_options", "'stream_options' must be an object");
-    if (auto e = GetBool(*so, "include_usage", &job->include_usage)) {
-      e->param = "stream_options.include_usage";
-      return e;
-    }
-  }
-  auto user = body.find("user");
-  if (user != body.end() && !user->is_null() && !user->is_string()) {
-    return BadParam("user", "'user' must be a string");
-  }
-  return std::nullopt;
-}
-
-// Prompt of /v1/completions: a string, an array of one string, an array of token ids, or an
-// array of one array of token ids. Token ids are used as given (no BOS added).
-std::optional<ApiError> ParsePrompt(const json& body, const Tokenizer& tok, int vocab, std::vector<int>* out) {
-  auto p = body.find("prompt");
-  if (p == body.end() || p->is_null()) return BadParam("prompt", "'prompt' is required");
-  const json* v = &*p;
-  if (v->is_array() && v->size() == 1 && ((*v)[0].is_string() || (*v)[0].is_array())) v = &(*v)[0];
-  if (v->is_string()) {
-    *out = tok.Encode(v->get<std::string>(), /*bos=*/true);
-    return std::nullopt;
-  }
-  if (!v->is_array()) {
-    return BadParam("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
-  }
-  if (v->empty()) return BadParam("prompt", "'prompt' must not be empty");
-  for (const auto& t : *v) {
-    if (t.is_string() || t.is_array()) return BadParam("prompt", "only one prompt per request is supported");
-    if (!t.is_number_integer()) return BadParam("prompt", "token ids must be integers");
-    int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(vocab)
-                     ? static_cast<int64_t>(vocab)
-                     : t.get<int64_t>();
-    if (id < 0 || id >= vocab) {
-      return BadParam("prompt", fmt::format("token id {} is outside the vocabulary (0..{})", t.dump(), vocab - 1));
-    }
-    out->push_back(static_cast<int>(id));
-  }
-  return std::nullopt;
-}
-
-std::optional<ApiError> ParseMessages(const json& body, const Tokenizer& tok, std::vector<int>* out) {
-  auto m = body.find("messages");
-  if (m == body.end() || m->is_null()) return BadParam("messages", "'messages' is required");
-  if (!m->is_array() || m->empty()) return BadParam("messages", "'messages' must be a non-empty array");
-  std::vector<std::string> contents;
-  for (size_t i = 0; i < m->size(); ++i) {
-    const json& msg = (*m)[i];
-    std::string where = fmt::format("messages[{}]", i);
-    if (!msg.is_object()) return BadParam(where, where + " must be an object");
-    auto role = msg.find("role");
-    if (role == msg.end() || !role->is_string()) {
-      return BadParam(where + ".role", where + ".role must be a string");
-    }
-    const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "developer") {
-      return BadParam(where + ".role",
-                      fmt::format("{}.role '{}' is not supported (system, developer, user, assistant)", where, r));
-    }
-    auto content = msg.find("content");
-    if (content == msg.end()) return BadParam(where + ".content", where + ".content is required");
-    if (content->is_string()) {
-      contents.push_back(content->get<std::string>());
-    } else if (content->is_null() && r == "assistant") {
-      contents.emplace_back();
-    } else if (content->is_array()) {
-      // Content parts: only text parts are supported; they are concatenated.
-      std::string text;
-      for (const auto& part : *content) {
-        auto type = part.is_object() ? part.find("type") : part.end();
-        auto t = part.is_object() ? part.find("text") : part.end();
-        if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() || !t->is_string()) {
-          return BadParam(where + ".content", where + ".content parts must be {\"type\":\"text\",\"text\":...}");
-        }
-        text += t->get<std::string>();
-      }
-      contents.push_back(std::move(text));
-    } else {
-      return BadParam(where + ".content", where + ".content must be a string");
-    }
-  }
-  *out = tok.Encode(RenderChat(contents), /*bos=*/true);
-  return std::nullopt;
-}
-
-// Fills max_tokens: explicit values must be >= 1 and fit the context with the prompt; the
-// default is `default_tokens` clamped to what the context leaves.
-std::optional<ApiError> ParseMaxTokens(const json& body, bool chat, int prompt_len, int context,
-                                       GenerationParams* params) {
-  const char* name = "max_tokens";
-  int64_t value = 0;
-  bool present = false;
-  if (chat) {
-    if (auto e = GetInt(body, "max_completion_tokens", &value, &present)) return e;
-    if (present) name = "max_completion_tokens";
-  }
-  if (!present) {
-    if (auto e = GetInt(body, "max_tokens", &value, &present)) return e;
-  }
-  if (prompt_len >= context) {
-    return BadParam(chat ? "messages" : "prompt",
-                    fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens",
-                                context, prompt_len));
-  }
-  if (!present) {
-    const int64_t left = context - prompt_len;
-    params->max_tokens = static_cast<int>(chat ? left : std::min<int64_t>(16, left));
-    return std::nullopt;
-  }
-  if (value < 1) return BadParam(name, fmt::format("'{}' must be at least 1", name));
-  if (value > static_cast<int64_t>(context - prompt_len)) {  // no overflow for huge values
-    return BadParam(name, fmt::format("This model's maximum context length is {} tokens. However, you "
-                                      "requested {} tokens ({} in the prompt, {} for the completion)",
-                                      context, static_cast<double>(prompt_len) + static_cast<double>(value), prompt_len, value));
-  }
-  params->max_tokens = static_cast<int>(value);
-  return std::nullopt;
-}
-
-std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
-  auto lp = body.find("logprobs");
-  if (lp != body.end() && !lp->is_null() && !(lp->is_boolean() && !lp->get<bool>()) &&
-      !(lp->is_number_integer() && lp->get<int64_t>() == 0)) {
-    return BadParam("logprobs", "logprobs are not supported");
-  }
-  if (!chat) {
-    auto echo = body.find("echo");
-    if (echo != body.end() && !echo->is_null() && !(echo->is_boolean() && !echo->get<bool>())) {
-      return BadParam("echo", "echo is not supported");
-    }
-    auto suffix = body.find("suffix");
-    if (suffix != body.end() && !suffix->is_null() && !(suffix->is_string() && suffix->get<std::string>().empty())) {
-      return BadParam("suffix", "suffix is not supported");
-    }
-  } else {
-    auto tools = body.find("tools");
-    if (tools != body.end() && !tools->is_null() && !(tools->is_array() && tools->empty())) {
-      return BadParam("tools", "tools are not supported");
-    }
-  }
-  return std::nullopt;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Event hand-off between the scheduler thread and the connection thread
 
 struct EventQueue {
   std::mutex mu;
@@ -464,16 +111,6 @@ struct EventQueue {
     return true;
   }
 };
-
-const char* OpenAiFinishReason(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    default: return nullptr;
-  }
-}
-
-std::string SseEvent(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
 }  // namespace
 
@@ -675,33 +312,9 @@ void Server::HandleGenerate(const HttpRequest& req, HttpResponder& res, bool cha
   job.created = UnixNow();
   job.id = (chat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
 
-  // The body is parsed as JSON whatever the Content-Type says: `curl -d` sends form encoding.
-  if (!NestingWithin(req.body, 32)) {
-    SendError(res, BadParam("", "request JSON nests too deeply"));
-    return;
-  }
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    SendError(res, ApiError{400, "We could not parse the JSON body of your request: it is not valid JSON",
-                            "invalid_request_error", std::nullopt, std::nullopt});
-    return;
-  }
-  if (!body.is_object()) {
-    SendError(res, BadParam("", "the request body must be a JSON object"));
-    return;
-  }
   const ModelConfig& config = scheduler_.model().config;
-  std::optional<ApiError> err = ParseCommon(body, options_.model_name, &job);
-  if (!err) err = RejectUnsupported(body, chat);
-  if (!err) {
-    err = chat ? ParseMessages(body, tokenizer_, &job.prompt)
-               : ParsePrompt(body, tokenizer_, config.vocab_size, &job.prompt);
-  }
-  if (!err) {
-    err = ParseMaxTokens(body, chat, static_cast<int>(job.prompt.size()), config.max_seq_len, &job.params);
-  }
-  if (!err && job.prompt.empty()) err = BadParam(chat ? "messages" : "prompt", "the prompt is empty");
-  if (err) {
+  if (std::optional<ApiError> err = ParseGenerateRequest(req.body, chat, options_.model_name, tokenizer_,
+                                                         config.vocab_size, config.max_seq_len, &job)) {
     SendError(res, *err);
     return;
   }
@@ -743,33 +356,11 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
   }
   metrics_->prompt_tokens.Inc(static_cast<double>(job.prompt.size()));
 
-  const std::string object = job.chat ? "chat.completion.chunk" : "text_completion";
-  auto chunk = [&](const std::string& text, const char* finish, bool first) {
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
-    if (job.chat) {
-      json delta = json::object();
-      if (first) delta["role"] = "assistant";
-      if (first || !text.empty()) delta["content"] = text;
-      choice["delta"] = std::move(delta);
-    } else {
-      choice["text"] = text;
-    }
-    json j = {{"id", job.id}, {"object", object}, {"created", job.created},
-              {"model", options_.model_name}, {"choices", json::array({choice})}};
-    if (job.include_usage) j["usage"] = nullptr;
-    return SseEvent(j);
-  };
-  auto usage = [](const GenerationEvent& ev) {
-    return json{{"prompt_tokens", ev.prompt_tokens},
-                {"completion_tokens", ev.completion_tokens},
-                {"total_tokens", ev.prompt_tokens + ev.completion_tokens}};
-  };
-
   bool client_ok = true;
   if (job.stream) {
     client_ok = res.BeginStream(200, "text/event-stream",
                                 {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
-    if (client_ok && job.chat) client_ok = res.WriteChunk(chunk("", nullptr, true));
+    if (client_ok && job.chat) client_ok = res.WriteChunk(StreamChunk(job, options_.model_name, "", nullptr, true));
   }
 
   std::string text;
@@ -784,7 +375,7 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
     }
     finished = ev.finished;
     if (job.stream && !ev.text.empty()) {
-      if (!res.WriteChunk(chunk(ev.text, nullptr, false))) gone = true;
+      if (!res.WriteChunk(StreamChunk(job, options_.model_name, ev.text, nullptr, false))) gone = true;
     } else {
       text += ev.text;
     }
@@ -817,25 +408,12 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
       SendError(res, e);
     }
   } else if (job.stream) {
-    bool ok = res.WriteChunk(chunk("", finish, false));
-    if (ok && job.include_usage) {
-      json j = {{"id", job.id}, {"object", object}, {"created", job.created},
-                {"model", options_.model_name}, {"choices", json::array()}, {"usage", usage(ev)}};
-      ok = res.WriteChunk(SseEvent(j));
-    }
+    bool ok = res.WriteChunk(StreamChunk(job, options_.model_name, "", finish, false));
+    if (ok && job.include_usage) ok = res.WriteChunk(UsageChunk(job, options_.model_name, ev));
     if (ok) ok = res.WriteChunk("data: [DONE]\n\n");
     if (ok) res.EndStream();
   } else {
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
-    if (job.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
-    } else {
-      choice["text"] = text;
-    }
-    json body = {{"id", job.id}, {"object", job.chat ? "chat.completion" : "text_completion"},
-                 {"created", job.created}, {"model", options_.model_name},
-                 {"choices", json::array({choice})}, {"usage", usage(ev)}};
-    res.Send(200, "application/json", Dump(body));
+    res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, text, finish, ev)));
   }
 }
 

@@ -41,7 +41,7 @@
 
 namespace keel::engine {
 
-struct ServerJob;  // one parsed generation request (defined in server.cc)
+struct ServerJob;  // one parsed generation request (defined in openai_protocol.h)
 
 // The engine's metrics and the registry that renders them. Create it before the Scheduler so
 // its observer (ObserverFor) can record time-to-first-token and inter-token latency, then hand

@@ -1,0 +1,144 @@
+// OpenAI protocol pieces of the engine server: parsing and validating /v1/completions and
+// /v1/chat/completions requests, and shaping their responses and error bodies.
+//
+// Internal header: used by server.cc and its tests only; not part of Keel's public API (see
+// server.h for that). Nothing here touches a socket or a thread: apart from the tokenizer and
+// the random seed ParseCommon draws when the request names none, every function is a pure
+// function of its arguments, so each is safe to call from any thread.
+//
+// Errors: every parser returns std::nullopt on success, or the ApiError to send. Unless noted,
+// that is a 400 invalid_request_error whose `param` names the offending field (BadParam), with
+// the message clients see verbatim.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/engine/scheduler.h"
+#include "keel/engine/tokenizer.h"
+
+namespace keel::engine {
+
+// An OpenAI error: HTTP status plus the fields of {"error":{"message","type","param","code"}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::optional<std::string> param;
+  std::optional<std::string> code;
+};
+
+// Everything about one generation request, parsed and validated.
+struct ServerJob {
+  bool chat = false;
+  std::string route;
+  std::vector<int> prompt;
+  GenerationParams params;
+  bool stream = false;
+  bool include_usage = false;
+  std::string id;
+  int64_t created = 0;
+  std::chrono::steady_clock::time_point start;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Errors and JSON output
+
+// Serialises compactly. Generated text may hold bytes that are not valid UTF-8 (byte-fallback
+// tokens); they become U+FFFD instead of throwing.
+std::string Dump(const nlohmann::json& j);
+// {"error":{...}} for `e` (absent param/code are null).
+nlohmann::json ErrorObject(const ApiError& e);
+// A 400 invalid_request_error naming `param` ("" for the body as a whole: param null).
+ApiError BadParam(std::string param, std::string message);
+// The body for errors the HTTP layer itself produces (404, 405, 413, 431, 400 for broken HTTP,
+// 503): server_error for 5xx, else invalid_request_error; 404 gets code "not_found".
+std::string OpenAiHttpErrorBody(int status, std::string_view message);
+
+// ---------------------------------------------------------------------------------------------
+// Request parsing
+
+// False when `s` opens more than `limit` nested arrays/objects (brackets inside JSON strings do
+// not count). A cheap pre-check so a megabyte of '[' never reaches the recursive parser.
+bool NestingWithin(std::string_view s, int limit);
+
+// Optional-field readers: an absent or null field leaves *out untouched (and *present false).
+// GetInt: an integer (unsigned values above INT64_MAX saturate); "'<name>' must be an integer".
+std::optional<ApiError> GetInt(const nlohmann::json& body, const char* name, int64_t* out, bool* present);
+// GetNumber: any finite number; "'<name>' must be a number" / "'<name>' must be finite".
+std::optional<ApiError> GetNumber(const nlohmann::json& body, const char* name, double* out, bool* present);
+// GetBool: a boolean; "'<name>' must be a boolean".
+std::optional<ApiError> GetBool(const nlohmann::json& body, const char* name, bool* out);
+
+// The chat template. The llama2.c models Keel serves by default were trained on plain text and
+// know no role markers, so a conversation is rendered as the messages' contents in order, each
+// separated by a single "\n", with no role labels and no trailing separator:
+//   [{system,"A"},{user,"B"}]  ->  "A\nB"
+// which is then encoded with BOS. Models with a real chat template need their own renderer.
+std::string RenderChat(const std::vector<std::string>& contents);
+
+// The fields common to both endpoints: model (required; a name other than `model_name` is a
+// 404 with code "model_not_found"), n and best_of (only 1), temperature [0, 2], top_p (0, 1],
+// top_k >= 0, seed (any integer; a random one when absent), stop (a string or up to 4
+// non-empty strings), stream, stream_options.include_usage, user. Fills job->params.sampling,
+// job->params.stop, job->stream and job->include_usage.
+std::optional<ApiError> ParseCommon(const nlohmann::json& body, const std::string& model_name, ServerJob* job);
+
+// The prompt of /v1/completions into *out (appended to when given as ids): a string, an array
+// of one string, an array of token ids, or an array of one array of token ids. Strings are
+// encoded with BOS; token ids are used as given (no BOS) and must lie in [0, vocab). Missing,
+// empty, several prompts and ids out of range are errors on "prompt".
+std::optional<ApiError> ParsePrompt(const nlohmann::json& body, const Tokenizer& tok, int vocab,
+                                    std::vector<int>* out);
+
+// The messages of /v1/chat/completions into *out: a non-empty array of {role, content}, role
+// one of system, developer, user, assistant; content a string, text parts (concatenated), or
+// null for an assistant. Rendered with RenderChat and encoded with BOS. Errors name the field,
+// e.g. "messages[1].role".
+std::optional<ApiError> ParseMessages(const nlohmann::json& body, const Tokenizer& tok, std::vector<int>* out);
+
+// Fills params->max_tokens for a prompt of `prompt_len` tokens in a `context`-token window.
+// Chat reads max_completion_tokens first, then max_tokens. A prompt that fills the context is an
+// error on "prompt"/"messages"; an explicit value must be >= 1 and fit beside the prompt. The
+// default is what the context leaves (chat) or min(16, that) (completions).
+std::optional<ApiError> ParseMaxTokens(const nlohmann::json& body, bool chat, int prompt_len, int context,
+                                       GenerationParams* params);
+
+// Rejects features Keel does not implement: logprobs (unless false/0), and for completions echo
+// (unless false) and suffix (unless ""), for chat tools (unless []).
+std::optional<ApiError> RejectUnsupported(const nlohmann::json& body, bool chat);
+
+// The whole request body of either endpoint, in the order the server checks it: nesting (at
+// most 32 levels), JSON syntax, a top-level object, ParseCommon, RejectUnsupported, the prompt
+// (ParseMessages or ParsePrompt), ParseMaxTokens against `context`, then a non-empty prompt.
+// Fills the parsed fields of *job (job->chat, id, created and start are the caller's).
+std::optional<ApiError> ParseGenerateRequest(const std::string& body, bool chat, const std::string& model_name,
+                                             const Tokenizer& tok, int vocab, int context, ServerJob* job);
+
+// ---------------------------------------------------------------------------------------------
+// Response shaping
+
+// The OpenAI finish_reason for a finished sequence: "stop", "length", or nullptr for reasons
+// OpenAI has no name for (cancelled, error), which the server turns into an error instead.
+const char* OpenAiFinishReason(FinishReason r);
+// One server-sent event: "data: <json>\n\n".
+std::string SseEvent(const nlohmann::json& j);
+// {"prompt_tokens","completion_tokens","total_tokens"} of a finished sequence.
+nlohmann::json UsageObject(const GenerationEvent& ev);
+// One streamed chunk as an SSE event: `text` as a delta (chat: the first chunk also carries
+// role "assistant" and content even when empty) or as "text"; finish_reason `finish` or null;
+// "usage": null when job.include_usage.
+std::string StreamChunk(const ServerJob& job, const std::string& model, const std::string& text,
+                        const char* finish, bool first);
+// The final usage-only chunk of a stream with include_usage (empty choices), as an SSE event.
+std::string UsageChunk(const ServerJob& job, const std::string& model, const GenerationEvent& ev);
+// The body of a non-streamed response: one choice holding `text` and `finish`, plus usage.
+nlohmann::json CompletionBody(const ServerJob& job, const std::string& model, const std::string& text,
+                              const char* finish, const GenerationEvent& ev);
+
+}  // namespace keel::engine

@@ -1,0 +1,344 @@
+// Direct tests of the OpenAI protocol parsers and response shapers (no HTTP, no scheduler).
+// The end-to-end behaviour over real HTTP is covered by server_test.cc.
+#include "keel/engine/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "keel/engine/tokenizer.h"
+#include "tests/engine/test_util.h"
+
+namespace keel::engine {
+namespace {
+
+using json = nlohmann::json;
+
+Tokenizer LoadAidreams() {
+  auto t = Tokenizer::Load(test::ModelsDir() + "/aidreams_tok512.bin", 512);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(t).value();
+}
+
+TEST(OpenAiProtocol, NestingWithinCountsOnlyStructuralBrackets) {
+  EXPECT_TRUE(NestingWithin("", 0));
+  EXPECT_TRUE(NestingWithin("{\"a\":[1,[2]]}", 3));
+  EXPECT_FALSE(NestingWithin("{\"a\":[1,[2]]}", 2));
+  EXPECT_FALSE(NestingWithin(std::string(33, '['), 32));
+  EXPECT_TRUE(NestingWithin(std::string(32, '['), 32));
+  // Brackets inside strings, including after an escaped quote, do not count.
+  EXPECT_TRUE(NestingWithin("{\"a\":\"[[[[\"}", 1));
+  EXPECT_TRUE(NestingWithin("{\"a\":\"\\\"[[[[\"}", 1));
+  // Depth goes back down on close: siblings do not accumulate.
+  EXPECT_TRUE(NestingWithin("[[1],[2],[3],[4]]", 2));
+}
+
+TEST(OpenAiProtocol, RenderChatJoinsContentsWithNewlines) {
+  EXPECT_EQ(RenderChat({}), "");
+  EXPECT_EQ(RenderChat({"A"}), "A");
+  EXPECT_EQ(RenderChat({"A", "B"}), "A\nB");
+  EXPECT_EQ(RenderChat({"A", "", "C"}), "A\n\nC");
+}
+
+TEST(OpenAiProtocol, BadParamAndErrorObject) {
+  ApiError e = BadParam("top_p", "'top_p' must be in (0, 1]");
+  EXPECT_EQ(e.status, 400);
+  json j = ErrorObject(e);
+  EXPECT_EQ(j["error"]["message"], "'top_p' must be in (0, 1]");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  EXPECT_TRUE(ErrorObject(BadParam("", "whole body"))["error"]["param"].is_null());
+}
+
+TEST(OpenAiProtocol, HttpErrorBodyTypesAndCodes) {
+  json nf = json::parse(OpenAiHttpErrorBody(404, "no such path"));
+  EXPECT_EQ(nf["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(nf["error"]["code"], "not_found");
+  EXPECT_EQ(nf["error"]["message"], "no such path");
+  json busy = json::parse(OpenAiHttpErrorBody(503, "busy"));
+  EXPECT_EQ(busy["error"]["type"], "server_error");
+  EXPECT_TRUE(busy["error"]["code"].is_null());
+}
+
+TEST(OpenAiProtocol, DumpReplacesInvalidUtf8) {
+  EXPECT_EQ(Dump(json("a\xff")), "\"a\xEF\xBF\xBD\"");
+}
+
+TEST(OpenAiProtocol, FieldReaders) {
+  json body = {{"i", 5}, {"big", 18446744073709551615ull}, {"f", 1.5}, {"s", "x"}, {"b", true}, {"n", nullptr}};
+  int64_t i = -1;
+  bool present = true;
+  EXPECT_FALSE(GetInt(body, "missing", &i, &present));
+  EXPECT_FALSE(present);
+  EXPECT_EQ(i, -1);
+  EXPECT_FALSE(GetInt(body, "n", &i, &present));
+  EXPECT_FALSE(present);
+  EXPECT_FALSE(GetInt(body, "i", &i, &present));
+  EXPECT_TRUE(present);
+  EXPECT_EQ(i, 5);
+  EXPECT_FALSE(GetInt(body, "big", &i, &present));
+  EXPECT_EQ(i, std::numeric_limits<int64_t>::max());
+  auto e = GetInt(body, "f", &i, &present);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "'f' must be an integer");
+  EXPECT_EQ(e->param, "f");
+
+  double d = 0;
+  EXPECT_FALSE(GetNumber(body, "f", &d, &present));
+  EXPECT_DOUBLE_EQ(d, 1.5);
+  EXPECT_FALSE(GetNumber(body, "i", &d, &present));
+  EXPECT_DOUBLE_EQ(d, 5);
+  e = GetNumber(body, "s", &d, &present);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "'s' must be a number");
+
+  bool b = false;
+  EXPECT_FALSE(GetBool(body, "b", &b));
+  EXPECT_TRUE(b);
+  e = GetBool(body, "i", &b);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "'i' must be a boolean");
+}
+
+TEST(OpenAiProtocol, ParseMaxTokensBounds) {
+  GenerationParams p;
+  // Defaults: completions take min(16, what is left); chat takes what is left.
+  EXPECT_FALSE(ParseMaxTokens(json::object(), false, 10, 512, &p));
+  EXPECT_EQ(p.max_tokens, 16);
+  EXPECT_FALSE(ParseMaxTokens(json::object(), false, 500, 512, &p));
+  EXPECT_EQ(p.max_tokens, 12);
+  EXPECT_FALSE(ParseMaxTokens(json::object(), true, 10, 512, &p));
+  EXPECT_EQ(p.max_tokens, 502);
+
+  // Explicit values: 1 .. context - prompt.
+  EXPECT_FALSE(ParseMaxTokens({{"max_tokens", 1}}, false, 10, 512, &p));
+  EXPECT_EQ(p.max_tokens, 1);
+  EXPECT_FALSE(ParseMaxTokens({{"max_tokens", 502}}, false, 10, 512, &p));
+  EXPECT_EQ(p.max_tokens, 502);
+  auto e = ParseMaxTokens({{"max_tokens", 503}}, false, 10, 512, &p);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "max_tokens");
+  EXPECT_EQ(e->message,
+            "This model's maximum context length is 512 tokens. However, you requested 513 tokens "
+            "(10 in the prompt, 503 for the completion)");
+  e = ParseMaxTokens({{"max_tokens", 0}}, false, 10, 512, &p);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "'max_tokens' must be at least 1");
+  // A huge value neither overflows nor passes.
+  e = ParseMaxTokens({{"max_tokens", 18446744073709551615ull}}, false, 10, 512, &p);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "max_tokens");
+
+  // Chat prefers max_completion_tokens and names it in errors.
+  EXPECT_FALSE(ParseMaxTokens({{"max_completion_tokens", 3}, {"max_tokens", 7}}, true, 10, 512, &p));
+  EXPECT_EQ(p.max_tokens, 3);
+  e = ParseMaxTokens({{"max_completion_tokens", 0}}, true, 10, 512, &p);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "max_completion_tokens");
+  // Completions ignore max_completion_tokens.
+  EXPECT_FALSE(ParseMaxTokens({{"max_completion_tokens", 3}}, false, 10, 512, &p));
+  EXPECT_EQ(p.max_tokens, 16);
+
+  // A prompt that fills the context is an error on the prompt field.
+  e = ParseMaxTokens(json::object(), false, 512, 512, &p);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "prompt");
+  EXPECT_EQ(e->message, "This model's maximum context length is 512 tokens, but the prompt has 512 tokens");
+  e = ParseMaxTokens(json::object(), true, 600, 512, &p);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages");
+}
+
+TEST(OpenAiProtocol, ParsePromptForms) {
+  Tokenizer tok = LoadAidreams();
+  const std::vector<int> hello = tok.Encode("Hello", /*bos=*/true);
+  std::vector<int> out;
+  EXPECT_FALSE(ParsePrompt({{"prompt", "Hello"}}, tok, 512, &out));
+  EXPECT_EQ(out, hello);
+  out.clear();
+  EXPECT_FALSE(ParsePrompt(json::parse(R"({"prompt":["Hello"]})"), tok, 512, &out));
+  EXPECT_EQ(out, hello);
+  out.clear();
+  EXPECT_FALSE(ParsePrompt(json::parse(R"({"prompt":[5,6,511]})"), tok, 512, &out));
+  EXPECT_EQ(out, (std::vector<int>{5, 6, 511}));  // no BOS added to ids
+  out.clear();
+  EXPECT_FALSE(ParsePrompt(json::parse(R"({"prompt":[[7,8]]})"), tok, 512, &out));
+  EXPECT_EQ(out, (std::vector<int>{7, 8}));
+
+  struct Bad {
+    const char* body;
+    const char* message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {R"({})", "'prompt' is required"},
+           {R"({"prompt":null})", "'prompt' is required"},
+           {R"({"prompt":5})", "'prompt' must be a string, an array of one string, or an array of token ids"},
+           {R"({"prompt":[]})", "'prompt' must not be empty"},
+           {R"({"prompt":["a","b"]})", "only one prompt per request is supported"},
+           {R"({"prompt":[1,"b"]})", "only one prompt per request is supported"},
+           {R"({"prompt":[1.5]})", "token ids must be integers"},
+           {R"({"prompt":[512]})", "token id 512 is outside the vocabulary (0..511)"},
+           {R"({"prompt":[-1]})", "token id -1 is outside the vocabulary (0..511)"},
+           {R"({"prompt":[18446744073709551615]})",
+            "token id 18446744073709551615 is outside the vocabulary (0..511)"},
+       }) {
+    out.clear();
+    auto e = ParsePrompt(json::parse(b.body), tok, 512, &out);
+    ASSERT_TRUE(e) << b.body;
+    EXPECT_EQ(e->status, 400) << b.body;
+    EXPECT_EQ(e->param, "prompt") << b.body;
+    EXPECT_EQ(e->message, b.message) << b.body;
+  }
+}
+
+TEST(OpenAiProtocol, ParseMessagesRendersWithTemplate) {
+  Tokenizer tok = LoadAidreams();
+  std::vector<int> out;
+  json body = json::parse(R"({"messages":[{"role":"system","content":"A"},
+                                           {"role":"user","content":[{"type":"text","text":"B"},
+                                                                     {"type":"text","text":"C"}]},
+                                           {"role":"assistant","content":null}]})");
+  EXPECT_FALSE(ParseMessages(body, tok, &out));
+  EXPECT_EQ(out, tok.Encode("A\nBC\n", /*bos=*/true));
+
+  auto e = ParseMessages(json::parse(R"({"messages":[{"role":"user","content":"x"},{"role":"tool","content":"y"}]})"),
+                         tok, &out);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages[1].role");
+  EXPECT_EQ(e->message, "messages[1].role 'tool' is not supported (system, developer, user, assistant)");
+  e = ParseMessages(json::parse(R"({"messages":[{"role":"user","content":null}]})"), tok, &out);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages[0].content");
+  EXPECT_EQ(e->message, "messages[0].content must be a string");
+  e = ParseMessages(json::parse(R"({"messages":[]})"), tok, &out);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "'messages' must be a non-empty array");
+}
+
+TEST(OpenAiProtocol, ParseCommonSamplingAndModel) {
+  ServerJob job;
+  json body = json::parse(R"({"model":"m","temperature":0,"top_p":0.5,"top_k":3,"seed":7,
+                              "stop":["a","b"],"stream":true,"stream_options":{"include_usage":true}})");
+  EXPECT_FALSE(ParseCommon(body, "m", &job));
+  EXPECT_EQ(job.params.sampling.temperature, 0.0f);
+  EXPECT_EQ(job.params.sampling.top_p, 0.5f);
+  EXPECT_EQ(job.params.sampling.top_k, 3);
+  EXPECT_EQ(job.params.sampling.seed, 7u);
+  EXPECT_EQ(job.params.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(job.stream);
+  EXPECT_TRUE(job.include_usage);
+
+  ServerJob other;
+  auto e = ParseCommon({{"model", "x"}}, "m", &other);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 404);
+  EXPECT_EQ(e->code, "model_not_found");
+  e = ParseCommon({{"model", "m"}, {"temperature", 2.5}}, "m", &other);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "temperature");
+  e = ParseCommon(json::parse(R"({"model":"m","stream_options":{"include_usage":1}})"), "m", &other);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "stream_options.include_usage");
+  e = ParseCommon(json::parse(R"({"model":"m","stop":["a",""]})"), "m", &other);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "stop sequences must not be empty");
+}
+
+TEST(OpenAiProtocol, RejectUnsupportedPerEndpoint) {
+  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"logprobs":false,"echo":false,"suffix":""})"), false));
+  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"logprobs":0,"tools":[]})"), true));
+  EXPECT_EQ(RejectUnsupported(json::parse(R"({"logprobs":true})"), true)->param, "logprobs");
+  EXPECT_EQ(RejectUnsupported(json::parse(R"({"echo":true})"), false)->param, "echo");
+  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"echo":true})"), true));  // chat has no echo
+  EXPECT_EQ(RejectUnsupported(json::parse(R"({"suffix":"x"})"), false)->param, "suffix");
+  EXPECT_EQ(RejectUnsupported(json::parse(R"({"tools":[{}]})"), true)->param, "tools");
+  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"tools":[{}]})"), false));
+}
+
+TEST(OpenAiProtocol, ParseGenerateRequestOrderAndBodyErrors) {
+  Tokenizer tok = LoadAidreams();
+  auto parse = [&](const std::string& body, bool chat) {
+    ServerJob job;
+    return ParseGenerateRequest(body, chat, "m", tok, 512, 512, &job);
+  };
+  auto e = parse(std::string(40, '[') + std::string(40, ']'), false);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "request JSON nests too deeply");
+  EXPECT_FALSE(e->param);
+  e = parse("{", false);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "We could not parse the JSON body of your request: it is not valid JSON");
+  e = parse("[1]", false);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "the request body must be a JSON object");
+  // The model is checked before the prompt.
+  e = parse(R"({"model":"x"})", false);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 404);
+  e = parse(R"({"model":"m","prompt":[]})", false);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "'prompt' must not be empty");
+
+  ServerJob job;
+  EXPECT_FALSE(ParseGenerateRequest(R"({"model":"m","prompt":[1,2,3],"max_tokens":4})", false, "m", tok, 512, 512,
+                                    &job));
+  EXPECT_EQ(job.prompt, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(job.params.max_tokens, 4);
+}
+
+TEST(OpenAiProtocol, FinishReasonsAndSse) {
+  EXPECT_STREQ(OpenAiFinishReason(FinishReason::kStop), "stop");
+  EXPECT_STREQ(OpenAiFinishReason(FinishReason::kLength), "length");
+  EXPECT_EQ(OpenAiFinishReason(FinishReason::kCancelled), nullptr);
+  EXPECT_EQ(OpenAiFinishReason(FinishReason::kError), nullptr);
+  EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+json SsePayload(const std::string& event) {
+  EXPECT_EQ(event.rfind("data: ", 0), 0u);
+  EXPECT_EQ(event.substr(event.size() - 2), "\n\n");
+  return json::parse(event.substr(6, event.size() - 8));
+}
+
+TEST(OpenAiProtocol, ResponseShapes) {
+  ServerJob job;
+  job.chat = true;
+  job.id = "chatcmpl-1";
+  job.created = 42;
+  json first = SsePayload(StreamChunk(job, "m", "", nullptr, true));
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(first.contains("usage"));
+  json last = SsePayload(StreamChunk(job, "m", "", "stop", false));
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+
+  GenerationEvent ev;
+  ev.prompt_tokens = 3;
+  ev.completion_tokens = 4;
+  job.include_usage = true;
+  EXPECT_TRUE(SsePayload(StreamChunk(job, "m", "x", nullptr, false))["usage"].is_null());
+  json usage = SsePayload(UsageChunk(job, "m", ev));
+  EXPECT_EQ(usage["choices"], json::array());
+  EXPECT_EQ(usage["usage"], (json{{"prompt_tokens", 3}, {"completion_tokens", 4}, {"total_tokens", 7}}));
+
+  json chat = CompletionBody(job, "m", "hi", "length", ev);
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"], (json{{"role", "assistant"}, {"content", "hi"}}));
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(chat["usage"]["total_tokens"], 7);
+
+  job.chat = false;
+  json text = CompletionBody(job, "m", "hi", "stop", ev);
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "hi");
+  EXPECT_EQ(SsePayload(StreamChunk(job, "m", "yo", nullptr, false))["choices"][0]["text"], "yo");
+}
+
+}  // namespace
+}  // namespace keel::engine
