@@ -171,6 +171,7 @@ int RunConvert(const ConvertArgs& a) {
 int main(int argc, char** argv) {
   CLI::App app{"keel: LLM and retrieval services under tight resources"};
   app.require_subcommand(1);
+  app.fallthrough();  // --log-level may follow the subcommand too
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
 

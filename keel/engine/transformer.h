@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "keel/core/aligned.h"
 #include "keel/core/status.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/model.h"
@@ -40,7 +41,7 @@ class Transformer {
   void EnsureScratch(int n);
   const Model& model_;
   int cap_ = 0;
-  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xo_;
+  AlignedFloats x_, xb_, q_, k_, v_, att_, hb_, hb2_, xo_;
   std::vector<kv::AttendScratch> attend_scratch_;
 };
 
