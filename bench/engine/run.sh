@@ -34,8 +34,7 @@ echo
 echo
 
 serve_load() {  # model, name, max_tokens, clients, requests
-  "$KEEL" serve --model "$1" --model-name "$2" --port "$PORT" --max-queue 256 --max-running 32 \
-    --log-level warn &
+  "$KEEL" --log-level warn serve --model "$1" --model-name "$2" --port "$PORT" --max-queue 256 --max-running 32 &
   local pid=$!
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break; sleep 0.1; done
   "$BUILD/server_load_bench" --port "$PORT" --model "$2" --clients "$4" --requests "$5" --max-tokens "$3" || true

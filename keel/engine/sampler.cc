@@ -19,39 +19,64 @@ int Sampler::Sample(float* logits, int vocab) {
   const float inv_t = 1.0f / opt_.temperature;
   float mx = logits[0];
   for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
-  cand_.clear();
-  cand_.reserve(vocab);
-  for (int i = 0; i < vocab; ++i) cand_.emplace_back(std::exp((logits[i] - mx) * inv_t), i);
+  // Unnormalised probabilities, in place.
+  double total = 0.0;
+  for (int i = 0; i < vocab; ++i) {
+    logits[i] = std::exp((logits[i] - mx) * inv_t);
+    total += logits[i];
+  }
+  const bool top_k = opt_.top_k > 0 && opt_.top_k < vocab;
+  const bool top_p = opt_.top_p < 1.0f;
+  if (!top_k && !top_p) {
+    // Plain temperature sampling needs no ordering: one scan in id order (no sort of the vocab,
+    // which would cost milliseconds per token at 32k+ entries).
+    std::uniform_real_distribution<double> uni(0.0, total);
+    double r = uni(rng_), cum = 0.0;
+    for (int i = 0; i < vocab; ++i) {
+      cum += logits[i];
+      if (r < cum) return i;
+    }
+    return Argmax(logits, vocab);
+  }
   // Highest probability first; ties broken by id so the order is deterministic.
   auto by_prob = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
+  cand_.clear();
+  if (top_p && !top_k) {
+    // Tokens below (1 - top_p) / (vocab - 1) of the mass can never be inside the nucleus
+    // (llama2.c's cut), so only the few above it are sorted.
+    const double cutoff = (1.0 - opt_.top_p) / (vocab - 1) * total;
+    for (int i = 0; i < vocab; ++i)
+      if (logits[i] >= cutoff) cand_.emplace_back(logits[i], i);
+  } else {
+    for (int i = 0; i < vocab; ++i) cand_.emplace_back(logits[i], i);
+  }
   size_t keep = cand_.size();
-  if (opt_.top_k > 0 && static_cast<size_t>(opt_.top_k) < keep) {
+  if (top_k && static_cast<size_t>(opt_.top_k) < keep) {
     keep = static_cast<size_t>(opt_.top_k);
     std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(), by_prob);
   } else {
     std::sort(cand_.begin(), cand_.end(), by_prob);
   }
-  double total = 0.0;
-  for (size_t i = 0; i < keep; ++i) total += cand_[i].first;
-  if (opt_.top_p < 1.0f) {
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += cand_[i].first;
+  if (top_p) {
+    // The nucleus: the smallest prefix holding top_p of the (top-k restricted) mass.
+    const double target = opt_.top_p * kept;
     double cum = 0.0;
-    size_t cut = keep;
     for (size_t i = 0; i < keep; ++i) {
-      cum += cand_[i].first / total;
-      if (cum >= opt_.top_p) {
-        cut = i + 1;
+      cum += cand_[i].first;
+      if (cum >= target) {
+        keep = i + 1;
         break;
       }
     }
-    keep = cut;
-    total = 0.0;
-    for (size_t i = 0; i < keep; ++i) total += cand_[i].first;
+    kept = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept += cand_[i].first;
   }
-  std::uniform_real_distribution<double> uni(0.0, total);
-  double r = uni(rng_);
-  double cum = 0.0;
+  std::uniform_real_distribution<double> uni(0.0, kept);
+  double r = uni(rng_), cum = 0.0;
   for (size_t i = 0; i < keep; ++i) {
     cum += cand_[i].first;
     if (r < cum) return cand_[i].second;
