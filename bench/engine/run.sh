@@ -33,25 +33,37 @@ echo
 "$KEEL" bench --model "$BIG" --prompt-tokens 64 --decode-tokens 32 --concurrency 1,16 --repeats $reps
 echo
 
-serve_load() {  # model, name, max_tokens, clients, requests
+serve_load() {  # model, name, max_tokens, clients, requests -> prints the load table, sets SERVED
   "$KEEL" --log-level warn serve --model "$1" --model-name "$2" --port "$PORT" --max-queue 256 --max-running 32 &
   local pid=$!
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break; sleep 0.1; done
-  "$BUILD/server_load_bench" --port "$PORT" --model "$2" --clients "$4" --requests "$5" --max-tokens "$3" || true
+  local out
+  out=$("$BUILD/server_load_bench" --port "$PORT" --model "$2" --clients "$4" --requests "$5" --max-tokens "$3" || true)
+  echo "$out"
+  SERVED=$(echo "$out" | tail -n 1 | awk -F'|' '{gsub(/ /, "", $4); print $4}')
   kill -TERM $pid
   wait $pid || true
+}
+
+compare() {  # model, max_tokens: in-process decode at 32 sequences, and the server's share of it
+  local table inproc
+  table=$("$KEEL" bench --model "$1" --prompt-tokens 8 --decode-tokens "$2" --concurrency 32 --repeats 1)
+  echo "In-process decode at the same concurrency (the server's ceiling):"
+  echo
+  echo "$table" | tail -n 3
+  inproc=$(echo "$table" | tail -n 1 | awk -F'|' '{gsub(/ /, "", $4); print $4}')
+  echo
+  awk -v s="$SERVED" -v i="$inproc" 'BEGIN { printf "server streamed tokens/s / in-process decode tokens/s = %.2f\n", s / i }'
 }
 
 echo "### Server: 32 concurrent streaming clients, aidreams260K, 64 tokens each"
 echo
 serve_load "$AIDREAMS" aidreams260K 64 32 $([ "$QUICK" = 1 ] && echo 1 || echo 4)
 echo
-echo "In-process decode at the same concurrency (the server's ceiling):"
+compare "$AIDREAMS" 64
 echo
-"$KEEL" bench --model "$AIDREAMS" --prompt-tokens 8 --decode-tokens 64 --concurrency 32 --repeats 1 | tail -n 3
+echo "### Server: 32 concurrent streaming clients, llama110m, 32 tokens each"
 echo
-echo "### Server: 32 concurrent streaming clients, llama110m, 16 tokens each"
+serve_load "$BIG" llama110m 32 32 1
 echo
-serve_load "$BIG" llama110m 16 32 1
-echo
-"$KEEL" bench --model "$BIG" --prompt-tokens 8 --decode-tokens 16 --concurrency 32 --repeats 1 | tail -n 3
+compare "$BIG" 32

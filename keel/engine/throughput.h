@@ -25,11 +25,13 @@ struct ThroughputRow {
   double prefill_tok_s = 0;     // prompt tokens per second (all sequences' prompts in batches)
   double decode_tok_s = 0;      // generated tokens per second summed over sequences
   double roofline_tok_s = 0;    // decode upper bound from bytes read per step / bandwidth
+  double compute_bound_tok_s = 0;  // decode upper bound from matmul FLOPs / measured kernel peak
   double bytes_per_step = 0;    // weights + K/V read by one decode step at mid-generation
 };
 
 struct ThroughputReport {
   double bandwidth_gb_s = 0;  // measured read bandwidth, all threads
+  double matmul_gflops = 0;   // measured MatMul peak (in-cache f32 weights, 64 rows), all threads
   double weight_bytes = 0;
   int threads = 0;
   std::vector<ThroughputRow> rows;
@@ -38,6 +40,8 @@ struct ThroughputReport {
 
 // Streams a buffer much larger than the caches and returns the read bandwidth in GB/s.
 double MeasureReadBandwidth(size_t bytes = 512ull << 20);
+// MatMul throughput with weights in cache (the compute ceiling), GFLOP/s.
+double MeasureMatMulPeak();
 
 Result<ThroughputReport> MeasureThroughput(const Model& model, const ThroughputOptions& options);
 
