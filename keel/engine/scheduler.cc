@@ -136,6 +136,9 @@ void Scheduler::Admit() {
       }
       a = std::make_unique<Active>(std::move(req));
       a->context = a->req->prompt;
+      // The first generated piece is decoded after the last prompt token (a leading space is
+      // dropped only right after BOS).
+      a->prev_token = a->req->prompt.back();
     }
     if (a->req->cancelled.load()) {
       Finish(*a, FinishReason::kCancelled);

@@ -96,6 +96,8 @@ TEST(Golden, PromptContinuationIsDeterministicAndEncodedWithBos) {
   ASSERT_TRUE(e->Generate("Echoes of vectors", p, [&](const std::string& t) { b += t; }).ok());
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b);
+  // The continuation keeps its leading space: only text right after BOS drops it.
+  EXPECT_EQ(a.rfind(" unfold", 0), 0u) << a;
 }
 
 }  // namespace
