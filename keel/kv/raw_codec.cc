@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "keel/kv/attention.h"
 #include "keel/kv/attention_math.h"
 
 namespace keel::kv {
@@ -10,46 +11,125 @@ namespace keel::kv {
 RawCodec::RawCodec(const KvShape& shape, DType dtype)
     : shape_(shape), dtype_(dtype), elem_(DTypeSize(dtype)) {}
 
-std::string RawCodec::spec() const { return dtype_ == DType::kF32 ? "raw:f32" : "raw:bf16"; }
+std::string RawCodec::spec() const {
+  switch (dtype_) {
+    case DType::kF32: return "raw:f32";
+    case DType::kBF16: return "raw:bf16";
+    case DType::kF16: return "raw:f16";
+  }
+  return "raw";
+}
 
 std::string RawCodec::fingerprint() const {
-  return spec() + ";block=" + std::to_string(shape_.block_tokens) + ";layout=k_then_v;rope=interleaved";
+  return spec() + ";block=" + std::to_string(shape_.block_tokens) + ";layout=kv_head_major;rope=interleaved";
 }
 
 size_t RawCodec::block_bytes(int) const {
   return 2 * static_cast<size_t>(shape_.block_tokens) * shape_.kv_dim() * elem_;
 }
 
-const uint8_t* RawCodec::row(const uint8_t* block, int which, int slot) const {
-  size_t kv = shape_.kv_dim();
-  return block + (static_cast<size_t>(which) * shape_.block_tokens + slot) * kv * elem_;
+const uint8_t* RawCodec::row(const uint8_t* block, int which, int kvh, int slot) const {
+  const size_t index = (static_cast<size_t>(which) * shape_.n_kv_heads + kvh) * shape_.block_tokens + slot;
+  return block + index * shape_.head_dim * elem_;
 }
 
 void RawCodec::append(int, uint8_t* block, int slot, const float* k, const float* v) const {
-  const int kv = shape_.kv_dim();
-  uint8_t* kd = const_cast<uint8_t*>(row(block, 0, slot));
-  uint8_t* vd = const_cast<uint8_t*>(row(block, 1, slot));
-  if (dtype_ == DType::kF32) {
-    std::memcpy(kd, k, kv * 4);
-    std::memcpy(vd, v, kv * 4);
-    return;
-  }
-  auto* kb = reinterpret_cast<uint16_t*>(kd);
-  auto* vb = reinterpret_cast<uint16_t*>(vd);
-  for (int i = 0; i < kv; ++i) {
-    kb[i] = F32ToBf16(k[i]);
-    vb[i] = F32ToBf16(v[i]);
+  const int hd = shape_.head_dim;
+  for (int kvh = 0; kvh < shape_.n_kv_heads; ++kvh) {
+    for (int which = 0; which < 2; ++which) {
+      const float* src = (which == 0 ? k : v) + static_cast<size_t>(kvh) * hd;
+      uint8_t* dst = const_cast<uint8_t*>(row(block, which, kvh, slot));
+      switch (dtype_) {
+        case DType::kF32: std::memcpy(dst, src, sizeof(float) * hd); break;
+        case DType::kBF16:
+          for (int i = 0; i < hd; ++i) reinterpret_cast<uint16_t*>(dst)[i] = F32ToBf16(src[i]);
+          break;
+        case DType::kF16:
+          for (int i = 0; i < hd; ++i) reinterpret_cast<uint16_t*>(dst)[i] = F32ToF16(src[i]);
+          break;
+      }
+    }
   }
 }
 
+namespace {
+
+// Rows of a raw block widened to fp32 lanes, for the shared attention core.
+template <DType T>
+struct RawRows {
+  const uint8_t* const* blocks;
+  int bt, kv_dim, hd;
+  size_t head_off = 0;
+  int n_kv = 0, kvh = 0;
+  static constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+
+  void Begin(int head) { kvh = head; }
+  const uint8_t* At(int which, int t) const {
+    return blocks[t / bt] + ((static_cast<size_t>(which) * n_kv + kvh) * bt + t % bt) * hd * kElem;
+  }
+  static void Load(const uint8_t* p, int hd, __m256* row) {
+    for (int c = 0; c < hd / 8; ++c) {
+      if constexpr (T == DType::kF32) {
+        row[c] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * c);
+      } else {
+        __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + c);
+        if constexpr (T == DType::kF16) {
+          row[c] = _mm256_cvtph_ps(h);
+        } else {
+          row[c] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        }
+      }
+    }
+  }
+  // Rows of one head are contiguous inside a block, but blocks are scattered: fetch a few rows
+  // ahead so the next block's lines are on their way while this row computes.
+  void Prefetch(int which, int t) const {
+    const char* p = reinterpret_cast<const char*>(At(which, t));
+    for (size_t off = 0; off < hd * kElem; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  }
+  void K(int t, __m256* row) const {
+    if (t + 4 < n_tokens) Prefetch(0, t + 4);
+    Load(At(0, t), hd, row);
+  }
+  void V(int t, __m256* row) const {
+    if (t + 4 < n_tokens) Prefetch(1, t + 4);
+    Load(At(1, t), hd, row);
+  }
+  int n_tokens = 0;
+};
+
+template <DType T>
+void AttendRaw(const KvShape& s, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
+               AttendScratch& scratch) {
+  auto make = [&] {
+    RawRows<T> r{blocks, s.block_tokens, s.kv_dim(), s.head_dim};
+    r.n_kv = s.n_kv_heads;
+    r.n_tokens = n_tokens;
+    return r;
+  };
+  AttendAllHeads(s, make, n_tokens, q, out, scratch);
+}
+
+}  // namespace
+
 void RawCodec::read(int, const uint8_t* block, int slot, float* k, float* v) const {
-  const int kv = shape_.kv_dim();
-  ConvertToF32(dtype_, row(block, 0, slot), k, kv);
-  ConvertToF32(dtype_, row(block, 1, slot), v, kv);
+  const int hd = shape_.head_dim;
+  for (int kvh = 0; kvh < shape_.n_kv_heads; ++kvh) {
+    ConvertToF32(dtype_, row(block, 0, kvh, slot), k + static_cast<size_t>(kvh) * hd, hd);
+    ConvertToF32(dtype_, row(block, 1, kvh, slot), v + static_cast<size_t>(kvh) * hd, hd);
+  }
 }
 
 void RawCodec::attend(int, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
                       AttendScratch& scratch) const {
+  if (CoreSupports(shape_)) {
+    switch (dtype_) {
+      case DType::kF32: return AttendRaw<DType::kF32>(shape_, blocks, n_tokens, q, out, scratch);
+      case DType::kBF16: return AttendRaw<DType::kBF16>(shape_, blocks, n_tokens, q, out, scratch);
+      case DType::kF16: return AttendRaw<DType::kF16>(shape_, blocks, n_tokens, q, out, scratch);
+    }
+  }
+  // Head dims that are not a multiple of 8: the same arithmetic, one head at a time.
   const int hd = shape_.head_dim;
   const int kv = shape_.kv_dim();
   const int bt = shape_.block_tokens;
@@ -64,7 +144,7 @@ void RawCodec::attend(int, const uint8_t* const* blocks, int n_tokens, const flo
     const int kvh = h / group;
     const float* qh = q + h * hd;
     for (int t = 0; t < n_tokens; ++t) {
-      const uint8_t* r = row(blocks[t / bt], 0, t % bt) + static_cast<size_t>(kvh) * hd * elem_;
+      const uint8_t* r = row(blocks[t / bt], 0, kvh, t % bt);
       const float* kr;
       if (f32) {
         kr = reinterpret_cast<const float*>(r);
@@ -78,7 +158,7 @@ void RawCodec::attend(int, const uint8_t* const* blocks, int n_tokens, const flo
     float* oh = out + h * hd;
     std::memset(oh, 0, sizeof(float) * hd);
     for (int t = 0; t < n_tokens; ++t) {
-      const uint8_t* r = row(blocks[t / bt], 1, t % bt) + static_cast<size_t>(kvh) * hd * elem_;
+      const uint8_t* r = row(blocks[t / bt], 1, kvh, t % bt);
       const float* vr;
       if (f32) {
         vr = reinterpret_cast<const float*>(r);

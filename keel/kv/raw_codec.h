@@ -1,6 +1,7 @@
-// RawCodec: K/V stored uncompressed as fp32 or bf16. The reference every other codec is
-// measured and checked against. Block layout per layer: K[block_tokens][kv_dim] then
-// V[block_tokens][kv_dim], elements little-endian in the chosen type.
+// RawCodec: K/V stored uncompressed as fp32, bf16 or fp16. The reference every other codec is
+// measured and checked against. Block layout per layer: K[n_kv_heads][block_tokens][head_dim]
+// then V[n_kv_heads][block_tokens][head_dim] (head-major, so one head's rows are contiguous for
+// attention), elements little-endian in the chosen type.
 #pragma once
 
 #include "keel/core/dtype.h"
@@ -10,7 +11,7 @@ namespace keel::kv {
 
 class RawCodec final : public Codec {
  public:
-  RawCodec(const KvShape& shape, DType dtype);  // dtype: kF32 or kBF16
+  RawCodec(const KvShape& shape, DType dtype);
 
   std::string spec() const override;
   std::string fingerprint() const override;
@@ -22,8 +23,8 @@ class RawCodec final : public Codec {
   void read(int layer, const uint8_t* block, int slot, float* k, float* v) const override;
 
  private:
-  // Pointer to row `slot` of K (which=0) or V (which=1) inside a block.
-  const uint8_t* row(const uint8_t* block, int which, int slot) const;
+  // Row `slot` of KV head `kvh` of K (which=0) or V (which=1) inside a block.
+  const uint8_t* row(const uint8_t* block, int which, int kvh, int slot) const;
   KvShape shape_;
   DType dtype_;
   size_t elem_ = 4;

@@ -98,6 +98,26 @@ struct ExceptionCursor {
 
 inline uint16_t ReadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 
+// Reads n (0..8) bytes little-endian without reading past p + n. Built from whole 1/2/4/8-byte
+// loads: odd-sized memcpy compiles to partial stack stores plus a wide reload, a store-forwarding
+// stall on every chunk of the decode path.
+inline uint64_t LoadLe(const uint8_t* p, int n) {
+  uint16_t h;
+  uint32_t w;
+  uint64_t d;
+  switch (n) {
+    case 8: std::memcpy(&d, p, 8); return d;
+    case 7: std::memcpy(&w, p, 4); std::memcpy(&h, p + 4, 2); return w | (uint64_t{h} << 32) | (uint64_t{p[6]} << 48);
+    case 6: std::memcpy(&w, p, 4); std::memcpy(&h, p + 4, 2); return w | (uint64_t{h} << 32);
+    case 5: std::memcpy(&w, p, 4); return w | (uint64_t{p[4]} << 32);
+    case 4: std::memcpy(&w, p, 4); return w;
+    case 3: std::memcpy(&h, p, 2); return h | (uint64_t{p[2]} << 16);
+    case 2: std::memcpy(&h, p, 2); return h;
+    case 1: return p[0];
+    default: return 0;
+  }
+}
+
 // Exponents of elements [start, start+8) (start a multiple of 8) as 8 x i32, exceptions patched.
 // `cur` must not be past `start` (rows are decoded in increasing element order; to jump
 // backwards reset it to 0).
@@ -106,8 +126,7 @@ inline __m256i ChunkExponents(const BlockView& b, int start, ExceptionCursor& cu
   if (b.width == 0) {
     e = _mm256_set1_epi32(b.base);
   } else {
-    uint64_t bits = 0;
-    std::memcpy(&bits, b.codes + static_cast<size_t>(b.width) * (start / 8), static_cast<size_t>(b.width));
+    const uint64_t bits = LoadLe(b.codes + static_cast<size_t>(b.width) * (start / 8), b.width);
     const uint64_t mask = 0x0101010101010101ull * ((1u << b.width) - 1u);
     const uint64_t bytes = _pdep_u64(bits, mask);  // one code per byte
     e = _mm256_add_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))),
@@ -143,8 +162,7 @@ inline __m256 DecodeChunkF32(const BlockView& b, int start, ExceptionCursor& cur
     return _mm256_castsi256_ps(_mm256_or_si256(_mm256_or_si256(sign, exp), mant));
   }
   // fp16 = sign<<15 | exp<<10 | mhi<<8 | low; widened with F16C.
-  uint32_t hi24 = 0;
-  std::memcpy(&hi24, b.hi + 3 * (start / 8), 3);
+  const uint64_t hi24 = LoadLe(b.hi + 3 * (start / 8), 3);
   const uint64_t hib = _pdep_u64(hi24, 0x0707070707070707ull);
   const __m256i hi = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(hib)));
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(4)), 13);

@@ -1,0 +1,114 @@
+// Decode attention: ZipFusion blocks versus uncompressed bf16 blocks, same shared attention core,
+// same run. head_dim 128, 8 KV heads, 32 query heads, batch 1 and 8, contexts 1K..128K. K/V are
+// synthetic with the exponent statistics of real KV (normal values, per-channel scales spread
+// log-normally like K's outlier channels). Prints a Markdown table with the speed ratio.
+//
+//   zipfusion_attention_bench [--max-context 131072] [--reps 5]
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "keel/core/aligned.h"
+#include "keel/kv/codec.h"
+#include "keel/kv/zipfusion/zipfusion_codec.h"
+
+namespace {
+
+using namespace keel::kv;
+using Clock = std::chrono::steady_clock;
+
+struct Cache {
+  std::unique_ptr<Codec> codec;
+  std::vector<std::vector<uint8_t, keel::AlignedAllocator<uint8_t>>> mem;
+  std::vector<const uint8_t*> ptrs;
+};
+
+Cache Build(const std::string& spec, const KvShape& s, int tokens, uint64_t seed) {
+  Cache c;
+  c.codec = std::move(MakeCodec(spec, s)).value();
+  const int blocks = (tokens + s.block_tokens - 1) / s.block_tokens;
+  c.mem.resize(blocks);
+  for (auto& m : c.mem) m.resize(c.codec->block_bytes(0));
+  for (auto& m : c.mem) c.ptrs.push_back(m.data());
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> kscale(s.kv_dim()), vscale(s.kv_dim());
+  for (int i = 0; i < s.kv_dim(); ++i) {
+    kscale[i] = std::exp(0.8f * nd(rng));  // a few channels an order of magnitude larger
+    vscale[i] = 0.3f * std::exp(0.3f * nd(rng));
+  }
+  std::vector<float> k(s.kv_dim()), v(s.kv_dim());
+  for (int t = 0; t < tokens; ++t) {
+    for (int i = 0; i < s.kv_dim(); ++i) {
+      k[i] = kscale[i] * nd(rng);
+      v[i] = vscale[i] * nd(rng);
+    }
+    c.codec->append(0, c.mem[t / s.block_tokens].data(), t % s.block_tokens, k.data(), v.data());
+  }
+  return c;
+}
+
+double TimeAttend(std::vector<Cache>& seqs, const KvShape& s, int tokens, const std::vector<float>& q,
+                  std::vector<float>& out, int reps) {
+  const int batch = static_cast<int>(seqs.size());
+  std::vector<AttendScratch> scratch(batch);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    // Like the forward pass: sequences in parallel; one sequence alone splits its KV heads.
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+    for (int b = 0; b < batch; ++b) {
+      const size_t qo = static_cast<size_t>(b) * s.n_heads * s.head_dim;
+      seqs[b].codec->attend(0, seqs[b].ptrs.data(), tokens, q.data() + qo, out.data() + qo, scratch[b]);
+    }
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int max_context = 131072, reps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--max-context") == 0) max_context = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
+  }
+  const KvShape s{1, 32, 8, 128, 16};
+  std::printf("| batch | context | bf16 ms | bf16 GB/s | zipfusion ms | zipfusion GB/s | stored bytes / bf16 | speed-up | identical |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n");
+  for (int batch : {1, 8}) {
+    for (int ctx : {1024, 4096, 8192, 32768, 131072}) {
+      if (ctx > max_context || (batch == 8 && ctx > 32768)) continue;  // 8 x 128K bf16 = 4 GiB per codec
+      std::vector<Cache> raw, zf;
+      for (int b = 0; b < batch; ++b) {
+        raw.push_back(Build("raw:bf16", s, ctx, 100 + b));
+        zf.push_back(Build("zipfusion", s, ctx, 100 + b));
+      }
+      std::mt19937 rng(7);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> q(static_cast<size_t>(batch) * s.n_heads * s.head_dim);
+      for (float& x : q) x = nd(rng);
+      std::vector<float> out_raw(q.size()), out_zf(q.size());
+      double t_raw = TimeAttend(raw, s, ctx, q, out_raw, reps);
+      double t_zf = TimeAttend(zf, s, ctx, q, out_zf, reps);
+      const double raw_bytes = static_cast<double>(batch) * ctx * s.kv_dim() * 2 * 2;
+      double zf_bytes = 0;
+      for (auto& c : zf) zf_bytes += static_cast<double>(zipfusion::StoredBytes(*c.codec, c.ptrs.data(), ctx));
+      const bool same = std::memcmp(out_raw.data(), out_zf.data(), out_raw.size() * 4) == 0;
+      std::printf("| %d | %dK | %.3f | %.1f | %.3f | %.1f | %.3f | %.2fx | %s |\n", batch, ctx / 1024, t_raw * 1e3,
+                  raw_bytes / t_raw / 1e9, t_zf * 1e3, zf_bytes / t_zf / 1e9, zf_bytes / raw_bytes, t_raw / t_zf,
+                  same ? "yes" : "NO");
+      std::fflush(stdout);
+      if (!same) return 1;
+    }
+  }
+  return 0;
+}

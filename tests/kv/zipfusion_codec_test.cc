@@ -1,0 +1,178 @@
+// The zipfusion codec against raw:bf16 / raw:f16: attention bit for bit, on random and real K/V,
+// every fill level, GQA ratios 1-8; and end to end through the engine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "../engine/test_util.h"
+#include "keel/engine/engine.h"
+#include "keel/engine/transformer.h"
+#include "keel/kv/codec.h"
+#include "keel/kv/zipfusion/zipfusion_codec.h"
+
+namespace keel::kv {
+namespace {
+
+struct Pair {
+  std::unique_ptr<Codec> raw, zf;
+  std::vector<std::vector<uint8_t>> raw_mem, zf_mem;
+  std::vector<const uint8_t*> raw_ptrs, zf_ptrs;
+};
+
+// Fills n_tokens tokens of K/V into both codecs' blocks.
+Pair Fill(const KvShape& s, const std::string& dtype, int n_tokens, std::mt19937& rng, bool specials) {
+  Pair p;
+  auto raw = MakeCodec("raw:" + dtype, s);
+  auto zf = MakeCodec("zipfusion:" + dtype, s);
+  EXPECT_TRUE(raw.ok() && zf.ok());
+  p.raw = std::move(raw).value();
+  p.zf = std::move(zf).value();
+  const int blocks = (n_tokens + s.block_tokens - 1) / s.block_tokens;
+  for (int b = 0; b < blocks; ++b) {
+    p.raw_mem.emplace_back(p.raw->block_bytes(0), 0xCD);  // garbage: codecs must not rely on zeros
+    p.zf_mem.emplace_back(p.zf->block_bytes(0), 0xCD);
+  }
+  for (int b = 0; b < blocks; ++b) {
+    p.raw_ptrs.push_back(p.raw_mem[b].data());
+    p.zf_ptrs.push_back(p.zf_mem[b].data());
+  }
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> k(s.kv_dim()), v(s.kv_dim());
+  for (int t = 0; t < n_tokens; ++t) {
+    for (int i = 0; i < s.kv_dim(); ++i) {
+      k[i] = nd(rng) * (i % 7 == 0 ? 8.0f : 1.0f);
+      v[i] = nd(rng) * 0.5f;
+    }
+    if (specials && t % 5 == 1) {
+      k[0] = 0.0f;
+      k[1] = -0.0f;
+      k[2] = 1e-40f;  // subnormal in fp32 (flushes to a bf16 subnormal)
+      v[3] = 3.0e4f;  // far outlier exponent
+      v[4] = -1e-30f;
+    }
+    int slot = t % s.block_tokens;
+    p.raw->append(0, p.raw_mem[t / s.block_tokens].data(), slot, k.data(), v.data());
+    p.zf->append(0, p.zf_mem[t / s.block_tokens].data(), slot, k.data(), v.data());
+  }
+  return p;
+}
+
+void ExpectIdenticalAttention(const KvShape& s, const std::string& dtype, bool specials) {
+  std::mt19937 rng(s.n_heads * 131 + s.head_dim);
+  const int max_tokens = 3 * s.block_tokens + 5;
+  Pair p = Fill(s, dtype, max_tokens, rng, specials);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(s.n_heads) * s.head_dim);
+  for (float& x : q) x = nd(rng);
+  std::vector<float> a(q.size()), b(q.size());
+  AttendScratch sa, sb;
+  for (int n = 1; n <= max_tokens; ++n) {  // every fill level, partial and full blocks
+    p.raw->attend(0, p.raw_ptrs.data(), n, q.data(), a.data(), sa);
+    p.zf->attend(0, p.zf_ptrs.data(), n, q.data(), b.data(), sb);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+        << dtype << " heads=" << s.n_heads << "/" << s.n_kv_heads << " hd=" << s.head_dim << " n=" << n;
+  }
+  // Stored values read back identically.
+  std::vector<float> rk(s.kv_dim()), rv(s.kv_dim()), zk(s.kv_dim()), zv(s.kv_dim());
+  for (int t = 0; t < max_tokens; ++t) {
+    p.raw->read(0, p.raw_ptrs[t / s.block_tokens], t % s.block_tokens, rk.data(), rv.data());
+    p.zf->read(0, p.zf_ptrs[t / s.block_tokens], t % s.block_tokens, zk.data(), zv.data());
+    ASSERT_EQ(0, std::memcmp(rk.data(), zk.data(), rk.size() * 4)) << t;
+    ASSERT_EQ(0, std::memcmp(rv.data(), zv.data(), rv.size() * 4)) << t;
+  }
+}
+
+TEST(ZipFusionCodec, BitIdenticalToRawAcrossGqaRatiosAndFillLevels) {
+  for (const char* dtype : {"bf16", "f16"}) {
+    for (int group : {1, 2, 4, 8}) {
+      for (int hd : {16, 64, 128}) {
+        KvShape s{1, 2 * group, 2, hd, 16};
+        ExpectIdenticalAttention(s, dtype, false);
+        ExpectIdenticalAttention(s, dtype, true);
+      }
+    }
+  }
+}
+
+TEST(ZipFusionCodec, FullBlocksAreCompressed) {
+  KvShape s{1, 8, 2, 64, 16};
+  std::mt19937 rng(5);
+  Pair p = Fill(s, "bf16", 64, rng, false);
+  size_t stored = zipfusion::StoredBytes(*p.zf, p.zf_ptrs.data(), 64);
+  size_t raw = 64ull * s.kv_dim() * 2 * 2;
+  EXPECT_LT(stored, raw * 8 / 10) << stored << " of " << raw;
+}
+
+TEST(ZipFusionCodec, ReusedBlockStartsOver) {
+  KvShape s{1, 4, 4, 16, 16};
+  std::mt19937 rng(9);
+  Pair p = Fill(s, "bf16", 16, rng, false);  // one full, sealed block
+  // Rewrite the same memory with 3 new tokens, as the cache does when it recycles a block.
+  std::vector<float> k(s.kv_dim(), 0.25f), v(s.kv_dim(), -2.0f);
+  for (int t = 0; t < 3; ++t) {
+    p.raw->append(0, p.raw_mem[0].data(), t, k.data(), v.data());
+    p.zf->append(0, p.zf_mem[0].data(), t, k.data(), v.data());
+  }
+  std::vector<float> q(static_cast<size_t>(s.n_heads) * s.head_dim, 0.1f), a(q.size()), b(q.size());
+  AttendScratch sa, sb;
+  p.raw->attend(0, p.raw_ptrs.data(), 3, q.data(), a.data(), sa);
+  p.zf->attend(0, p.zf_ptrs.data(), 3, q.data(), b.data(), sb);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  EXPECT_FLOAT_EQ(b[0], -2.0f);
+}
+
+TEST(ZipFusionCodec, RejectsUnsupportedShapes) {
+  EXPECT_FALSE(MakeCodec("zipfusion", KvShape{1, 4, 4, 12, 16}).ok());   // head_dim % 8
+  EXPECT_FALSE(MakeCodec("zipfusion", KvShape{1, 4, 4, 1024, 64}).ok()); // block too large
+  EXPECT_TRUE(MakeCodec("zipfusion:f16", KvShape{1, 4, 4, 64, 16}).ok());
+}
+
+// End to end: the engine with --kv-codec zipfusion gives bitwise the logits of raw:bf16.
+TEST(ZipFusionCodec, EngineLogitsAndTokensEqualRawBf16) {
+  auto model = engine::LoadLlama2c(test::ModelsDir() + "/aidreams260K.bin");
+  ASSERT_TRUE(model.ok());
+  std::vector<int> tokens = {1};
+  for (int i = 0; i < 60; ++i) tokens.push_back(3 + (i * 53) % 500);
+  std::vector<std::vector<float>> logits(2);
+  const char* specs[] = {"raw:bf16", "zipfusion"};
+  for (int c = 0; c < 2; ++c) {
+    auto cache = engine::KvCache::Create(*model, specs[c], {});
+    ASSERT_TRUE(cache.ok());
+    engine::Transformer tf(*model);
+    ASSERT_TRUE((*cache)->BeginSequence(1, {}).ok());
+    ASSERT_TRUE((*cache)->Reserve(1, 61).ok());
+    // Prefill 40 tokens, then decode the rest one by one: sealed, partial and new blocks.
+    std::vector<engine::BatchToken> batch;
+    for (int p = 0; p < 40; ++p) batch.push_back({1, tokens[p], p, true});
+    std::vector<float> out;
+    ASSERT_TRUE(tf.Forward(batch, **cache, out).ok());
+    logits[c].insert(logits[c].end(), out.begin(), out.end());
+    for (int p = 40; p < 61; ++p) {
+      ASSERT_TRUE(tf.Forward({{1, tokens[p], p, true}}, **cache, out).ok());
+      logits[c].insert(logits[c].end(), out.begin(), out.end());
+    }
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4));
+
+  std::vector<std::vector<int>> ids(2);
+  for (int c = 0; c < 2; ++c) {
+    engine::EngineOptions o;
+    o.model_path = test::ModelsDir() + "/aidreams260K.bin";
+    o.kv_codec = specs[c];
+    auto e = engine::Engine::Open(o);
+    ASSERT_TRUE(e.ok());
+    engine::GenerationParams gp;
+    gp.sampling.temperature = 0.9f;
+    gp.sampling.seed = 17;
+    gp.max_tokens = 100;
+    ASSERT_TRUE((*e)->Generate("Echoes of vectors", gp, {}, &ids[c]).ok());
+  }
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_GT(ids[0].size(), 50u);
+}
+
+}  // namespace
+}  // namespace keel::kv
