@@ -21,9 +21,8 @@
 //   codes [w*n/8] bytes     w bits per element, packed LSB-first (element i at bits wi..wi+w-1);
 //                           exponent = base + code; the code of an exception is 0
 //   exc_pos [n_exc] u16     strictly increasing positions
-//   exc_exp [n_exc] u8      the exponent at that position (must not be representable as
-//                           base + code, i.e. outside [base, base + 2^w) — or >= the dtype's
-//                           exponent range)
+//   exc_exp [n_exc] u8      the exponent at that position: outside [base, base + 2^w) (else
+//                           a code would have held it) and inside the dtype's exponent range
 // Because n is a multiple of 8, every run of 8 elements starting at a multiple of 8 begins on a
 // byte boundary in every section: element 8k's low byte is at low + 8k, its hi bits at hi + 3k,
 // its codes at codes + w*k. The fused decoder reads 8 elements at a time that way.
