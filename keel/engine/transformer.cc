@@ -1,5 +1,7 @@
 #include "keel/engine/transformer.h"
 
+#include "keel/kv/attention.h"
+
 #include <immintrin.h>
 #include <omp.h>
 
@@ -225,6 +227,15 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
 
   const kv::Codec& codec = cache.codec();
   std::vector<const uint8_t* const*> tables(n);
+  // Runs of consecutive positions of one sequence, at most kManyQueries long: runs[r]..runs[r+1].
+  std::vector<int> n_tokens(n), runs{0};
+  for (int i = 0; i < n; ++i) {
+    n_tokens[i] = batch[i].pos + 1;
+    const bool extends = i > 0 && batch[i].seq == batch[i - 1].seq && batch[i].pos == batch[i - 1].pos + 1 &&
+                         i - runs.back() < kv::kManyQueries;
+    if (i > 0 && !extends) runs.push_back(i);
+  }
+  runs.push_back(n);
   std::vector<float> rope_tmp(hd);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model_.layers[l];
@@ -246,11 +257,20 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
     for (int i = 0; i < n; ++i) tables[i] = cache.LayerBlocks(batch[i].seq, l);
     // Every K/V of this layer for this batch is stored before any token attends, so tokens of
     // one sequence see their predecessors in the same batch (causal by n_tokens = pos + 1).
-    const bool par = n > 1 && static_cast<int64_t>(n) * (batch.back().pos + 1) * dim >= (1 << 14);
+    // Consecutive tokens of one sequence attend together (attend_many reads each stored row once
+    // for all of them); results equal attending one token at a time.
+    const int n_runs = static_cast<int>(runs.size()) - 1;
+    const bool par = n_runs > 1 && static_cast<int64_t>(n) * (batch.back().pos + 1) * dim >= (1 << 14);
 #pragma omp parallel for schedule(dynamic, 1) if (par)
-    for (int i = 0; i < n; ++i) {
+    for (int r = 0; r < n_runs; ++r) {
       kv::AttendScratch& scratch = attend_scratch_[static_cast<size_t>(omp_get_thread_num())];
-      codec.attend(l, tables[i], batch[i].pos + 1, &q_[static_cast<size_t>(i) * dim], &att_[static_cast<size_t>(i) * dim], scratch);
+      const int i = runs[r], m = runs[r + 1] - runs[r];
+      const size_t at = static_cast<size_t>(i) * dim;
+      if (m == 1) {
+        codec.attend(l, tables[i], batch[i].pos + 1, &q_[at], &att_[at], scratch);
+      } else {
+        codec.attend_many(l, tables[i], m, &n_tokens[i], &q_[at], &att_[at], scratch);
+      }
     }
     MatMul(w.wo, att_.data(), n, xo_.data());
     for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xo_[j];

@@ -62,6 +62,16 @@ class Codec {
   virtual void attend(int layer, const uint8_t* const* blocks, int n_tokens, const float* q,
                       float* out, AttendScratch& scratch) const = 0;
 
+  // Attention of `n_queries` query tokens of one sequence: query i attends over the first
+  // n_tokens[i] stored tokens (n_tokens increasing, as in a prompt chunk); q and out are
+  // [n_queries][n_heads*head_dim]. Must equal attend() per query bit for bit; codecs override it
+  // to read each stored row once for all queries (prefill).
+  virtual void attend_many(int layer, const uint8_t* const* blocks, int n_queries, const int* n_tokens,
+                           const float* q, float* out, AttendScratch& scratch) const {
+    const size_t stride = static_cast<size_t>(shape().n_heads) * shape().head_dim;
+    for (int i = 0; i < n_queries; ++i) attend(layer, blocks, n_tokens[i], q + i * stride, out + i * stride, scratch);
+  }
+
   // Reads back K and V of one stored token as fp32 (tests, export to other tiers).
   virtual void read(int layer, const uint8_t* block, int slot, float* k, float* v) const = 0;
 };

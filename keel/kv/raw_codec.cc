@@ -99,6 +99,18 @@ struct RawRows {
 };
 
 template <DType T>
+void AttendRawMany(const KvShape& s, const uint8_t* const* blocks, int n_queries, const int* n_tokens,
+                   const float* q, float* out, AttendScratch& scratch) {
+  auto make = [&] {
+    RawRows<T> r{blocks, s.block_tokens, s.kv_dim(), s.head_dim};
+    r.n_kv = s.n_kv_heads;
+    r.n_tokens = n_tokens[n_queries - 1];
+    return r;
+  };
+  AttendAllHeadsMany(s, make, n_queries, n_tokens, q, out, scratch);
+}
+
+template <DType T>
 void AttendRaw(const KvShape& s, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
                AttendScratch& scratch) {
   auto make = [&] {
@@ -117,6 +129,19 @@ void RawCodec::read(int, const uint8_t* block, int slot, float* k, float* v) con
   for (int kvh = 0; kvh < shape_.n_kv_heads; ++kvh) {
     ConvertToF32(dtype_, row(block, 0, kvh, slot), k + static_cast<size_t>(kvh) * hd, hd);
     ConvertToF32(dtype_, row(block, 1, kvh, slot), v + static_cast<size_t>(kvh) * hd, hd);
+  }
+}
+
+void RawCodec::attend_many(int layer, const uint8_t* const* blocks, int n_queries, const int* n_tokens,
+                           const float* q, float* out, AttendScratch& scratch) const {
+  if (!CoreSupports(shape_) || n_queries <= 0) {
+    Codec::attend_many(layer, blocks, n_queries, n_tokens, q, out, scratch);
+    return;
+  }
+  switch (dtype_) {
+    case DType::kF32: return AttendRawMany<DType::kF32>(shape_, blocks, n_queries, n_tokens, q, out, scratch);
+    case DType::kBF16: return AttendRawMany<DType::kBF16>(shape_, blocks, n_queries, n_tokens, q, out, scratch);
+    case DType::kF16: return AttendRawMany<DType::kF16>(shape_, blocks, n_queries, n_tokens, q, out, scratch);
   }
 }
 

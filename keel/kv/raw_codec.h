@@ -20,6 +20,8 @@ class RawCodec final : public Codec {
   void append(int layer, uint8_t* block, int slot, const float* k, const float* v) const override;
   void attend(int layer, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
               AttendScratch& scratch) const override;
+  void attend_many(int layer, const uint8_t* const* blocks, int n_queries, const int* n_tokens, const float* q,
+                   float* out, AttendScratch& scratch) const override;
   void read(int layer, const uint8_t* block, int slot, float* k, float* v) const override;
 
  private:

@@ -96,6 +96,32 @@ TEST(ZipFusionCodec, BitIdenticalToRawAcrossGqaRatiosAndFillLevels) {
   }
 }
 
+// A prompt chunk attending together (attend_many) equals its tokens attending one at a time.
+TEST(ZipFusionCodec, AttendManyEqualsAttendPerQuery) {
+  for (const char* dtype : {"bf16", "f16"}) {
+    for (int group : {1, 4, 8}) {
+      KvShape s{1, 2 * group, 2, 64, 16};
+      std::mt19937 rng(group);
+      const int n = 3 * 16 + 7;
+      Pair p = Fill(s, dtype, n, rng, true);
+      const int m = 40;  // queries at positions n-m .. n-1 (more than one slice of kManyQueries)
+      const size_t stride = static_cast<size_t>(s.n_heads) * s.head_dim;
+      std::vector<float> q(m * stride), many(m * stride), one(m * stride);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& x : q) x = nd(rng);
+      std::vector<int> counts(m);
+      for (int i = 0; i < m; ++i) counts[i] = n - m + 1 + i;
+      AttendScratch scratch;
+      for (Codec* c : {p.raw.get(), p.zf.get()}) {
+        const auto& ptrs = c == p.raw.get() ? p.raw_ptrs : p.zf_ptrs;
+        c->attend_many(0, ptrs.data(), m, counts.data(), q.data(), many.data(), scratch);
+        for (int i = 0; i < m; ++i) c->attend(0, ptrs.data(), counts[i], q.data() + i * stride, one.data() + i * stride, scratch);
+        ASSERT_EQ(0, std::memcmp(many.data(), one.data(), many.size() * 4)) << c->spec() << " group " << group;
+      }
+    }
+  }
+}
+
 TEST(ZipFusionCodec, FullBlocksAreCompressed) {
   KvShape s{1, 8, 2, 64, 16};
   std::mt19937 rng(5);

@@ -116,6 +116,17 @@ class ZipFusionCodec final : public Codec {
     AttendAllHeads(shape_, make, n_tokens, q, out, scratch);
   }
 
+  void attend_many(int, const uint8_t* const* blocks, int n_queries, const int* n_tokens, const float* q,
+                   float* out, AttendScratch& scratch) const override {
+    if (n_queries <= 0) return;
+    auto make = [&] {
+      Rows r{this, blocks};
+      r.n_tokens = n_tokens[n_queries - 1];
+      return r;
+    };
+    AttendAllHeadsMany(shape_, make, n_queries, n_tokens, q, out, scratch);
+  }
+
   void read(int, const uint8_t* block, int slot, float* k, float* v) const override {
     const int hd = shape_.head_dim;
     alignas(32) __m256 row[kMaxHeadDim / 8];
