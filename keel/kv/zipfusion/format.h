@@ -147,19 +147,21 @@ inline __m256i ChunkExponents(const BlockView& b, int start, ExceptionCursor& cu
   return e;
 }
 
+// 8 bf16 values rebuilt from their low bytes (sign<<7 | mantissa) and exponents, as fp32 lanes:
+// fp32 bits = (sign<<15 | exp<<7 | mant7) << 16.
+inline __m256 Bf16LanesF32(__m256i low, __m256i e) {
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x80)), 24);
+  const __m256i mant = _mm256_slli_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x7F)), 16);
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_or_si256(sign, _mm256_slli_epi32(e, 23)), mant));
+}
+
 // Elements [start, start+8) widened to fp32, bit-exact with widening the original 16-bit values.
 inline __m256 DecodeChunkF32(const BlockView& b, int start, ExceptionCursor& cur) {
   const __m256i e = ChunkExponents(b, start, cur);
   uint64_t low8;
   std::memcpy(&low8, b.low + start, 8);
   const __m256i low = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(low8)));
-  if (b.dtype == Dtype::kBf16) {
-    // bf16 = sign<<15 | exp<<7 | mant7; fp32 bits = bf16 << 16.
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x80)), 24);
-    const __m256i mant = _mm256_slli_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x7F)), 16);
-    const __m256i exp = _mm256_slli_epi32(e, 23);
-    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_or_si256(sign, exp), mant));
-  }
+  if (b.dtype == Dtype::kBf16) return Bf16LanesF32(low, e);
   // fp16 = sign<<15 | exp<<10 | mhi<<8 | low; widened with F16C.
   const uint64_t hi24 = LoadLe(b.hi + 3 * (start / 8), 3);
   const uint64_t hib = _pdep_u64(hi24, 0x0707070707070707ull);

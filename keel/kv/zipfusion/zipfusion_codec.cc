@@ -48,9 +48,7 @@ void DecodeRowNoExceptions(const BlockView& v, int start, int hd, __m256* row) {
     std::memcpy(&low8, v.low + e0, 8);
     const __m256i low = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(low8)));
     if (bf16) {
-      const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x80)), 24);
-      const __m256i mant = _mm256_slli_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x7F)), 16);
-      row[c] = _mm256_castsi256_ps(_mm256_or_si256(_mm256_or_si256(sign, _mm256_slli_epi32(e, 23)), mant));
+      row[c] = Bf16LanesF32(low, e);
     } else {
       ExceptionCursor none{v.n_exc};  // past every exception
       row[c] = DecodeChunkF32(v, e0, none);
