@@ -102,38 +102,12 @@ bool ValidLabels(const std::vector<std::string>& names) {
 
 void Counter::Inc(double v) {
   if (!(v > 0)) return;  // also drops NaN
-  AtomicAdd(value_, v);
+  AtomicAdd(value_.stored(), v);
 }
 
-void Counter::SetCallback(std::function<double()> fn) {
-  std::lock_guard<std::mutex> lock(fn_mu_);
-  fn_ = std::move(fn);
-}
+void Gauge::Set(double v) { value_.stored().store(v, std::memory_order_relaxed); }
 
-double Counter::Value() const {
-  {
-    std::lock_guard<std::mutex> lock(fn_mu_);
-    if (fn_) return fn_();
-  }
-  return value_.load(std::memory_order_relaxed);
-}
-
-void Gauge::Set(double v) { value_.store(v, std::memory_order_relaxed); }
-
-void Gauge::Inc(double v) { AtomicAdd(value_, v); }
-
-void Gauge::SetCallback(std::function<double()> fn) {
-  std::lock_guard<std::mutex> lock(fn_mu_);
-  fn_ = std::move(fn);
-}
-
-double Gauge::Value() const {
-  {
-    std::lock_guard<std::mutex> lock(fn_mu_);
-    if (fn_) return fn_();
-  }
-  return value_.load(std::memory_order_relaxed);
-}
+void Gauge::Inc(double v) { AtomicAdd(value_.stored(), v); }
 
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
   // Keep only a strictly increasing, finite prefix-free list; +Inf is implicit.

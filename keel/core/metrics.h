@@ -28,6 +28,31 @@
 
 namespace keel {
 
+namespace internal {
+// The value behind a Counter or a Gauge: a stored atomic double, or, once a callback is set, the
+// callback's result (read at scrape time). Thread-safe.
+class StoredOrComputed {
+ public:
+  std::atomic<double>& stored() { return value_; }
+  void SetCallback(std::function<double()> fn) {
+    std::lock_guard<std::mutex> lock(fn_mu_);
+    fn_ = std::move(fn);
+  }
+  double Value() const {
+    {
+      std::lock_guard<std::mutex> lock(fn_mu_);
+      if (fn_) return fn_();
+    }
+    return value_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<double> value_{0.0};
+  mutable std::mutex fn_mu_;
+  std::function<double()> fn_;
+};
+}  // namespace internal
+
 // A monotonically increasing value. Either updated with Inc, or read from a callback at render
 // time (for totals another component already keeps); a callback, once set, wins.
 class Counter {
@@ -38,13 +63,11 @@ class Counter {
 
   // Adds `v`; negative values are ignored (a counter never goes down).
   void Inc(double v = 1.0);
-  void SetCallback(std::function<double()> fn);
-  double Value() const;
+  void SetCallback(std::function<double()> fn) { value_.SetCallback(std::move(fn)); }
+  double Value() const { return value_.Value(); }
 
  private:
-  std::atomic<double> value_{0.0};
-  mutable std::mutex fn_mu_;
-  std::function<double()> fn_;
+  internal::StoredOrComputed value_;
 };
 
 // A value that goes up and down, or is read from a callback at render time.
@@ -59,13 +82,11 @@ class Gauge {
   void Dec(double v = 1.0) { Inc(-v); }
   // Evaluated by Value() (so on every scrape, on the scraping thread); it must be quick and
   // thread-safe. An empty function returns the gauge to Set/Inc mode.
-  void SetCallback(std::function<double()> fn);
-  double Value() const;
+  void SetCallback(std::function<double()> fn) { value_.SetCallback(std::move(fn)); }
+  double Value() const { return value_.Value(); }
 
  private:
-  std::atomic<double> value_{0.0};
-  mutable std::mutex fn_mu_;
-  std::function<double()> fn_;
+  internal::StoredOrComputed value_;
 };
 
 // Counts observations into fixed buckets. `bounds` are the upper bounds (inclusive, "le"),
