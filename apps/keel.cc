@@ -5,10 +5,12 @@
 #include <iostream>
 
 #include "keel/core/log.h"
+#include "keel/core/signal.h"
 #include "keel/engine/convert.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/server.h"
 #include "keel/engine/throughput.h"
+#include "keel/kvstore/service.h"
 
 namespace {
 
@@ -28,6 +30,7 @@ struct GenerateArgs {
   bool seed_set = false;
   std::vector<std::string> stop;
   bool print_ids = false;
+  KvStoreLinkOptions kvstore;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -35,6 +38,7 @@ int RunGenerate(const GenerateArgs& a) {
   opt.model_path = a.model;
   opt.tokenizer_path = a.tokenizer;
   opt.kv_codec = a.codec;
+  opt.kvstore = a.kvstore;
   auto engine = Engine::Open(opt);
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
@@ -60,6 +64,7 @@ int RunGenerate(const GenerateArgs& a) {
   }, &ids);
   std::fputc('\n', stdout);
   if (!done.ok()) return Fail(done.status());
+  if (KvStoreLink* link = e.kvstore_link()) link->Flush();  // publish before exiting
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (a.print_ids) {
     std::string s;
@@ -77,6 +82,7 @@ struct ServeArgs {
   int port = 8080, max_queue = 64, max_running = 32, max_batch_tokens = 512;
   size_t kv_mb = 256;
   double drain = 10;
+  KvStoreLinkOptions kvstore;
 };
 
 int RunServe(const ServeArgs& a) {
@@ -88,6 +94,7 @@ int RunServe(const ServeArgs& a) {
   opt.scheduler.max_queue = a.max_queue;
   opt.scheduler.max_running = a.max_running;
   opt.scheduler.max_batch_tokens = a.max_batch_tokens;
+  opt.kvstore = a.kvstore;
   auto metrics = MakeEngineMetrics();
   auto engine = Engine::Open(opt, ObserverFor(metrics));
   if (!engine.ok()) return Fail(engine.status());
@@ -107,6 +114,41 @@ int RunServe(const ServeArgs& a) {
   if (Status s = RunServerUntilSignal(server); !s.ok()) return Fail(s);
   Log().info("stopped");
   return 0;
+}
+
+struct KvstoreArgs {
+  kvstore::ServiceOptions service;
+  int64_t dram_mb = 1024, ssd_mb = 8192, max_value_mb = 64;
+  std::string eviction;
+};
+
+int RunKvstore(KvstoreArgs a) {
+  a.service.store.dram_bytes = a.dram_mb << 20;
+  a.service.store.ssd_bytes = a.ssd_mb << 20;
+  a.service.store.max_value_bytes = static_cast<uint64_t>(a.max_value_mb) << 20;
+  a.service.server.limits.max_value_bytes = a.service.store.max_value_bytes;
+  if (!a.eviction.empty()) {
+    auto kind = kvstore::ParseEvictionKind(a.eviction);
+    if (!kind.ok()) return Fail(kind.status());
+    a.service.store.eviction = *kind;
+  }
+  auto service = kvstore::Service::Start(a.service);
+  if (!service.ok()) return Fail(service.status());
+  const auto& st = a.service.store;
+  Log().info("kvstore on {}:{} (DRAM {} MiB{}{}), metrics on http://{}:{}/metrics", a.service.server.host,
+             (*service)->port(), a.dram_mb, st.ssd_dir.empty() ? "" : ", SSD " + st.ssd_dir,
+             st.redis_url.empty() ? "" : ", Redis " + st.redis_url, a.service.http_host, (*service)->http_port());
+  auto sig = WaitForTerminationSignal();
+  if (!sig.ok()) return Fail(sig.status());
+  Log().info("received {}; stopping", SignalName(*sig));
+  (*service)->Stop();
+  return 0;
+}
+
+void AddKvStoreLinkFlags(CLI::App* cmd, KvStoreLinkOptions& o) {
+  cmd->add_option("--kvstore", o.address, "share prefix KV through a `keel kvstore` at host:port");
+  cmd->add_option("--kvstore-timeout-ms", o.lookup_timeout_ms, "deadline for one prompt's store lookup")
+      ->capture_default_str()->check(CLI::Range(1, 600000));
 }
 
 struct BenchArgs {
@@ -189,6 +231,7 @@ int main(int argc, char** argv) {
   generate->add_option("--stop", gen.stop, "stop sequence (repeatable)");
   generate->add_option("--kv-codec", gen.codec, "KV cache codec: raw, raw:f32, raw:bf16")->capture_default_str();
   generate->add_flag("--print-ids", gen.print_ids, "print generated token ids on stderr");
+  AddKvStoreLinkFlags(generate, gen.kvstore);
 
   ServeArgs serve_args;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions)");
@@ -203,6 +246,21 @@ int main(int argc, char** argv) {
   serve->add_option("--max-running", serve_args.max_running, "sequences batched per step")->capture_default_str()->check(CLI::Range(1, 4096));
   serve->add_option("--max-batch-tokens", serve_args.max_batch_tokens, "tokens per forward step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   serve->add_option("--drain-seconds", serve_args.drain, "on SIGTERM, let streams finish this long")->capture_default_str();
+  AddKvStoreLinkFlags(serve, serve_args.kvstore);
+
+  KvstoreArgs kv;
+  auto* kvs = app.add_subcommand("kvstore", "Serve a shared KV cache (DRAM -> SSD -> Redis) to engine instances");
+  kvs->add_option("--host", kv.service.server.host, "address to bind")->capture_default_str();
+  kvs->add_option("--port", kv.service.server.port, "binary protocol port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  kvs->add_option("--http-port", kv.service.http_port, "HTTP port for /metrics, /healthz, /v1/stats (-1 = off)")->capture_default_str()->check(CLI::Range(-1, 65535));
+  kvs->add_option("--dram-mb", kv.dram_mb, "DRAM tier capacity in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  kvs->add_option("--eviction", kv.eviction, "DRAM eviction policy: s3fifo, lru, arc");
+  kvs->add_option("--ssd-dir", kv.service.store.ssd_dir, "directory for the SSD tier's segment files (default: no SSD tier)");
+  kvs->add_option("--ssd-mb", kv.ssd_mb, "SSD tier capacity in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+  kvs->add_option("--redis", kv.service.store.redis_url, "Redis tier: host:port, redis://host:port or redis+cluster://host:port");
+  kvs->add_option("--ttl-ms", kv.service.store.default_ttl_ms, "default TTL of stored chunks (0 = none)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  kvs->add_option("--max-value-mb", kv.max_value_mb, "largest value accepted, MiB")->capture_default_str()->check(CLI::Range(1, 4095));
+  kvs->add_option("--max-connections", kv.service.server.max_connections, "open client connections")->capture_default_str()->check(CLI::Range(1, 100000));
 
   BenchArgs bench_args;
   auto* bench = app.add_subcommand("bench", "Measure prefill/decode tokens/s next to a memory-bandwidth roofline");
@@ -244,6 +302,7 @@ int main(int argc, char** argv) {
   SetLogLevel(log_level);
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);
+  if (kvs->parsed()) return RunKvstore(kv);
   if (bench->parsed()) return RunBench(bench_args);
   if (inspect->parsed()) return RunInspect(inspect_path);
   if (convert->parsed()) return RunConvert(conv);

@@ -30,4 +30,9 @@ Hash128 Hasher128::digest() const {
   return {h.low64, h.high64};
 }
 
+Hasher64::Hasher64() : state_(XXH3_createState()) { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+Hasher64::~Hasher64() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void Hasher64::update(const void* data, size_t len) { XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, len); }
+uint64_t Hasher64::digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
+
 }  // namespace keel

@@ -37,6 +37,21 @@ class Hasher128 {
   void* state_;
 };
 
+// Streaming XXH3-64 (frame and record checksums over several pieces).
+class Hasher64 {
+ public:
+  Hasher64();
+  ~Hasher64();
+  Hasher64(const Hasher64&) = delete;
+  Hasher64& operator=(const Hasher64&) = delete;
+  void update(const void* data, size_t len);
+  void update(std::string_view s) { update(s.data(), s.size()); }
+  uint64_t digest() const;
+
+ private:
+  void* state_;
+};
+
 struct Hash128Hasher {
   size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); }
 };

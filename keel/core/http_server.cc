@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "keel/core/log.h"
+#include "keel/core/socket.h"
 
 namespace keel {
 
@@ -37,17 +38,6 @@ int ToMillis(double seconds) {
   if (seconds <= 0) return -1;  // no timeout
   double ms = seconds * 1000.0;
   return ms > 2e9 ? 2000000000 : static_cast<int>(ms) + (ms > static_cast<int>(ms) ? 1 : 0);
-}
-
-// Waits for `events` on fd. Returns >0 when ready, 0 on timeout, <0 on error (errno set).
-int PollFd(int fd, short events, int timeout_ms, short* revents = nullptr) {
-  pollfd p{fd, events, 0};
-  for (;;) {
-    int r = ::poll(&p, 1, timeout_ms);
-    if (r < 0 && errno == EINTR) continue;  // timeout restarts; acceptable for our bounds
-    if (revents) *revents = p.revents;
-    return r;
-  }
 }
 
 // A Beast SyncReadStream / SyncWriteStream over a connected blocking socket, with poll-based
@@ -150,43 +140,6 @@ class FdStream {
   int read_ms_;
   int write_ms_;
 };
-
-// Half-closes and reads what the client still sends (bounded), so that a response written
-// before the request was fully read (413, 400) reaches the client instead of being destroyed
-// by the RST that closing a socket with unread data causes.
-void LingeringClose(int fd, int max_ms) {
-  ::shutdown(fd, SHUT_WR);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_ms);
-  char buf[16384];
-  size_t drained = 0;
-  while (drained < (64u << 20)) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) break;
-    if (PollFd(fd, POLLIN, static_cast<int>(left)) <= 0) break;
-    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n <= 0) break;
-    drained += static_cast<size_t>(n);
-  }
-}
-
-std::string PeerName(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {0};
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-    return fmt::format("{}:{}", host, port);
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
-    return fmt::format("[{}]:{}", host, port);
-  }
-  return "unknown";
-}
 
 template <class Fields>
 void AddExtra(Fields& fields, const HttpHeaderList& extra) {
@@ -388,39 +341,9 @@ Status HttpServer::Start() {
   if (options_.port < 0 || options_.port > 65535) {
     return Status::InvalidArgument(fmt::format("bad port {}", options_.port));
   }
-  std::string where = fmt::format("{}:{}", options_.host, options_.port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  std::string port_str = std::to_string(options_.port);
-  int gai = ::getaddrinfo(options_.host.empty() ? nullptr : options_.host.c_str(), port_str.c_str(),
-                          &hints, &res);
-  if (gai != 0) return Status::IOError(fmt::format("cannot resolve {}: {}", where, gai_strerror(gai)));
-  int fd = -1;
-  std::string last_error = "no address";
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last_error = std::strerror(errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, options_.backlog) == 0) break;
-    last_error = std::strerror(errno);
-    ::close(fd);
-    fd = -1;
-  }
-  ::freeaddrinfo(res);
-  if (fd < 0) return Status::IOError(fmt::format("cannot listen on {}: {}", where, last_error));
-
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  int bound = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                       : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  KEEL_ASSIGN_OR_RETURN(ListeningSocket listening, ListenTcp(options_.host, options_.port, options_.backlog));
+  const int fd = listening.fd;
+  const int bound = listening.port;
   int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     ::close(fd);

@@ -49,6 +49,10 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options, Sched
   KEEL_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(*e->model_, options.kv_codec, options.kv));
   e->scheduler_ = std::make_unique<Scheduler>(*e->model_, *e->tokenizer_, *e->cache_, options.scheduler,
                                               std::move(observer));
+  if (!options.kvstore.address.empty()) {
+    KEEL_ASSIGN_OR_RETURN(e->link_, KvStoreLink::Create(options.kvstore, *e->cache_));
+    e->scheduler_->SetKvStoreLink(e->link_.get());
+  }
   return e;
 }
 

@@ -8,6 +8,7 @@
 
 #include "keel/core/status.h"
 #include "keel/engine/kv_cache.h"
+#include "keel/engine/kvstore_link.h"
 #include "keel/engine/model.h"
 #include "keel/engine/scheduler.h"
 #include "keel/engine/tokenizer.h"
@@ -20,6 +21,7 @@ struct EngineOptions {
   std::string kv_codec = "raw";
   KvCacheOptions kv;
   SchedulerOptions scheduler;
+  KvStoreLinkOptions kvstore;   // address empty: no shared kvstore
 };
 
 // Finds the tokenizer for a model: <dir>/tokenizer.bin, else the "*tok*.bin" file in the model's
@@ -35,6 +37,7 @@ class Engine {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   KvCache& cache() { return *cache_; }
   Scheduler& scheduler() { return *scheduler_; }
+  KvStoreLink* kvstore_link() { return link_.get(); }
 
   // Generates synchronously (runs the scheduler on the calling thread). `on_text` receives
   // text as it is produced. Returns the final event (finish reason, token counts).
@@ -47,7 +50,8 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<KvStoreLink> link_;    // after cache_: its publisher reads cache blocks
+  std::unique_ptr<Scheduler> scheduler_; // last: it uses the link
 };
 
 }  // namespace keel::engine

@@ -1,6 +1,7 @@
 #include "keel/engine/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace keel::engine {
 
@@ -37,6 +38,7 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::
   cache->free_.reserve(n_blocks);
   for (size_t b = n_blocks; b-- > 0;) cache->free_.push_back(static_cast<int32_t>(b));
   cache->budget_bytes_ = per_block * n_blocks;
+  cache->chunk_value_bytes_ = per_block;
   cache->fingerprint_ = "model=" + model.checksum.hex() + ";codec=" + codec->fingerprint() + ";tp=0/1";
   cache->fingerprint_hash_ = Xxh3_128(cache->fingerprint_);
   cache->codec_ = std::move(codec);
@@ -71,6 +73,7 @@ Result<int32_t> KvCache::Allocate() {
   } else if (!cached_.empty()) {
     b = cached_.front();  // least recently released prefix goes first
     cached_.pop_front();
+    std::lock_guard<std::mutex> lock(keys_mu_);
     by_key_.erase(blocks_[b].key);
     blocks_[b].has_key = false;
   } else {
@@ -175,6 +178,7 @@ void KvCache::Commit(SeqId seq, const int* tokens, int n) {
     if (!blk.has_key && by_key_.find(key) == by_key_.end()) {
       blk.has_key = true;
       blk.key = key;
+      std::lock_guard<std::mutex> lock(keys_mu_);
       by_key_.emplace(key, s.blocks[s.registered]);
     }
     s.last_key = key;
@@ -212,6 +216,81 @@ int KvCache::Capacity(SeqId seq) const {
 
 int64_t KvCache::AvailableBlocks() const {
   return static_cast<int64_t>(free_.size() + cached_.size());
+}
+
+bool KvCache::HasChunk(const Hash128& key) const {
+  std::lock_guard<std::mutex> lock(keys_mu_);
+  return by_key_.count(key) != 0;
+}
+
+Result<int> KvCache::AdoptChunks(SeqId seq, const std::vector<int>& prompt, int first_chunk,
+                                 const std::vector<std::string_view>& values) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return Status::InvalidArgument("kv cache: unknown sequence " + std::to_string(seq));
+  Sequence& s = it->second;
+  const int have = static_cast<int>(s.blocks.size());
+  if (!prefix_sharing_ || s.registered != have || have < first_chunk) return 0;
+  const int shareable = prompt.empty() ? 0 : static_cast<int>(prompt.size() - 1) / block_tokens_;
+  const int end = std::min(first_chunk + static_cast<int>(values.size()), shareable);
+  if (end <= have) return 0;
+  for (int c = have; c < end; ++c) {
+    if (values[c - first_chunk].size() != chunk_value_bytes_) {
+      return Status::InvalidArgument("kv cache: fetched chunk " + std::to_string(c) + " has " +
+                                     std::to_string(values[c - first_chunk].size()) + " bytes, expected " +
+                                     std::to_string(chunk_value_bytes_));
+    }
+  }
+  if (end - have > AvailableBlocks()) {
+    return Status::ResourceExhausted("kv cache: no room to adopt " + std::to_string(end - have) + " fetched blocks");
+  }
+  for (int c = have; c < end; ++c) {
+    Hash128 key = NextKey(s.last_key, prompt.data() + c * block_tokens_);
+    KEEL_ASSIGN_OR_RETURN(int32_t b, Allocate());
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(values[c - first_chunk].data());
+    for (int l = 0; l < n_layers_; ++l) {
+      std::memcpy(BlockData(l, b), src, layer_bytes_[l]);
+      src += layer_bytes_[l];
+    }
+    s.blocks.push_back(b);
+    s.tokens.insert(s.tokens.end(), prompt.begin() + c * block_tokens_, prompt.begin() + (c + 1) * block_tokens_);
+    Block& blk = blocks_[b];
+    {
+      std::lock_guard<std::mutex> lock(keys_mu_);
+      if (by_key_.find(key) == by_key_.end()) {
+        blk.has_key = true;
+        blk.key = key;
+        by_key_.emplace(key, b);
+      }
+    }
+    s.last_key = key;
+    ++s.registered;
+  }
+  RefreshPointers(s);
+  const int adopted = (end - have) * block_tokens_;
+  hit_tokens_ += adopted;
+  return adopted;
+}
+
+std::vector<std::pair<Hash128, int32_t>> KvCache::PinChunks(SeqId seq, int first, int last) {
+  std::vector<std::pair<Hash128, int32_t>> out;
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return out;
+  Sequence& s = it->second;
+  last = std::min({last, s.registered, static_cast<int>(s.blocks.size())});
+  if (first >= last) return out;
+  std::vector<Hash128> keys = ChunkKeys(s.tokens.data(), last * block_tokens_);
+  for (int c = std::max(first, 0); c < last; ++c) {
+    Ref(s.blocks[c]);
+    out.emplace_back(keys[c], s.blocks[c]);
+  }
+  return out;
+}
+
+std::vector<std::pair<const uint8_t*, size_t>> KvCache::ChunkPieces(int32_t block) const {
+  std::vector<std::pair<const uint8_t*, size_t>> pieces;
+  pieces.reserve(n_layers_);
+  for (int l = 0; l < n_layers_; ++l) pieces.emplace_back(BlockData(l, block), layer_bytes_[l]);
+  return pieces;
 }
 
 KvCacheStats KvCache::Stats() const {

@@ -17,7 +17,10 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -88,7 +91,29 @@ class KvCache {
   // Fingerprint string hashed into every chunk key.
   const std::string& fingerprint() const { return fingerprint_; }
   // The chunk-key chain for `tokens` (one key per full chunk); deterministic across processes.
+  // Thread-safe.
   std::vector<Hash128> ChunkKeys(const int* tokens, int n) const;
+
+  // ---- Sharing chunks with a kvstore (kvstore_link.h) ----
+  // A chunk value is every layer's block of one chunk, in layer order: ChunkValueBytes() bytes.
+  size_t ChunkValueBytes() const { return chunk_value_bytes_; }
+  // Thread-safe hint: whether `key` is registered now (it may be evicted by the next step).
+  bool HasChunk(const Hash128& key) const;
+  // Right after BeginSequence: appends fetched chunk values as the sequence's next blocks.
+  // `values[i]` holds chunk `first_chunk + i` of `prompt`; only the chunks that directly follow
+  // what the sequence already has are used, and at least the last prompt token is left to
+  // compute. Each adopted block is registered under its chunk key. Returns the tokens adopted
+  // (0 when nothing fits or the chunks do not continue the sequence); InvalidArgument when a
+  // value has the wrong size; ResourceExhausted leaves the sequence as it was.
+  Result<int> AdoptChunks(SeqId seq, const std::vector<int>& prompt, int first_chunk,
+                          const std::vector<std::string_view>& values);
+  // Pins the full blocks of chunks [first, last) of `seq` so that another thread may read them
+  // (ChunkPieces) after the sequence is gone; each pinned block must be Unpin()ned later, on
+  // the cache's thread. Returns (chunk key, block) pairs.
+  std::vector<std::pair<Hash128, int32_t>> PinChunks(SeqId seq, int first, int last);
+  void Unpin(int32_t block) { Unref(block); }
+  // The bytes of a block, one piece per layer (arena memory never moves). Thread-safe.
+  std::vector<std::pair<const uint8_t*, size_t>> ChunkPieces(int32_t block) const;
 
  private:
   KvCache() = default;
@@ -111,6 +136,9 @@ class KvCache {
   void RefreshPointers(Sequence& s);
   uint8_t* BlockData(int layer, int32_t block) { return arenas_[layer].get() + layer_bytes_[layer] * block; }
   Hash128 NextKey(const Hash128& parent, const int* chunk) const;
+  const uint8_t* BlockData(int layer, int32_t block) const {
+    return arenas_[layer].get() + layer_bytes_[layer] * block;
+  }
 
   std::unique_ptr<kv::Codec> codec_;
   int n_layers_ = 0;
@@ -122,7 +150,10 @@ class KvCache {
   std::vector<Block> blocks_;
   std::vector<int32_t> free_;       // never-registered free blocks
   std::list<int32_t> cached_;       // unreferenced registered blocks, oldest first
+  // Written only on the cache's thread; keys_mu_ guards those writes against HasChunk readers.
   std::unordered_map<Hash128, int32_t, Hash128Hasher> by_key_;
+  mutable std::mutex keys_mu_;
+  size_t chunk_value_bytes_ = 0;
   std::unordered_map<SeqId, Sequence> seqs_;
   std::string fingerprint_;
   Hash128 fingerprint_hash_;

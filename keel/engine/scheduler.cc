@@ -26,6 +26,8 @@ struct Scheduler::Active {
   std::vector<int> context;    // tokens whose K/V must be in the cache before decoding
   int computed = 0;            // leading context tokens already in the cache
   int cached_prompt = 0;       // prompt tokens served from shared blocks (first admission)
+  int store_prompt = 0;        // of those, adopted from the kvstore
+  bool published = false;      // prompt chunks handed to the kvstore link
   std::vector<int> generated;
   int prev_token = Tokenizer::kBos;
   std::string pending;         // decoded text not yet delivered
@@ -85,6 +87,7 @@ Status Scheduler::Submit(std::shared_ptr<Request> request) {
                                      std::to_string(cache_.TotalBlocks()) + "; raise the KV budget");
   }
   request->submitted = Clock::now();
+  if (link_ != nullptr && QueueDepth() < options_.max_queue) request->fetched = link_->Fetch(request->prompt);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutdown_) return Status::Unavailable("server is shutting down");
@@ -146,6 +149,17 @@ void Scheduler::Admit() {
     }
     a->seq = next_seq_++;
     Result<int> reused = cache_.BeginSequence(a->seq, a->context);
+    int adopted = 0;
+    if (reused.ok() && !resumed && a->req->fetched && !a->req->fetched->values.empty()) {
+      const FetchedPrefix& f = *a->req->fetched;
+      std::vector<std::string_view> views;
+      views.reserve(f.values.size());
+      for (const auto& v : f.values) views.push_back(v->view());
+      Result<int> got = cache_.AdoptChunks(a->seq, a->context, f.first_chunk, views);
+      if (got.ok()) adopted = *got;
+      else Log().warn("kvstore chunks not adopted: {}", got.status().ToString());
+      reused = *reused + adopted;
+    }
     Status st = reused.ok() ? cache_.Reserve(a->seq, static_cast<int>(a->context.size())) : reused.status();
     if (!st.ok()) {
       cache_.Release(a->seq);
@@ -164,7 +178,12 @@ void Scheduler::Admit() {
       continue;
     }
     a->computed = *reused;
-    if (!resumed) a->cached_prompt = *reused;
+    if (!resumed) {
+      a->cached_prompt = *reused;
+      a->store_prompt = adopted;
+      a->req->fetched.reset();  // the blocks are in the cache now; free the fetched copies
+      if (link_ != nullptr && adopted > 0) link_->CountAdopted(adopted);
+    }
     ++running_;
     active_.push_back(std::move(a));
   }
@@ -218,6 +237,7 @@ void Scheduler::Deliver(Active& a, bool finished) {
   ev.prompt_tokens = static_cast<int>(a.req->prompt.size());
   ev.completion_tokens = static_cast<int>(a.generated.size());
   ev.cached_prompt_tokens = a.cached_prompt;
+  ev.kvstore_prompt_tokens = a.store_prompt;
   if (a.req->on_event) a.req->on_event(ev);
 }
 
@@ -305,6 +325,7 @@ bool Scheduler::Step() {
     for (auto& a : active_) a->req->cancelled = true;
     for (auto& a : preempted_) a->req->cancelled = true;
   }
+  if (link_ != nullptr) link_->ReleaseFinished(cache_);
   Admit();
   // Drop cancelled sequences before spending compute on them.
   for (auto& a : active_) {
@@ -386,6 +407,16 @@ bool Scheduler::Step() {
     int token = a.sampler.Sample(&logits_[static_cast<size_t>(row) * vocab], vocab);
     ++row;
     Emit(a, token);
+  }
+  if (link_ != nullptr) {
+    // Prompts that finished prefilling this step: their full chunks go to the shared store.
+    // After the tokens above were emitted, so publishing never delays one.
+    const int bt = cache_.block_tokens();
+    for (Active* a : owners) {
+      if (a->published || a->prefilling() || a->req->prompt.size() != a->context.size()) continue;
+      a->published = true;
+      link_->Publish(cache_, a->seq, 0, static_cast<int>(a->req->prompt.size()) / bt);
+    }
   }
   drop_done();
   PublishStats();

@@ -26,6 +26,7 @@
 
 #include "keel/core/status.h"
 #include "keel/engine/kv_cache.h"
+#include "keel/engine/kvstore_link.h"
 #include "keel/engine/model.h"
 #include "keel/engine/sampler.h"
 #include "keel/engine/tokenizer.h"
@@ -51,7 +52,8 @@ struct GenerationEvent {
   Status error;               // set when finish_reason == kError
   int prompt_tokens = 0;
   int completion_tokens = 0;
-  int cached_prompt_tokens = 0;  // prompt tokens served from shared KV blocks
+  int cached_prompt_tokens = 0;  // prompt tokens served from shared KV blocks (local or kvstore)
+  int kvstore_prompt_tokens = 0; // of those, fetched from the shared kvstore
 };
 
 struct Request {
@@ -61,6 +63,7 @@ struct Request {
   // Set by the owner (client went away) or by Shutdown; checked between steps.
   std::atomic<bool> cancelled{false};
   std::chrono::steady_clock::time_point submitted;  // set by Submit
+  std::shared_ptr<const FetchedPrefix> fetched;     // set by Submit when a kvstore is linked
 };
 
 struct SchedulerOptions {
@@ -73,7 +76,7 @@ struct SchedulerStats {
   int64_t queue_depth = 0;
   int64_t running = 0;
   int64_t steps = 0;
-  int64_t prompt_tokens = 0;       // cumulative, computed (excludes cache hits)
+  int64_t prompt_tokens = 0;       // cumulative, computed (excludes cache and kvstore hits)
   int64_t generated_tokens = 0;    // cumulative
   int64_t requests_finished = 0;
   int64_t preemptions = 0;
@@ -94,7 +97,13 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Validates and enqueues. InvalidArgument when the prompt is empty, a token id is out of
+  // Shares prefixes through a kvstore (may be null). Set before the first Submit; the link
+  // must outlive the scheduler's use of it.
+  void SetKvStoreLink(KvStoreLink* link) { link_ = link; }
+  KvStoreLink* kvstore_link() const { return link_; }
+
+  // Validates and enqueues. With a kvstore link, first looks the prompt up in the store, which
+  // blocks the caller up to the link's lookup deadline. InvalidArgument when the prompt is empty, a token id is out of
   // range, prompt + max_tokens exceeds the context, or the request could never fit the KV
   // budget; ResourceExhausted when the queue is full; Unavailable after Shutdown.
   Status Submit(std::shared_ptr<Request> request);
@@ -128,6 +137,7 @@ class Scheduler {
   const Model& model_;
   const Tokenizer& tokenizer_;
   KvCache& cache_;
+  KvStoreLink* link_ = nullptr;
   SchedulerOptions options_;
   SchedulerObserver observer_;
   Transformer transformer_;

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "keel/core/log.h"
+#include "keel/core/signal.h"
 #include "keel/engine/openai_protocol.h"
 
 namespace keel::engine {
@@ -59,6 +60,8 @@ EngineMetrics::EngineMetrics()
                                             "Tokens generated for clients.").Get()),
       prefix_hit_tokens(registry.AddCounter("keel_prefix_cache_hit_tokens_total",
                                             "Prompt tokens served from shared KV blocks.").Get()),
+      prompt_tokens_computed(registry.AddCounter("keel_prompt_tokens_computed_total",
+                                                 "Prompt tokens prefilled by this instance (not reused).").Get()),
       queue_depth(registry.AddGauge("keel_queue_depth", "Requests waiting for admission.").Get()),
       running(registry.AddGauge("keel_running_sequences", "Sequences in the running batch.").Get()),
       kv_blocks_used(registry.AddGauge("keel_kv_blocks_used", "KV blocks referenced by sequences.").Get()),
@@ -133,6 +136,8 @@ Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, ServerOptions o
   metrics_->kv_blocks_total.SetCallback([s] { return static_cast<double>(s->Stats().kv.blocks_total); });
   metrics_->kv_blocks_cached.SetCallback([s] { return static_cast<double>(s->Stats().kv.blocks_cached); });
   metrics_->prefix_hit_tokens.SetCallback([s] { return static_cast<double>(s->Stats().kv.prefix_hit_tokens); });
+  metrics_->prompt_tokens_computed.SetCallback([s] { return static_cast<double>(s->Stats().prompt_tokens); });
+  if (KvStoreLink* link = scheduler_.kvstore_link()) link->RegisterMetrics(metrics_->registry);
 
   router_.Handle("GET", "/healthz", [this](const HttpRequest& q, HttpResponder& r) { HandleHealth(q, r); });
   router_.Handle("GET", "/v1/models", [this](const HttpRequest& q, HttpResponder& r) { HandleModels(q, r); });
@@ -164,6 +169,7 @@ Server::~Server() {
   metrics_->kv_blocks_total.SetCallback(nullptr);
   metrics_->kv_blocks_cached.SetCallback(nullptr);
   metrics_->prefix_hit_tokens.SetCallback(nullptr);
+  metrics_->prompt_tokens_computed.SetCallback(nullptr);
   metrics_->open_connections.SetCallback(nullptr);
 }
 
@@ -420,52 +426,9 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
 // ---------------------------------------------------------------------------------------------
 // Signals
 
-namespace {
-
-std::atomic<int> g_signal_write_fd{-1};
-
-void OnShutdownSignal(int sig) {
-  int saved = errno;
-  int fd = g_signal_write_fd.load();
-  if (fd >= 0) {
-    unsigned char b = static_cast<unsigned char>(sig);
-    (void)!::write(fd, &b, 1);
-  }
-  errno = saved;
-}
-
-}  // namespace
-
 Status RunServerUntilSignal(Server& server, bool cancel_in_flight) {
-  static std::mutex busy;
-  std::unique_lock<std::mutex> guard(busy, std::try_to_lock);
-  if (!guard.owns_lock()) return Status::Internal("RunServerUntilSignal is already waiting");
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::Internal(fmt::format("pipe: {}", std::strerror(errno)));
-  g_signal_write_fd = fds[1];
-  struct sigaction sa {}, old_int{}, old_term{};
-  sa.sa_handler = OnShutdownSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  if (::sigaction(SIGINT, &sa, &old_int) != 0 || ::sigaction(SIGTERM, &sa, &old_term) != 0) {
-    g_signal_write_fd = -1;
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return Status::Internal(fmt::format("sigaction: {}", std::strerror(errno)));
-  }
-  unsigned char sig = 0;
-  for (;;) {
-    ssize_t n = ::read(fds[0], &sig, 1);
-    if (n == 1) break;
-    if (n < 0 && errno == EINTR) continue;
-    break;
-  }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  g_signal_write_fd = -1;
-  ::close(fds[0]);
-  ::close(fds[1]);
-  Log().info("received {}; stopping the server (drain {})", sig == SIGINT ? "SIGINT" : "SIGTERM",
+  KEEL_ASSIGN_OR_RETURN(int sig, WaitForTerminationSignal());
+  Log().info("received {}; stopping the server (drain {})", SignalName(sig),
              cancel_in_flight ? "off" : "on");
   server.Stop(cancel_in_flight);
   return Status::Ok();

@@ -56,7 +56,8 @@ struct EngineMetrics {
   CounterFamily& requests;           // keel_requests_total{route,code}
   Counter& prompt_tokens;            // keel_prompt_tokens_total (accepted requests' prompts)
   Counter& generation_tokens;        // keel_generation_tokens_total
-  Counter& prefix_hit_tokens;        // keel_prefix_cache_hit_tokens_total (from the KV cache)
+  Counter& prefix_hit_tokens;        // keel_prefix_cache_hit_tokens_total (KV cache + kvstore)
+  Counter& prompt_tokens_computed;   // keel_prompt_tokens_computed_total (prefilled, not reused)
   Gauge& queue_depth;                // keel_queue_depth
   Gauge& running;                    // keel_running_sequences
   Gauge& kv_blocks_used;             // keel_kv_blocks_used

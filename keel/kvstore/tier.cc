@@ -1,5 +1,7 @@
 #include "keel/kvstore/tier.h"
 
+#include "keel/core/hash.h"
+
 #include <chrono>
 #include <cstring>
 
@@ -9,6 +11,13 @@ std::shared_ptr<Blob> Blob::Copy(const void* data, size_t size) {
   std::shared_ptr<Blob> b = Allocate(size);
   if (size > 0) std::memcpy(b->data(), data, size);
   return b;
+}
+
+uint64_t Blob::checksum() const {
+  if (has_checksum_.load(std::memory_order_acquire)) return checksum_.load(std::memory_order_relaxed);
+  const uint64_t c = Xxh3_64(data(), size());  // racing threads compute the same value
+  set_checksum(c);
+  return c;
 }
 
 int64_t NowUnixMs() {

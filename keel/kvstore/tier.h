@@ -7,6 +7,7 @@
 // drop it. Tiers never change the bytes of a value.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -31,10 +32,21 @@ class Blob {
   size_t size() const { return size_; }
   std::string_view view() const { return {reinterpret_cast<const char*>(data_.get()), size_}; }
 
+  // XXH3-64 of the bytes, computed on first use and remembered; whoever has already verified
+  // the bytes against a checksum (a frame's value checksum) records it with set_checksum, so
+  // replies reuse it instead of hashing again. Call only once the bytes are final.
+  uint64_t checksum() const;
+  void set_checksum(uint64_t c) const {
+    checksum_.store(c, std::memory_order_relaxed);
+    has_checksum_.store(true, std::memory_order_release);
+  }
+
  private:
   explicit Blob(size_t size) : data_(new uint8_t[size == 0 ? 1 : size]), size_(size) {}
   std::unique_ptr<uint8_t[]> data_;
   size_t size_;
+  mutable std::atomic<uint64_t> checksum_{0};
+  mutable std::atomic<bool> has_checksum_{false};
 };
 using BlobPtr = std::shared_ptr<const Blob>;
 

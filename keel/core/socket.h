@@ -1,0 +1,52 @@
+// Blocking TCP helpers with poll()-based deadlines, shared by Keel's servers and clients
+// (HTTP, kvstore). A deadline is an absolute steady_clock time point; "no deadline" is
+// Deadline::max(). Every read and write gives up at the deadline with Unavailable, so a slow or
+// silent peer can never hold a thread forever.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "keel/core/status.h"
+
+namespace keel {
+
+using Deadline = std::chrono::steady_clock::time_point;
+inline Deadline DeadlineIn(int timeout_ms) {
+  return timeout_ms < 0 ? Deadline::max() : std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+}
+// Milliseconds left until `deadline` for poll(): -1 for none, 0 when passed.
+int MillisLeft(Deadline deadline);
+
+// Waits for `events` on fd. Returns >0 when ready, 0 on timeout, <0 on error (errno set).
+int PollFd(int fd, short events, int timeout_ms, short* revents = nullptr);
+
+struct ListeningSocket {
+  int fd = -1;
+  int port = 0;  // the bound port (the kernel's choice when 0 was asked for)
+};
+// socket + SO_REUSEADDR + bind + listen on host:port (close-on-exec). IOError names the
+// address and the OS error.
+Result<ListeningSocket> ListenTcp(const std::string& host, int port, int backlog);
+
+// Connects with a timeout; TCP_NODELAY set. Unavailable names host:port and the error.
+Result<int> ConnectTcp(const std::string& host, int port, int timeout_ms);
+
+// Reads exactly n bytes. Unavailable on EOF ("closed"), error or deadline.
+Status ReadFull(int fd, void* buf, size_t n, Deadline deadline);
+// Writes every byte of iov[0..count) (the array is modified as it is consumed); MSG_NOSIGNAL.
+Status WriteFullV(int fd, iovec* iov, int count, Deadline deadline);
+
+// "ip:port" ("[ip6]:port") of a peer address.
+std::string PeerName(const sockaddr_storage& ss);
+
+// Half-closes the write side, then drains unread input for up to max_ms, so that an error
+// response sent before the request was fully read reaches the client instead of being destroyed
+// by the RST that closing a socket with unread data causes. Does not close fd.
+void LingeringClose(int fd, int max_ms);
+
+}  // namespace keel

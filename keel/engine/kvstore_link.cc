@@ -1,0 +1,260 @@
+#include "keel/engine/kvstore_link.h"
+
+#include <sys/uio.h>
+
+#include <chrono>
+
+#include "keel/core/log.h"
+
+namespace keel::engine {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string_view KeyBytes(const Hash128& key) {
+  return {reinterpret_cast<const char*>(&key), sizeof(Hash128)};  // lo then hi, little-endian
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvStoreLink>> KvStoreLink::Create(const KvStoreLinkOptions& options, const KvCache& cache) {
+  KEEL_ASSIGN_OR_RETURN(auto host_port, kvstore::ParseHostPort(options.address));
+  std::unique_ptr<KvStoreLink> link(new KvStoreLink(options, cache));
+  link->host_ = host_port.first;
+  link->port_ = host_port.second;
+  if (link->options_.max_pinned_blocks <= 0) {
+    link->options_.max_pinned_blocks = static_cast<int>(std::max<int64_t>(1, cache.TotalBlocks() / 4));
+  }
+  KvStoreLink* self = link.get();
+  link->publisher_ = std::thread([self] { self->PublishLoop(); });
+  return link;
+}
+
+KvStoreLink::~KvStoreLink() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (publisher_.joinable()) publisher_.join();
+}
+
+bool KvStoreLink::Healthy() const { return NowNs() >= retry_at_ns_.load(std::memory_order_relaxed); }
+
+void KvStoreLink::MarkFailed() {
+  failures_.fetch_add(1, std::memory_order_relaxed);
+  retry_at_ns_.store(NowNs() + static_cast<int64_t>(options_.retry_after_ms) * 1000000, std::memory_order_relaxed);
+}
+
+std::shared_ptr<const FetchedPrefix> KvStoreLink::Fetch(const std::vector<int>& prompt) {
+  auto out = std::make_shared<FetchedPrefix>();
+  const int bt = cache_.block_tokens();
+  // As KvCache::BeginSequence: the last prompt token is always computed.
+  const int shareable = prompt.empty() ? 0 : static_cast<int>(prompt.size() - 1) / bt;
+  if (shareable == 0 || !Healthy()) return out;
+  std::vector<Hash128> keys = cache_.ChunkKeys(prompt.data(), shareable * bt);
+  int first = 0;
+  while (first < shareable && cache_.HasChunk(keys[first])) ++first;
+  out->first_chunk = first;
+  if (first == shareable) return out;
+  lookups_.fetch_add(1, std::memory_order_relaxed);
+
+  std::unique_ptr<kvstore::Client> client;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!pool_.empty()) {
+      client = std::move(pool_.back());
+      pool_.pop_back();
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.lookup_timeout_ms);
+  auto left_ms = [&] {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return static_cast<int>(std::max<int64_t>(1, left.count()));
+  };
+  Status st;
+  if (!client) {
+    kvstore::ClientOptions co;
+    co.connect_timeout_ms = options_.lookup_timeout_ms;
+    Result<std::unique_ptr<kvstore::Client>> c = kvstore::Client::Connect(host_, port_, co);
+    if (c.ok()) client = std::move(*c);
+    else st = c.status();
+  }
+  if (client) {
+    std::vector<std::string_view> key_views;
+    key_views.reserve(keys.size() - first);
+    for (int i = first; i < shareable; ++i) key_views.push_back(KeyBytes(keys[i]));
+    client->set_timeout_ms(left_ms());
+    Result<int> n = client->LongestPrefix(key_views);
+    if (n.ok() && *n > 0) {
+      key_views.resize(*n);
+      client->set_timeout_ms(left_ms());
+      Result<std::vector<kvstore::BlobPtr>> values = client->GetMany(key_views);
+      if (values.ok()) {
+        // Keep the leading run that arrived whole and has the right size; an entry evicted
+        // between PREFIX and MGET ends the run.
+        for (kvstore::BlobPtr& v : *values) {
+          if (v == nullptr || v->size() != cache_.ChunkValueBytes()) break;
+          fetched_bytes_.fetch_add(static_cast<int64_t>(v->size()), std::memory_order_relaxed);
+          out->values.push_back(std::move(v));
+        }
+        fetched_chunks_.fetch_add(static_cast<int64_t>(out->values.size()), std::memory_order_relaxed);
+      } else {
+        st = values.status();
+      }
+    } else if (!n.ok()) {
+      st = n.status();
+    }
+  }
+  if (!st.ok()) {
+    MarkFailed();
+    Log().warn("kvstore link: lookup failed, computing the prompt instead: {}", st.ToString());
+    out->values.clear();
+  }
+  if (client && client->connected()) {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    pool_.push_back(std::move(client));
+  }
+  return out;
+}
+
+void KvStoreLink::Publish(KvCache& cache, SeqId seq, int first_chunk, int last_chunk) {
+  if (last_chunk <= first_chunk) return;
+  if (!Healthy() || pinned_ + (last_chunk - first_chunk) > options_.max_pinned_blocks) {
+    dropped_jobs_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  Job job;
+  job.chunks = cache.PinChunks(seq, first_chunk, last_chunk);
+  if (job.chunks.empty()) return;
+  pinned_ += static_cast<int>(job.chunks.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void KvStoreLink::ReleaseFinished(KvCache& cache) {
+  std::vector<int32_t> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_.empty()) return;
+    done.swap(finished_);
+  }
+  for (int32_t b : done) cache.Unpin(b);
+  pinned_ -= static_cast<int>(done.size());
+}
+
+void KvStoreLink::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return jobs_.empty() && !busy_; });
+}
+
+Status KvStoreLink::PublishJob(kvstore::Client& client, const Job& job) {
+  std::vector<std::string_view> keys;
+  keys.reserve(job.chunks.size());
+  for (const auto& [key, block] : job.chunks) keys.push_back(KeyBytes(key));
+  KEEL_ASSIGN_OR_RETURN(std::vector<bool> present, client.Exists(keys));
+  std::vector<kvstore::Client::PutItem> items;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < job.chunks.size(); ++i) {
+    if (present[i]) {
+      skipped_existing_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    kvstore::Client::PutItem item;
+    item.key = keys[i];
+    for (const auto& [data, size] : cache_.ChunkPieces(job.chunks[i].second)) {
+      item.pieces.push_back({const_cast<uint8_t*>(data), size});
+      bytes += static_cast<int64_t>(size);
+    }
+    items.push_back(std::move(item));
+  }
+  if (items.empty()) return Status::Ok();
+  KEEL_RETURN_IF_ERROR(client.PutMany(items, options_.ttl_ms));
+  published_chunks_.fetch_add(static_cast<int64_t>(items.size()), std::memory_order_relaxed);
+  published_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void KvStoreLink::PublishLoop() {
+  std::unique_ptr<kvstore::Client> client;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    Status st;
+    if (!Healthy()) {
+      st = Status::Unavailable("store marked down");
+      dropped_jobs_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      if (!client || !client->connected()) {
+        kvstore::ClientOptions co;
+        co.connect_timeout_ms = std::min(options_.publish_timeout_ms, 1000);
+        co.timeout_ms = options_.publish_timeout_ms;
+        Result<std::unique_ptr<kvstore::Client>> c = kvstore::Client::Connect(host_, port_, co);
+        if (c.ok()) client = std::move(*c);
+        else st = c.status();
+      }
+      if (st.ok()) st = PublishJob(*client, job);
+      if (!st.ok()) {
+        MarkFailed();
+        Log().warn("kvstore link: publishing {} chunks failed: {}", job.chunks.size(), st.ToString());
+      }
+    }
+    lock.lock();
+    for (const auto& [key, block] : job.chunks) finished_.push_back(block);
+    busy_ = false;
+    idle_cv_.notify_all();
+  }
+}
+
+KvStoreLinkStats KvStoreLink::Stats() const {
+  KvStoreLinkStats s;
+  s.lookups = lookups_.load();
+  s.fetched_chunks = fetched_chunks_.load();
+  s.fetched_bytes = fetched_bytes_.load();
+  s.adopted_tokens = adopted_tokens_.load();
+  s.published_chunks = published_chunks_.load();
+  s.published_bytes = published_bytes_.load();
+  s.skipped_existing = skipped_existing_.load();
+  s.dropped_jobs = dropped_jobs_.load();
+  s.failures = failures_.load();
+  return s;
+}
+
+void KvStoreLink::RegisterMetrics(MetricsRegistry& registry) {
+  struct Field {
+    const char* name;
+    const char* help;
+    const std::atomic<int64_t>* value;
+  };
+  const Field fields[] = {
+      {"keel_kvstore_link_lookups_total", "Prompts looked up in the shared KV store.", &lookups_},
+      {"keel_kvstore_link_fetched_chunks_total", "KV chunks fetched from the shared store.", &fetched_chunks_},
+      {"keel_kvstore_link_fetched_bytes_total", "KV bytes fetched from the shared store.", &fetched_bytes_},
+      {"keel_kvstore_link_hit_tokens_total", "Prompt tokens served from the shared store instead of computed.",
+       &adopted_tokens_},
+      {"keel_kvstore_link_published_chunks_total", "KV chunks sent to the shared store.", &published_chunks_},
+      {"keel_kvstore_link_published_bytes_total", "KV bytes sent to the shared store.", &published_bytes_},
+      {"keel_kvstore_link_skipped_existing_total", "Chunks not sent because the store had them.", &skipped_existing_},
+      {"keel_kvstore_link_dropped_jobs_total", "Publish jobs dropped (too many pinned blocks or store down).",
+       &dropped_jobs_},
+      {"keel_kvstore_link_failures_total", "Lookups or publishes that failed (store down, timeout, bad reply).",
+       &failures_},
+  };
+  for (const Field& f : fields) {
+    const std::atomic<int64_t>* v = f.value;
+    registry.AddCounter(f.name, f.help).Get().SetCallback([v] { return static_cast<double>(v->load()); });
+  }
+}
+
+}  // namespace keel::engine

@@ -1,0 +1,798 @@
+#include "keel/kvstore/ssd_tier.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "keel/core/hash.h"
+#include "keel/core/log.h"
+
+namespace keel::kvstore {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the on-disk integers are little-endian");
+
+// Segment file header, 32 bytes:
+//   0 u32 magic "KSSG"   4 u32 format version   8 u64 segment id   16 u64 reserved (0)
+//   24 u64 XXH3-64 of bytes [0,24)
+constexpr uint32_t kSegmentMagic = 0x4753534B;  // "KSSG"
+constexpr uint32_t kFormatVersion = 1;
+constexpr size_t kSegmentHeaderBytes = 32;
+
+// Record = 48-byte header, key, value:
+//   0 u32 magic "KSRC"   4 u8 type (1 PUT, 2 DELETE)   5..7 reserved (0)   8 u32 key_len
+//   12 u32 reserved (0)   16 u64 value_len   24 i64 expires_at_ms (0 = never)
+//   32 u64 value_checksum: XXH3-64 of the value
+//   40 u64 header_checksum: XXH3-64 of bytes [0,40) + key
+// Why two checksums (as in the wire protocol): the header checksum makes the lengths
+// trustworthy before they are used, so recovery can step over a record whose value rotted
+// instead of losing the rest of the segment; and the value checksum is the Blob's own
+// checksum, reused from Put (the server verified it on receipt) and handed back on Get, so a
+// value is hashed once per write and once per read. Together they cover header, key and value.
+constexpr uint32_t kRecordMagic = 0x4352534B;  // "KSRC"
+constexpr size_t kRecordHeaderBytes = 48;
+constexpr uint8_t kTypePut = 1;
+constexpr uint8_t kTypeDelete = 2;
+
+constexpr int64_t kMinSegmentBytes = 4096;
+
+template <typename T>
+void Store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+template <typename T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+struct RecordHeader {
+  uint8_t type = 0;
+  uint32_t key_len = 0;
+  uint64_t value_len = 0;
+  int64_t expires_at_ms = 0;
+  uint64_t value_checksum = 0;
+  uint64_t header_checksum = 0;
+};
+
+uint64_t HeaderChecksum(const uint8_t* header, std::string_view key) {
+  Hasher64 h;
+  h.update(header, 40);
+  h.update(key);
+  return h.digest();
+}
+
+void EncodeRecordHeader(const RecordHeader& r, std::string_view key, uint8_t* out) {
+  std::memset(out, 0, kRecordHeaderBytes);
+  Store<uint32_t>(out, kRecordMagic);
+  out[4] = r.type;
+  Store<uint32_t>(out + 8, r.key_len);
+  Store<uint64_t>(out + 16, r.value_len);
+  Store<int64_t>(out + 24, r.expires_at_ms);
+  Store<uint64_t>(out + 32, r.value_checksum);
+  Store<uint64_t>(out + 40, HeaderChecksum(out, key));
+}
+
+// Parses and bounds-checks a record header; nullptr when well-formed, else why not. The header
+// checksum needs the key and is checked by the caller.
+const char* DecodeRecordHeader(const uint8_t* p, RecordHeader* r) {
+  if (Load<uint32_t>(p) != kRecordMagic) return "bad record magic";
+  r->type = p[4];
+  if (r->type != kTypePut && r->type != kTypeDelete) return "unknown record type";
+  if (p[5] != 0 || p[6] != 0 || p[7] != 0 || Load<uint32_t>(p + 12) != 0) return "reserved bytes set";
+  r->key_len = Load<uint32_t>(p + 8);
+  r->value_len = Load<uint64_t>(p + 16);
+  r->expires_at_ms = Load<int64_t>(p + 24);
+  r->value_checksum = Load<uint64_t>(p + 32);
+  r->header_checksum = Load<uint64_t>(p + 40);
+  if (r->key_len == 0 || r->key_len > kMaxKeyBytes) return "key length out of range";
+  if (r->value_len > kSsdMaxValueBytes) return "value length over the limit";
+  if (r->type == kTypeDelete && r->value_len != 0) return "tombstone with a value";
+  return nullptr;
+}
+
+void EncodeSegmentHeader(uint64_t id, uint8_t* out) {
+  std::memset(out, 0, kSegmentHeaderBytes);
+  Store<uint32_t>(out, kSegmentMagic);
+  Store<uint32_t>(out + 4, kFormatVersion);
+  Store<uint64_t>(out + 8, id);
+  Store<uint64_t>(out + 24, Xxh3_64(out, 24));
+}
+
+const char* CheckSegmentHeader(const uint8_t* p, uint64_t id) {
+  if (Load<uint32_t>(p) != kSegmentMagic) return "bad segment magic";
+  if (Load<uint64_t>(p + 24) != Xxh3_64(p, 24)) return "segment header checksum mismatch";
+  if (Load<uint32_t>(p + 4) != kFormatVersion) return "unsupported format version";
+  if (Load<uint64_t>(p + 8) != id) return "segment id does not match the file name";
+  return nullptr;
+}
+
+std::string SegmentFileName(uint64_t id) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "seg-%08" PRIu64 ".kvs", id);
+  return buf;
+}
+
+// "seg-00000042.kvs" -> 42; false for any other name.
+bool ParseSegmentFileName(const std::string& name, uint64_t* id) {
+  constexpr std::string_view kPrefix = "seg-", kSuffix = ".kvs";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || !name.starts_with(kPrefix) || !name.ends_with(kSuffix)) {
+    return false;
+  }
+  std::string_view digits(name.data() + kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  if (digits.size() > 18) return false;
+  uint64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (v == 0) return false;
+  *id = v;
+  return true;
+}
+
+std::string Errno(int err) { return std::strerror(err); }
+
+// Drops `n` consumed bytes from the front of an iovec array (skipping empty entries too).
+void AdvanceIov(iovec*& iov, int& iovcnt, size_t n) {
+  while (iovcnt > 0 && n >= iov->iov_len) {
+    n -= iov->iov_len;
+    ++iov;
+    --iovcnt;
+  }
+  if (iovcnt > 0 && n > 0) {
+    iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + n;
+    iov->iov_len -= n;
+  }
+}
+
+// One io_uring per thread. A Get is synchronous (submit one read, wait for it), so a ring owned
+// by the calling thread needs no lock and a reader never waits behind another's completion; a
+// shared pool would add a mutex hand-off per read and cap parallelism at the pool size. A ring
+// is small (8 entries, a few pages) and goes away with its thread. Not tied to any file, so
+// every SsdTier in the process shares the thread's ring.
+class ThreadRing {
+ public:
+  ~ThreadRing() {
+    if (state_ == State::kReady) io_uring_queue_exit(&ring_);
+  }
+  io_uring* Get() {
+    if (state_ == State::kUntried) {
+      const int rc = io_uring_queue_init(8, &ring_, 0);
+      state_ = rc == 0 ? State::kReady : State::kFailed;
+      if (rc != 0 && !warned_.exchange(true)) {
+        Log().warn("ssd: io_uring unavailable ({}); reads fall back to pread", Errno(-rc));
+      }
+    }
+    return state_ == State::kReady ? &ring_ : nullptr;
+  }
+
+ private:
+  enum class State { kUntried, kReady, kFailed };
+  State state_ = State::kUntried;
+  io_uring ring_{};
+  static inline std::atomic<bool> warned_{false};
+};
+
+thread_local ThreadRing t_ring;
+
+// One readv through the thread's ring: bytes read, or -errno.
+ssize_t UringReadv(io_uring* ring, int fd, const iovec* iov, int iovcnt, uint64_t offset) {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring);
+  if (sqe == nullptr) return -EBUSY;
+  io_uring_prep_readv(sqe, fd, iov, static_cast<unsigned>(iovcnt), offset);
+  int rc = io_uring_submit(ring);
+  if (rc < 0) return rc;
+  io_uring_cqe* cqe = nullptr;
+  // The buffers belong to the caller, so never return while the read may still be in flight.
+  do {
+    rc = io_uring_wait_cqe(ring, &cqe);
+  } while (rc == -EINTR || rc == -EAGAIN);
+  if (rc < 0) return rc;
+  const ssize_t res = cqe->res;
+  io_uring_cqe_seen(ring, cqe);
+  return res;
+}
+
+// Reads exactly the iovecs' total at `offset` (io_uring, else preadv). A file shorter than the
+// record the index promised is Corruption; an OS error is IOError.
+Status ReadFully(int fd, const std::string& path, uint64_t offset, iovec* iov, int iovcnt, bool use_io_uring) {
+  AdvanceIov(iov, iovcnt, 0);
+  while (iovcnt > 0) {
+    ssize_t n = -ENOSYS;
+    if (use_io_uring) {
+      if (io_uring* ring = t_ring.Get()) n = UringReadv(ring, fd, iov, iovcnt, offset);
+    }
+    if (n < 0) {  // no ring, or the ring refused: pread answers with the real error if any
+      do {
+        n = ::preadv(fd, iov, iovcnt, static_cast<off_t>(offset));
+      } while (n < 0 && errno == EINTR);
+      if (n < 0) return Status::IOError(path + ": read at offset " + std::to_string(offset) + ": " + Errno(errno));
+    }
+    if (n == 0) {
+      return Status::Corruption(path + ": record at offset " + std::to_string(offset) + " runs past the end of the file");
+    }
+    offset += static_cast<uint64_t>(n);
+    AdvanceIov(iov, iovcnt, static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+Status WriteFully(int fd, const std::string& path, uint64_t offset, iovec* iov, int iovcnt) {
+  AdvanceIov(iov, iovcnt, 0);
+  while (iovcnt > 0) {
+    const ssize_t n = ::pwritev(fd, iov, std::min(iovcnt, IOV_MAX), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IOError(path + ": write at offset " + std::to_string(offset) + ": " + Errno(errno));
+    }
+    offset += static_cast<uint64_t>(n);
+    AdvanceIov(iov, iovcnt, static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError(dir + ": open: " + Errno(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::IOError(dir + ": fsync: " + Errno(err));
+  return Status::Ok();
+}
+
+// Buffered forward reads over one segment file, for the recovery scan.
+class ScanReader {
+ public:
+  ScanReader(int fd, std::string path, uint64_t file_size, size_t buffer_bytes)
+      : fd_(fd), path_(std::move(path)), file_size_(file_size), buf_(buffer_bytes) {}
+
+  // Copies [off, off+n) into dst; n must fit the buffer.
+  Status Read(uint64_t off, size_t n, uint8_t* dst) {
+    while (n > 0) {
+      KEEL_RETURN_IF_ERROR(Window(off));
+      const size_t take = std::min<uint64_t>(n, buf_off_ + buf_len_ - off);
+      std::memcpy(dst, buf_.data() + (off - buf_off_), take);
+      dst += take;
+      off += take;
+      n -= take;
+    }
+    return Status::Ok();
+  }
+
+  // XXH3-64 of [off, off+n), streamed through the buffer.
+  Result<uint64_t> Hash(uint64_t off, uint64_t n) {
+    Hasher64 h;
+    while (n > 0) {
+      KEEL_RETURN_IF_ERROR(Window(off));
+      const size_t take = std::min<uint64_t>(n, buf_off_ + buf_len_ - off);
+      h.update(buf_.data() + (off - buf_off_), take);
+      off += take;
+      n -= take;
+    }
+    return h.digest();
+  }
+
+ private:
+  // Makes the buffer hold at least the byte at `off`.
+  Status Window(uint64_t off) {
+    if (off >= buf_off_ && off < buf_off_ + buf_len_) return Status::Ok();
+    const size_t want = std::min<uint64_t>(buf_.size(), file_size_ - std::min(off, file_size_));
+    size_t got = 0;
+    while (got < want) {
+      const ssize_t n = ::pread(fd_, buf_.data() + got, want - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::IOError(path_ + ": read at offset " + std::to_string(off + got) + ": " + Errno(errno));
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (got == 0) return Status::IOError(path_ + ": unexpected end of file at offset " + std::to_string(off));
+    buf_off_ = off;
+    buf_len_ = got;
+    return Status::Ok();
+  }
+
+  int fd_;
+  std::string path_;
+  uint64_t file_size_;
+  std::vector<uint8_t> buf_;
+  uint64_t buf_off_ = 0;
+  size_t buf_len_ = 0;
+};
+
+struct ScannedRecord {
+  enum class State { kValid, kBadValue, kInvalid };
+  State state = State::kInvalid;
+  RecordHeader header;
+  std::string key;
+  uint64_t end = 0;  // offset just past the record (when the header is trustworthy)
+  std::string why;   // for kBadValue / kInvalid
+};
+
+// Reads the record at `off`. kInvalid: no trustworthy record starts here (torn or garbage);
+// kBadValue: header and key are sound but the value fails its checksum.
+Result<ScannedRecord> ScanRecord(ScanReader& reader, uint64_t off, uint64_t file_size, bool verify_value) {
+  ScannedRecord rec;
+  const uint64_t left = file_size - off;
+  if (left < kRecordHeaderBytes) {
+    rec.why = "torn record header (" + std::to_string(left) + " bytes left)";
+    return rec;
+  }
+  uint8_t hdr[kRecordHeaderBytes];
+  KEEL_RETURN_IF_ERROR(reader.Read(off, kRecordHeaderBytes, hdr));
+  if (const char* why = DecodeRecordHeader(hdr, &rec.header)) {
+    rec.why = why;
+    return rec;
+  }
+  const RecordHeader& h = rec.header;
+  if (left < kRecordHeaderBytes + h.key_len) {
+    rec.why = "torn key";
+    return rec;
+  }
+  rec.key.resize(h.key_len);
+  KEEL_RETURN_IF_ERROR(reader.Read(off + kRecordHeaderBytes, h.key_len, reinterpret_cast<uint8_t*>(rec.key.data())));
+  if (HeaderChecksum(hdr, rec.key) != h.header_checksum) {
+    rec.why = "record header checksum mismatch";
+    return rec;
+  }
+  const uint64_t record_bytes = kRecordHeaderBytes + h.key_len + h.value_len;
+  if (left < record_bytes) {
+    rec.why = "torn value (record needs " + std::to_string(record_bytes) + " bytes, " + std::to_string(left) + " left)";
+    return rec;
+  }
+  rec.end = off + record_bytes;
+  if (verify_value) {
+    KEEL_ASSIGN_OR_RETURN(uint64_t sum, reader.Hash(off + kRecordHeaderBytes + h.key_len, h.value_len));
+    if (sum != h.value_checksum) {
+      rec.state = ScannedRecord::State::kBadValue;
+      rec.why = "value checksum mismatch";
+      return rec;
+    }
+  }
+  rec.state = ScannedRecord::State::kValid;
+  return rec;
+}
+
+}  // namespace
+
+struct SsdTier::Segment {
+  Segment(uint64_t id, std::string path, int fd) : id(id), path(std::move(path)), fd(fd) {}
+  ~Segment() { ::close(fd); }  // after the last in-flight read: readers hold a shared_ptr
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  const uint64_t id;
+  const std::string path;
+  const int fd;
+  // Below: guarded by append_mu_ once Open returns.
+  uint64_t size = 0;              // bytes in the file
+  bool appendable = true;         // false when its header is bad: never written to again
+  std::vector<std::string> keys;  // keys put here, so eviction drops exactly its entries
+};
+
+SsdTier::SsdTier(SsdOptions options, int lock_fd) : options_(std::move(options)), lock_fd_(lock_fd) {}
+
+SsdTier::~SsdTier() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
+Result<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdOptions& options) {
+  if (options.dir.empty()) return Status::InvalidArgument("ssd: no directory given");
+  if (options.capacity_bytes < kMinSegmentBytes || options.segment_bytes < kMinSegmentBytes) {
+    return Status::InvalidArgument("ssd: capacity_bytes and segment_bytes must be at least " +
+                                   std::to_string(kMinSegmentBytes));
+  }
+  SsdOptions opts = options;
+  // Eviction drops a whole segment, so a segment may hold at most a quarter of the capacity.
+  opts.segment_bytes = std::max(kMinSegmentBytes, std::min(opts.segment_bytes, opts.capacity_bytes / 4));
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) return Status::IOError(options.dir + ": create directory: " + ec.message());
+
+  // Two tiers appending to one directory would interleave records; the flock keeps it to one.
+  const std::string lock_path = options.dir + "/LOCK";
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) return Status::IOError(lock_path + ": open: " + Errno(errno));
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(lock_fd);
+    if (err == EWOULDBLOCK) return Status::Unavailable(options.dir + ": in use by another SsdTier");
+    return Status::IOError(lock_path + ": flock: " + Errno(err));
+  }
+  std::unique_ptr<SsdTier> tier(new SsdTier(std::move(opts), lock_fd));
+  tier->use_io_uring_ = options.use_io_uring && t_ring.Get() != nullptr;
+  KEEL_RETURN_IF_ERROR(tier->Recover());
+  Log().info("ssd: opened {}: {} segments, {} entries, {} bytes on disk, reads via {}", options.dir,
+             tier->recovery_.segments, tier->index_.size(), tier->DiskBytes(),
+             tier->use_io_uring_ ? "io_uring" : "pread");
+  return tier;
+}
+
+// Open is single-threaded, so the *Locked helpers run here without their locks.
+Status SsdTier::Recover() {
+  std::vector<uint64_t> ids;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(options_.dir, ec), end; !ec && it != end; it.increment(ec)) {
+    uint64_t id = 0;
+    if (it->is_regular_file() && ParseSegmentFileName(it->path().filename().string(), &id)) ids.push_back(id);
+  }
+  if (ec) return Status::IOError(options_.dir + ": list: " + ec.message());
+  std::sort(ids.begin(), ids.end());
+
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string path = options_.dir + "/" + SegmentFileName(ids[i]);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Status::IOError(path + ": open: " + Errno(errno));
+    auto seg = std::make_shared<Segment>(ids[i], path, fd);
+    KEEL_RETURN_IF_ERROR(ScanSegment(*seg, /*is_last=*/i + 1 == ids.size()));
+    segments_[seg->id] = seg;
+    disk_bytes_ += static_cast<int64_t>(seg->size);
+    recovery_.segments++;
+  }
+  next_segment_id_ = ids.empty() ? 1 : ids.back() + 1;
+  if (!ids.empty() && segments_.rbegin()->second->appendable) {
+    active_ = segments_.rbegin()->second;
+  } else {
+    KEEL_RETURN_IF_ERROR(RollLocked());
+  }
+  // A smaller capacity than last time: shed the oldest segments now.
+  return EnforceCapacityLocked(0);
+}
+
+// Replays one segment into the index. Only the last segment can hold a torn append (a segment
+// is fdatasynced before the next one is created), so only it has its values re-hashed here and
+// its invalid tail cut off; in older segments headers and keys are verified and a rotted value
+// is caught by the checksum on Get. That keeps Open to a header walk over most of the data.
+Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
+  struct stat st {};
+  if (::fstat(seg.fd, &st) != 0) return Status::IOError(seg.path + ": fstat: " + Errno(errno));
+  uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  seg.size = file_size;
+  ScanReader reader(seg.fd, seg.path, file_size, is_last ? (1u << 20) : (64u << 10));
+
+  uint8_t seg_header[kSegmentHeaderBytes];
+  const char* bad_header = "file shorter than a segment header";
+  if (file_size >= kSegmentHeaderBytes) {
+    KEEL_RETURN_IF_ERROR(reader.Read(0, kSegmentHeaderBytes, seg_header));
+    bad_header = CheckSegmentHeader(seg_header, seg.id);
+  }
+  if (bad_header != nullptr) {
+    // Kept (it ages out FIFO like any segment) but never read or appended to.
+    Log().warn("ssd: {}: {}; its {} bytes are ignored", seg.path, bad_header, file_size);
+    recovery_.corrupt_records++;
+    seg.appendable = false;
+    return Status::Ok();
+  }
+
+  const int64_t now_ms = NowUnixMs();
+  uint64_t off = kSegmentHeaderBytes;
+  while (off < file_size) {
+    KEEL_ASSIGN_OR_RETURN(ScannedRecord rec, ScanRecord(reader, off, file_size, /*verify_value=*/is_last));
+    if (rec.state == ScannedRecord::State::kValid) {
+      const Location loc{seg.id, off, rec.header.key_len, rec.header.value_len, rec.header.expires_at_ms};
+      ApplyRecovered(rec.header.type, rec.key, loc, seg, now_ms);
+      recovery_.records++;
+      off = rec.end;
+      continue;
+    }
+    if (rec.state == ScannedRecord::State::kBadValue && rec.end < file_size) {
+      // A rotted value with a sound record after it is damage, not a torn tail: drop the key
+      // (an older version must not resurface) and go on.
+      KEEL_ASSIGN_OR_RETURN(ScannedRecord next, ScanRecord(reader, rec.end, file_size, is_last));
+      if (next.state == ScannedRecord::State::kValid) {
+        Log().warn("ssd: {}: record at offset {}: {}; dropped", seg.path, off, rec.why);
+        recovery_.corrupt_records++;
+        IndexEraseLocked(rec.key);
+        off = rec.end;
+        continue;
+      }
+    }
+    recovery_.corrupt_records++;
+    if (is_last) {
+      Log().warn("ssd: {}: invalid record at offset {} ({}); cutting the {} bytes from there", seg.path, off, rec.why,
+                 file_size - off);
+      if (::ftruncate(seg.fd, static_cast<off_t>(off)) != 0) {
+        return Status::IOError(seg.path + ": truncate to " + std::to_string(off) + ": " + Errno(errno));
+      }
+      recovery_.truncated_bytes += static_cast<int64_t>(file_size - off);
+      seg.size = off;
+    } else {
+      Log().warn("ssd: {}: invalid record at offset {} ({}); the {} bytes from there are ignored", seg.path, off,
+                 rec.why, file_size - off);
+    }
+    break;
+  }
+  return Status::Ok();
+}
+
+void SsdTier::ApplyRecovered(uint8_t type, const std::string& key, const Location& loc, Segment& seg,
+                             int64_t now_ms) {
+  if (type == kTypeDelete || (loc.expires_at_ms != 0 && loc.expires_at_ms <= now_ms)) {
+    IndexEraseLocked(key);  // an expired put still hides whatever came before it
+    return;
+  }
+  IndexPutLocked(key, loc);
+  seg.keys.push_back(key);
+}
+
+Status SsdTier::Put(std::string_view key, const Entry& entry) {
+  KEEL_RETURN_IF_ERROR(ValidateKey(key));
+  KEEL_RETURN_IF_ERROR(Append(kTypePut, key, entry.value.get(), entry.expires_at_ms));
+  puts_++;
+  return Status::Ok();
+}
+
+Status SsdTier::Delete(std::string_view key) {
+  KEEL_RETURN_IF_ERROR(ValidateKey(key));
+  return Append(kTypeDelete, key, nullptr, 0);
+}
+
+Status SsdTier::Append(uint8_t type, std::string_view key, const Blob* value, int64_t expires_at_ms) {
+  const uint64_t value_len = value != nullptr ? value->size() : 0;  // a null value stores as empty
+  if (value_len > kSsdMaxValueBytes) {
+    return Status::InvalidArgument("ssd: value of " + std::to_string(value_len) + " bytes exceeds the limit of " +
+                                   std::to_string(kSsdMaxValueBytes));
+  }
+  const uint64_t record_bytes = kRecordHeaderBytes + key.size() + value_len;
+  if (kSegmentHeaderBytes + record_bytes > static_cast<uint64_t>(options_.capacity_bytes)) {
+    return Status::ResourceExhausted("ssd: value of " + std::to_string(value_len) +
+                                     " bytes can never fit the capacity of " + std::to_string(options_.capacity_bytes));
+  }
+  RecordHeader h;
+  h.type = type;
+  h.key_len = static_cast<uint32_t>(key.size());
+  h.value_len = value_len;
+  h.expires_at_ms = expires_at_ms;
+  h.value_checksum = value != nullptr ? value->checksum() : Xxh3_64(nullptr, 0);
+  uint8_t hdr[kRecordHeaderBytes];
+  EncodeRecordHeader(h, key, hdr);
+
+  std::lock_guard<std::mutex> lock(append_mu_);
+  if (Status s = MakeRoomLocked(record_bytes); !s.ok()) {
+    errors_++;
+    return s;
+  }
+  Segment& seg = *active_;
+  const uint64_t off = seg.size;
+  iovec iov[3] = {{hdr, kRecordHeaderBytes},
+                  {const_cast<char*>(key.data()), key.size()},
+                  {value != nullptr ? const_cast<uint8_t*>(value->data()) : nullptr, value_len}};
+  if (Status s = WriteFully(seg.fd, seg.path, off, iov, 3); !s.ok()) {
+    errors_++;
+    // Cut the partial record so appends keep following valid data; failing that, move on.
+    if (::ftruncate(seg.fd, static_cast<off_t>(off)) != 0) roll_before_next_append_ = true;
+    return s;
+  }
+  seg.size += record_bytes;
+  disk_bytes_ += static_cast<int64_t>(record_bytes);
+  if (type == kTypePut) seg.keys.emplace_back(key);
+  if (options_.sync_each_put && ::fdatasync(seg.fd) != 0) {
+    errors_++;
+    return Status::IOError(seg.path + ": fdatasync: " + Errno(errno));  // not acknowledged, not indexed
+  }
+  std::lock_guard<std::mutex> index_lock(index_mu_);
+  if (type == kTypeDelete || (expires_at_ms != 0 && expires_at_ms <= NowUnixMs())) {
+    IndexEraseLocked(key);
+  } else {
+    IndexPutLocked(key, Location{seg.id, off, h.key_len, value_len, expires_at_ms});
+  }
+  return Status::Ok();
+}
+
+Status SsdTier::MakeRoomLocked(uint64_t record_bytes) {
+  const Segment& a = *active_;
+  if (roll_before_next_append_ ||
+      (a.size > kSegmentHeaderBytes && a.size + record_bytes > static_cast<uint64_t>(options_.segment_bytes))) {
+    KEEL_RETURN_IF_ERROR(RollLocked());
+  }
+  return EnforceCapacityLocked(record_bytes);
+}
+
+Status SsdTier::EnforceCapacityLocked(uint64_t record_bytes) {
+  while (disk_bytes_.load() + static_cast<int64_t>(record_bytes) > options_.capacity_bytes) {
+    if (segments_.begin()->second != active_) {
+      EvictOldestLocked();
+    } else if (active_->size > kSegmentHeaderBytes) {
+      KEEL_RETURN_IF_ERROR(RollLocked());  // the active segment itself has to go
+    } else {
+      break;  // only an empty active segment is left; Append checked that the record fits
+    }
+  }
+  return Status::Ok();
+}
+
+Status SsdTier::RollLocked() {
+  if (active_ != nullptr && ::fdatasync(active_->fd) != 0) {
+    // The sync is what keeps torn tails confined to the last segment, so it is not optional.
+    return Status::IOError(active_->path + ": fdatasync: " + Errno(errno));
+  }
+  const uint64_t id = next_segment_id_++;
+  const std::string path = options_.dir + "/" + SegmentFileName(id);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError(path + ": create: " + Errno(errno));
+  auto seg = std::make_shared<Segment>(id, path, fd);
+  uint8_t header[kSegmentHeaderBytes];
+  EncodeSegmentHeader(id, header);
+  iovec iov{header, kSegmentHeaderBytes};
+  Status s = WriteFully(fd, path, 0, &iov, 1);
+  if (s.ok()) s = SyncDir(options_.dir);  // the new name must survive a crash with its records
+  if (!s.ok()) {
+    ::unlink(path.c_str());
+    return s;
+  }
+  seg->size = kSegmentHeaderBytes;
+  disk_bytes_ += kSegmentHeaderBytes;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    segments_[id] = seg;
+  }
+  active_ = std::move(seg);
+  roll_before_next_append_ = false;
+  return Status::Ok();
+}
+
+void SsdTier::EvictOldestLocked() {
+  std::shared_ptr<Segment> seg = segments_.begin()->second;
+  int64_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    segments_.erase(segments_.begin());
+    for (const std::string& key : seg->keys) {
+      auto it = index_.find(key);
+      if (it != index_.end() && it->second.segment_id == seg->id) {
+        live_bytes_ -= static_cast<int64_t>(it->second.value_len);
+        index_.erase(it);
+        dropped++;
+      }
+    }
+  }
+  evictions_ += dropped;
+  disk_bytes_ -= static_cast<int64_t>(seg->size);
+  // A Get still reading it holds the Segment (and so the fd); the data lives until it is done.
+  if (::unlink(seg->path.c_str()) != 0) {
+    errors_++;
+    Log().warn("ssd: {}: unlink: {}", seg->path, Errno(errno));
+  }
+  Log().debug("ssd: evicted {} ({} bytes, {} entries)", seg->path, seg->size, dropped);
+}
+
+void SsdTier::IndexPutLocked(std::string_view key, const Location& loc) {
+  auto it = index_.find(key);
+  if (it == index_.end()) {
+    index_.emplace(std::string(key), loc);
+  } else {
+    live_bytes_ -= static_cast<int64_t>(it->second.value_len);
+    it->second = loc;
+  }
+  live_bytes_ += static_cast<int64_t>(loc.value_len);
+}
+
+void SsdTier::IndexEraseLocked(std::string_view key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  live_bytes_ -= static_cast<int64_t>(it->second.value_len);
+  index_.erase(it);
+}
+
+void SsdTier::DropIfUnchanged(std::string_view key, const Location& loc) {
+  std::lock_guard<std::mutex> lock(index_mu_);
+  auto it = index_.find(key);
+  if (it != index_.end() && it->second.segment_id == loc.segment_id && it->second.offset == loc.offset) {
+    live_bytes_ -= static_cast<int64_t>(it->second.value_len);
+    index_.erase(it);
+  }
+}
+
+Result<Entry> SsdTier::Get(std::string_view key) {
+  KEEL_RETURN_IF_ERROR(ValidateKey(key));
+  Location loc;
+  std::shared_ptr<Segment> seg;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+      misses_++;
+      return Status::NotFound("ssd: key not found");
+    }
+    if (it->second.expires_at_ms != 0 && it->second.expires_at_ms <= NowUnixMs()) {
+      live_bytes_ -= static_cast<int64_t>(it->second.value_len);
+      index_.erase(it);
+      expirations_++;
+      misses_++;
+      return Status::NotFound("ssd: key expired");
+    }
+    loc = it->second;
+    auto s = segments_.find(loc.segment_id);  // eviction drops a segment's entries with it
+    if (s == segments_.end()) return Status::Internal("ssd: index names a deleted segment");
+    seg = s->second;
+  }
+
+  // The value is read straight into the Blob it is returned in; header and key into the stack.
+  uint8_t head[kRecordHeaderBytes + kMaxKeyBytes];
+  std::shared_ptr<Blob> value = Blob::Allocate(loc.value_len);
+  iovec iov[2] = {{head, kRecordHeaderBytes + loc.key_len}, {value->data(), loc.value_len}};
+  Status s = ReadFully(seg->fd, seg->path, loc.offset, iov, 2, use_io_uring_);
+  const char* why = nullptr;
+  RecordHeader h;
+  if (s.ok()) {
+    why = DecodeRecordHeader(head, &h);
+    const std::string_view stored_key(reinterpret_cast<const char*>(head + kRecordHeaderBytes), loc.key_len);
+    if (why == nullptr && (h.type != kTypePut || h.key_len != loc.key_len || h.value_len != loc.value_len)) {
+      why = "record does not match the index";
+    } else if (why == nullptr && HeaderChecksum(head, stored_key) != h.header_checksum) {
+      why = "record header checksum mismatch";
+    } else if (why == nullptr && stored_key != key) {
+      why = "record holds another key";
+    } else if (why == nullptr && Xxh3_64(value->data(), value->size()) != h.value_checksum) {
+      why = "value checksum mismatch";
+    }
+    if (why != nullptr) {
+      s = Status::Corruption(seg->path + ": record at offset " + std::to_string(loc.offset) + ": " + why);
+    }
+  }
+  if (!s.ok()) {
+    errors_++;
+    Log().warn("ssd: {}", s.message());
+    if (s.code() == StatusCode::kCorruption) DropIfUnchanged(key, loc);
+    return s;
+  }
+  value->set_checksum(h.value_checksum);
+  hits_++;
+  return Entry{std::move(value), loc.expires_at_ms};
+}
+
+Result<bool> SsdTier::Contains(std::string_view key) {
+  KEEL_RETURN_IF_ERROR(ValidateKey(key));
+  std::lock_guard<std::mutex> lock(index_mu_);
+  auto it = index_.find(key);
+  if (it == index_.end()) return false;
+  if (it->second.expires_at_ms != 0 && it->second.expires_at_ms <= NowUnixMs()) {
+    live_bytes_ -= static_cast<int64_t>(it->second.value_len);
+    index_.erase(it);
+    expirations_++;
+    return false;
+  }
+  return true;
+}
+
+Status SsdTier::Sync() {
+  std::lock_guard<std::mutex> lock(append_mu_);
+  if (::fdatasync(active_->fd) != 0) {
+    errors_++;
+    return Status::IOError(active_->path + ": fdatasync: " + Errno(errno));
+  }
+  return Status::Ok();
+}
+
+TierStats SsdTier::Stats() const {
+  TierStats s;
+  s.name = "ssd";
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    s.items = static_cast<int64_t>(index_.size());
+    s.bytes = live_bytes_;
+  }
+  s.capacity_bytes = options_.capacity_bytes;
+  s.hits = hits_.load();
+  s.misses = misses_.load();
+  s.puts = puts_.load();
+  s.evictions = evictions_.load();
+  s.expirations = expirations_.load();
+  s.errors = errors_.load();
+  return s;
+}
+
+}  // namespace keel::kvstore

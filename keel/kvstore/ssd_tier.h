@@ -1,0 +1,132 @@
+// SsdTier: the local-SSD tier of the KV cache service. Values live in append-only segment files
+// (dir/seg-00000001.kvs, ...); an in-memory index maps each key to its newest record and is rebuilt
+// by scanning the segments on Open. Capacity is enforced FIFO at segment granularity: when the
+// files would exceed capacity_bytes the oldest segment is deleted with every entry it still holds.
+//
+// Durability: a Put is in the page cache when it returns; Sync() (or sync_each_put) makes every
+// acknowledged Put durable. After an unclean shutdown Open keeps every complete record and cuts
+// the torn tail of the last segment (logged with file and offset), so appends follow valid data.
+//
+// Reads go through io_uring (one ring per thread) or pread, without holding the index lock, so
+// Gets run in parallel with each other and with Puts. Every read is verified against the
+// record's checksums; a mismatch is Corruption and the entry is dropped. Thread-safe.
+//
+//   KEEL_ASSIGN_OR_RETURN(auto ssd, SsdTier::Open({.dir = "/nvme/keel-kv"}));
+//   KEEL_RETURN_IF_ERROR(ssd->Put(key, {Blob::Copy(bytes), /*expires_at_ms=*/0}));
+//   Result<Entry> e = ssd->Get(key);
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/core/status.h"
+#include "keel/kvstore/tier.h"
+
+namespace keel::kvstore {
+
+// Values above this are rejected on write and treated as corruption on read.
+inline constexpr uint64_t kSsdMaxValueBytes = uint64_t{1} << 30;
+
+struct SsdOptions {
+  std::string dir;                            // created if missing; holds only this tier's files
+  int64_t capacity_bytes = int64_t{8} << 30;  // bound on the segment files' total size
+  // Roll to a new segment at this size (>= 4 KiB; at most capacity_bytes / 4, since eviction
+  // drops a whole segment at a time).
+  int64_t segment_bytes = int64_t{64} << 20;
+  bool sync_each_put = false;                 // fdatasync before Put/Delete return
+  bool use_io_uring = true;                   // false, or io_uring unavailable: pread
+};
+
+// What the last Open found on disk.
+struct SsdRecovery {
+  int64_t segments = 0;         // segment files scanned
+  int64_t records = 0;          // valid records replayed (puts and tombstones)
+  int64_t corrupt_records = 0;  // records skipped or cut: bad checksum, torn tail, bad segment header
+  int64_t truncated_bytes = 0;  // bytes cut from the end of the last segment
+};
+
+class SsdTier : public Tier {
+ public:
+  // Opens (or creates) the tier in options.dir and rebuilds the index. InvalidArgument for bad
+  // options; Unavailable when another SsdTier holds the directory; IOError when the OS refuses.
+  static Result<std::unique_ptr<SsdTier>> Open(const SsdOptions& options);
+  ~SsdTier() override;
+  SsdTier(const SsdTier&) = delete;
+  SsdTier& operator=(const SsdTier&) = delete;
+
+  std::string_view name() const override { return "ssd"; }
+  Status Put(std::string_view key, const Entry& entry) override;
+  Result<Entry> Get(std::string_view key) override;
+  Result<bool> Contains(std::string_view key) override;
+  // Appends a tombstone, so the delete survives a restart.
+  Status Delete(std::string_view key) override;
+  TierStats Stats() const override;
+
+  // fdatasyncs the active segment: every Put/Delete acknowledged before the call is durable.
+  Status Sync();
+  // Total size of the segment files.
+  int64_t DiskBytes() const { return disk_bytes_.load(std::memory_order_relaxed); }
+  const SsdRecovery& recovery() const { return recovery_; }
+  // Whether reads use io_uring (asked for and available), else pread.
+  bool uses_io_uring() const { return use_io_uring_; }
+
+ private:
+  struct Segment;
+  struct Location {  // where a key's newest record lives
+    uint64_t segment_id = 0;
+    uint64_t offset = 0;  // of the record header in the segment file
+    uint32_t key_len = 0;
+    uint64_t value_len = 0;
+    int64_t expires_at_ms = 0;
+  };
+
+  struct KeyHash {  // lets lookups take a string_view without building a std::string
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
+  SsdTier(SsdOptions options, int lock_fd);
+  Status Recover();
+  Status ScanSegment(Segment& seg, bool is_last);
+  void ApplyRecovered(uint8_t type, const std::string& key, const Location& loc, Segment& seg, int64_t now_ms);
+  Status Append(uint8_t type, std::string_view key, const Blob* value, int64_t expires_at_ms);
+  Status MakeRoomLocked(uint64_t record_bytes);
+  Status EnforceCapacityLocked(uint64_t record_bytes);
+  Status RollLocked();
+  void EvictOldestLocked();
+  void IndexPutLocked(std::string_view key, const Location& loc);
+  void IndexEraseLocked(std::string_view key);
+  // Drops `key` if its index entry still points at `loc` (a concurrent Put may have replaced it).
+  void DropIfUnchanged(std::string_view key, const Location& loc);
+
+  const SsdOptions options_;
+  const int lock_fd_;  // flock on dir/LOCK: one SsdTier per directory
+  bool use_io_uring_ = false;
+  SsdRecovery recovery_;
+
+  // Appends: the active segment, rolling and eviction. Taken before index_mu_.
+  std::mutex append_mu_;
+  std::shared_ptr<Segment> active_;
+  uint64_t next_segment_id_ = 1;
+  bool roll_before_next_append_ = false;  // the active segment's tail may hold a failed write
+
+  // The index and the segment table; held only for lookups and updates, never across I/O.
+  mutable std::mutex index_mu_;
+  std::unordered_map<std::string, Location, KeyHash, std::equal_to<>> index_;
+  // By id, oldest first. Changed only with append_mu_ held as well, so either lock reads it.
+  std::map<uint64_t, std::shared_ptr<Segment>> segments_;
+  int64_t live_bytes_ = 0;
+
+  std::atomic<int64_t> disk_bytes_{0};
+  std::atomic<int64_t> hits_{0}, misses_{0}, puts_{0}, evictions_{0}, expirations_{0}, errors_{0};
+};
+
+}  // namespace keel::kvstore
