@@ -361,28 +361,12 @@ Status HttpServer::Start() {
 
 void HttpServer::AcceptLoop() {
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    int r = ::poll(fds, 2, 1000);
-    if (r < 0 && errno != EINTR) {
-      Log().error("http: poll: {}", std::strerror(errno));
-      break;
-    }
-    if (fds[1].revents) break;
+    int fd = -1;
+    std::string remote;
+    AcceptResult got = AcceptConnection(listen_fd_, wake_fd_, 1000, "http", &fd, &remote);
+    if (got == AcceptResult::kStop) break;
     ReapDone();
-    if (r <= 0 || !(fds[0].revents & POLLIN)) continue;
-
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        Log().warn("http: accept: {}", std::strerror(errno));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (got == AcceptResult::kNone) continue;
 
     std::unique_lock<std::mutex> lock(mu_);
     if (!accepting_) {
@@ -400,7 +384,7 @@ void HttpServer::AcceptLoop() {
     Conn* c = &conns_.back();
     c->fd = fd;
     try {
-      c->thread = std::thread([this, c, remote = PeerName(ss)] { Serve(c, remote); });
+      c->thread = std::thread([this, c, remote = std::move(remote)] { Serve(c, remote); });
     } catch (const std::exception& e) {
       Log().error("http: cannot start a connection thread: {}", e.what());
       conns_.pop_back();

@@ -14,6 +14,10 @@
 
 #include <fmt/format.h>
 
+#include <thread>
+
+#include "keel/core/log.h"
+
 namespace keel {
 
 int MillisLeft(Deadline deadline) {
@@ -165,6 +169,32 @@ Status WriteFullV(int fd, iovec* iov, int count, Deadline deadline) {
     }
   }
   return Status::Ok();
+}
+
+AcceptResult AcceptConnection(int listen_fd, int wake_fd, int poll_ms, const char* tag, int* fd, std::string* peer) {
+  pollfd fds[2] = {{listen_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+  int r = ::poll(fds, 2, poll_ms);
+  if (r < 0 && errno != EINTR) {
+    Log().error("{}: poll: {}", tag, std::strerror(errno));
+    return AcceptResult::kStop;
+  }
+  if (r > 0 && fds[1].revents) return AcceptResult::kStop;
+  if (r <= 0 || !(fds[0].revents & POLLIN)) return AcceptResult::kNone;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  int c = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
+  if (c < 0) {
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      Log().warn("{}: accept: {}", tag, std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return AcceptResult::kNone;
+  }
+  int one = 1;
+  ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  *fd = c;
+  *peer = PeerName(ss);
+  return AcceptResult::kAccepted;
 }
 
 std::string PeerName(const sockaddr_storage& ss) {

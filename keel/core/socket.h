@@ -41,6 +41,13 @@ Status ReadFull(int fd, void* buf, size_t n, Deadline deadline);
 // Writes every byte of iov[0..count) (the array is modified as it is consumed); MSG_NOSIGNAL.
 Status WriteFullV(int fd, iovec* iov, int count, Deadline deadline);
 
+// One round of a server's accept loop: waits up to poll_ms for a connection on listen_fd or a
+// wake-up on wake_fd (an eventfd written by Stop). kAccepted sets *fd (close-on-exec,
+// TCP_NODELAY) and *peer; kStop means woken or a poll failure (logged with `tag`); kNone means
+// nothing happened (timeout, transient accept failure — fd exhaustion backs off briefly).
+enum class AcceptResult { kAccepted, kStop, kNone };
+AcceptResult AcceptConnection(int listen_fd, int wake_fd, int poll_ms, const char* tag, int* fd, std::string* peer);
+
 // "ip:port" ("[ip6]:port") of a peer address.
 std::string PeerName(const sockaddr_storage& ss);
 

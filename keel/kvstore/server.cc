@@ -163,27 +163,12 @@ void Server::ReapDone() {
 
 void Server::AcceptLoop() {
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    int r = ::poll(fds, 2, 1000);
-    if (r < 0 && errno != EINTR) {
-      Log().error("kvstore: poll: {}", std::strerror(errno));
-      return;
-    }
-    if (fds[1].revents) return;
+    int fd = -1;
+    std::string remote;
+    AcceptResult got = AcceptConnection(listen_fd_, wake_fd_, 1000, "kvstore", &fd, &remote);
+    if (got == AcceptResult::kStop) return;
     ReapDone();
-    if (r <= 0 || !(fds[0].revents & POLLIN)) continue;
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        Log().warn("kvstore: accept: {}", std::strerror(errno));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (got == AcceptResult::kNone) continue;
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
       ::close(fd);
@@ -202,7 +187,7 @@ void Server::AcceptLoop() {
     conns_.emplace_back();
     Conn* c = &conns_.back();
     c->fd = fd;
-    c->remote = PeerName(ss);
+    c->remote = std::move(remote);
     open_.fetch_add(1);
     total_.fetch_add(1);
     c->thread = std::thread([this, c] { Serve(c); });
