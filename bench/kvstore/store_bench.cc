@@ -36,8 +36,13 @@
 
 #include "keel/kvstore/client.h"
 #include "keel/kvstore/service.h"
+#include "bench/common/redis_server.h"
 
 namespace {
+using keel::bench::RedisFlush;
+using keel::bench::StartRedis;
+using keel::bench::WaitRedis;
+
 
 using Clock = std::chrono::steady_clock;
 
@@ -67,20 +72,6 @@ std::string SizeName(size_t s) {
   if (s % (1 << 20) == 0) return std::to_string(s >> 20) + " MiB";
   if (s % 1024 == 0) return std::to_string(s >> 10) + " KiB";
   return std::to_string(s) + " B";
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) { close(fd); return -1; }
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
 }
 
 std::string KeyOf(size_t size, size_t i) { return "sb:" + std::to_string(size) + ":" + std::to_string(i); }
@@ -263,44 +254,6 @@ CellResult RunCell(bool keel, int port, size_t size, int clients, double seconds
   return r;
 }
 
-pid_t StartRedis(const std::string& bin, int port) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string p = std::to_string(port);
-    execlp(bin.c_str(), bin.c_str(), "--port", p.c_str(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
-           "--loglevel", "warning", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
-bool WaitRedis(int port) {
-  for (int i = 0; i < 100; ++i) {
-    timeval tv{0, 200000};
-    redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (c && !c->err) {
-      auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-      bool ok = r && r->type == REDIS_REPLY_STATUS;
-      if (r) freeReplyObject(r);
-      redisFree(c);
-      if (ok) return true;
-    } else if (c) {
-      redisFree(c);
-    }
-    usleep(50000);
-  }
-  return false;
-}
-
-void RedisFlush(int port) {
-  redisContext* c = redisConnect("127.0.0.1", port);
-  if (c && !c->err) {
-    auto* r = static_cast<redisReply*>(redisCommand(c, "FLUSHALL"));
-    if (r) freeReplyObject(r);
-  }
-  if (c) redisFree(c);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -342,7 +295,7 @@ int main(int argc, char** argv) {
   }
   int keel_port = (*svc)->port();
 
-  int redis_port = FreePort();
+  int redis_port = keel::bench::FreeLoopbackPort();
   pid_t redis_pid = StartRedis(redis_bin, redis_port);
   if (redis_pid < 0 || !WaitRedis(redis_port)) {
     std::fprintf(stderr, "redis-server did not come up on port %d\n", redis_port);

@@ -1,7 +1,6 @@
 #include "keel/kvstore/ssd_tier.h"
 
 #include <fcntl.h>
-#include <liburing.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -17,6 +16,7 @@
 
 #include "keel/core/hash.h"
 #include "keel/core/log.h"
+#include "keel/kvstore/uring_batch.h"
 
 namespace keel::kvstore {
 namespace {
@@ -144,91 +144,6 @@ bool ParseSegmentFileName(const std::string& name, uint64_t* id) {
 }
 
 std::string Errno(int err) { return std::strerror(err); }
-
-// Drops `n` consumed bytes from the front of an iovec array (skipping empty entries too).
-void AdvanceIov(iovec*& iov, int& iovcnt, size_t n) {
-  while (iovcnt > 0 && n >= iov->iov_len) {
-    n -= iov->iov_len;
-    ++iov;
-    --iovcnt;
-  }
-  if (iovcnt > 0 && n > 0) {
-    iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + n;
-    iov->iov_len -= n;
-  }
-}
-
-// One io_uring per thread. A Get is synchronous (submit one read, wait for it), so a ring owned
-// by the calling thread needs no lock and a reader never waits behind another's completion; a
-// shared pool would add a mutex hand-off per read and cap parallelism at the pool size. A ring
-// is small (8 entries, a few pages) and goes away with its thread. Not tied to any file, so
-// every SsdTier in the process shares the thread's ring.
-class ThreadRing {
- public:
-  ~ThreadRing() {
-    if (state_ == State::kReady) io_uring_queue_exit(&ring_);
-  }
-  io_uring* Get() {
-    if (state_ == State::kUntried) {
-      const int rc = io_uring_queue_init(8, &ring_, 0);
-      state_ = rc == 0 ? State::kReady : State::kFailed;
-      if (rc != 0 && !warned_.exchange(true)) {
-        Log().warn("ssd: io_uring unavailable ({}); reads fall back to pread", Errno(-rc));
-      }
-    }
-    return state_ == State::kReady ? &ring_ : nullptr;
-  }
-
- private:
-  enum class State { kUntried, kReady, kFailed };
-  State state_ = State::kUntried;
-  io_uring ring_{};
-  static inline std::atomic<bool> warned_{false};
-};
-
-thread_local ThreadRing t_ring;
-
-// One readv through the thread's ring: bytes read, or -errno.
-ssize_t UringReadv(io_uring* ring, int fd, const iovec* iov, int iovcnt, uint64_t offset) {
-  io_uring_sqe* sqe = io_uring_get_sqe(ring);
-  if (sqe == nullptr) return -EBUSY;
-  io_uring_prep_readv(sqe, fd, iov, static_cast<unsigned>(iovcnt), offset);
-  int rc = io_uring_submit(ring);
-  if (rc < 0) return rc;
-  io_uring_cqe* cqe = nullptr;
-  // The buffers belong to the caller, so never return while the read may still be in flight.
-  do {
-    rc = io_uring_wait_cqe(ring, &cqe);
-  } while (rc == -EINTR || rc == -EAGAIN);
-  if (rc < 0) return rc;
-  const ssize_t res = cqe->res;
-  io_uring_cqe_seen(ring, cqe);
-  return res;
-}
-
-// Reads exactly the iovecs' total at `offset` (io_uring, else preadv). A file shorter than the
-// record the index promised is Corruption; an OS error is IOError.
-Status ReadFully(int fd, const std::string& path, uint64_t offset, iovec* iov, int iovcnt, bool use_io_uring) {
-  AdvanceIov(iov, iovcnt, 0);
-  while (iovcnt > 0) {
-    ssize_t n = -ENOSYS;
-    if (use_io_uring) {
-      if (io_uring* ring = t_ring.Get()) n = UringReadv(ring, fd, iov, iovcnt, offset);
-    }
-    if (n < 0) {  // no ring, or the ring refused: pread answers with the real error if any
-      do {
-        n = ::preadv(fd, iov, iovcnt, static_cast<off_t>(offset));
-      } while (n < 0 && errno == EINTR);
-      if (n < 0) return Status::IOError(path + ": read at offset " + std::to_string(offset) + ": " + Errno(errno));
-    }
-    if (n == 0) {
-      return Status::Corruption(path + ": record at offset " + std::to_string(offset) + " runs past the end of the file");
-    }
-    offset += static_cast<uint64_t>(n);
-    AdvanceIov(iov, iovcnt, static_cast<size_t>(n));
-  }
-  return Status::Ok();
-}
 
 Status WriteFully(int fd, const std::string& path, uint64_t offset, iovec* iov, int iovcnt) {
   AdvanceIov(iov, iovcnt, 0);
@@ -368,6 +283,23 @@ Result<ScannedRecord> ScanRecord(ScanReader& reader, uint64_t off, uint64_t file
 
 }  // namespace
 
+void DropCache(int fd, uint64_t offset, uint64_t len) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = offset / page * page;
+  const uint64_t end = (offset + len + page - 1) / page * page;
+  // Dirty or under-writeback pages survive POSIX_FADV_DONTNEED, so wait for them first. After
+  // StartWriteback on the append this is normally a no-op.
+  (void)::sync_file_range(fd, static_cast<off_t>(begin), static_cast<off_t>(end - begin),
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+  (void)::posix_fadvise(fd, static_cast<off_t>(begin), static_cast<off_t>(end - begin), POSIX_FADV_DONTNEED);
+}
+
+void NoReadahead(int fd) { (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); }
+
+void StartWriteback(int fd, uint64_t offset, uint64_t len) {
+  (void)::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
+}
+
 struct SsdTier::Segment {
   Segment(uint64_t id, std::string path, int fd) : id(id), path(std::move(path)), fd(fd) {}
   ~Segment() { ::close(fd); }  // after the last in-flight read: readers hold a shared_ptr
@@ -413,7 +345,7 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdOptions& options) {
     return Status::IOError(lock_path + ": flock: " + Errno(err));
   }
   std::unique_ptr<SsdTier> tier(new SsdTier(std::move(opts), lock_fd));
-  tier->use_io_uring_ = options.use_io_uring && t_ring.Get() != nullptr;
+  tier->use_io_uring_ = options.use_io_uring && ThreadHasIoUring();
   KEEL_RETURN_IF_ERROR(tier->Recover());
   Log().info("ssd: opened {}: {} segments, {} entries, {} bytes on disk, reads via {}", options.dir,
              tier->recovery_.segments, tier->index_.size(), tier->DiskBytes(),
@@ -438,6 +370,10 @@ Status SsdTier::Recover() {
     if (fd < 0) return Status::IOError(path + ": open: " + Errno(errno));
     auto seg = std::make_shared<Segment>(ids[i], path, fd);
     KEEL_RETURN_IF_ERROR(ScanSegment(*seg, /*is_last=*/i + 1 == ids.size()));
+    if (options_.uncached_reads) {
+      DropCache(fd, 0, seg->size);  // what the scan read
+      NoReadahead(fd);
+    }
     segments_[seg->id] = seg;
     disk_bytes_ += static_cast<int64_t>(seg->size);
     recovery_.segments++;
@@ -579,6 +515,7 @@ Status SsdTier::Append(uint8_t type, std::string_view key, const Blob* value, in
   seg.size += record_bytes;
   disk_bytes_ += static_cast<int64_t>(record_bytes);
   if (type == kTypePut) seg.keys.emplace_back(key);
+  if (options_.uncached_reads) StartWriteback(seg.fd, off, record_bytes);
   if (options_.sync_each_put && ::fdatasync(seg.fd) != 0) {
     errors_++;
     return Status::IOError(seg.path + ": fdatasync: " + Errno(errno));  // not acknowledged, not indexed
@@ -624,6 +561,7 @@ Status SsdTier::RollLocked() {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Status::IOError(path + ": create: " + Errno(errno));
   auto seg = std::make_shared<Segment>(id, path, fd);
+  if (options_.uncached_reads) NoReadahead(fd);
   uint8_t header[kSegmentHeaderBytes];
   EncodeSegmentHeader(id, header);
   iovec iov{header, kSegmentHeaderBytes};
@@ -696,35 +634,41 @@ void SsdTier::DropIfUnchanged(std::string_view key, const Location& loc) {
   }
 }
 
-Result<Entry> SsdTier::Get(std::string_view key) {
-  KEEL_RETURN_IF_ERROR(ValidateKey(key));
-  Location loc;
-  std::shared_ptr<Segment> seg;
-  {
-    std::lock_guard<std::mutex> lock(index_mu_);
-    auto it = index_.find(key);
-    if (it == index_.end()) {
-      misses_++;
-      return Status::NotFound("ssd: key not found");
-    }
-    if (it->second.expires_at_ms != 0 && it->second.expires_at_ms <= NowUnixMs()) {
-      live_bytes_ -= static_cast<int64_t>(it->second.value_len);
-      index_.erase(it);
-      expirations_++;
-      misses_++;
-      return Status::NotFound("ssd: key expired");
-    }
-    loc = it->second;
-    auto s = segments_.find(loc.segment_id);  // eviction drops a segment's entries with it
-    if (s == segments_.end()) return Status::Internal("ssd: index names a deleted segment");
-    seg = s->second;
+// Why a helper for the lookup and one for the check: Get and GetMany differ only in how the
+// reads are issued (one, or all at once), so what a record must satisfy lives in one place.
+Status SsdTier::LookupLocked(std::string_view key, Location* loc, std::shared_ptr<Segment>* seg) {
+  auto it = index_.find(key);
+  if (it == index_.end()) {
+    misses_++;
+    return Status::NotFound("ssd: key not found");
   }
+  if (it->second.expires_at_ms != 0 && it->second.expires_at_ms <= NowUnixMs()) {
+    live_bytes_ -= static_cast<int64_t>(it->second.value_len);
+    index_.erase(it);
+    expirations_++;
+    misses_++;
+    return Status::NotFound("ssd: key expired");
+  }
+  *loc = it->second;
+  auto s = segments_.find(loc->segment_id);  // eviction drops a segment's entries with it
+  if (s == segments_.end()) return Status::Internal("ssd: index names a deleted segment");
+  *seg = s->second;
+  return Status::Ok();
+}
 
-  // The value is read straight into the Blob it is returned in; header and key into the stack.
-  uint8_t head[kRecordHeaderBytes + kMaxKeyBytes];
-  std::shared_ptr<Blob> value = Blob::Allocate(loc.value_len);
-  iovec iov[2] = {{head, kRecordHeaderBytes + loc.key_len}, {value->data(), loc.value_len}};
-  Status s = ReadFully(seg->fd, seg->path, loc.offset, iov, 2, use_io_uring_);
+BatchRead SsdTier::RecordRead(const Location& loc, const Segment& seg, uint8_t* head, Blob& value) {
+  BatchRead r;
+  r.fd = seg.fd;
+  r.path = &seg.path;
+  r.offset = loc.offset;
+  r.iov[0] = {head, kRecordHeaderBytes + loc.key_len};
+  r.iov[1] = {value.data(), loc.value_len};
+  r.iovcnt = 2;
+  return r;
+}
+
+Result<Entry> SsdTier::FinishRead(std::string_view key, const Location& loc, const Segment& seg, Status s,
+                                  const uint8_t* head, std::shared_ptr<Blob> value) {
   const char* why = nullptr;
   RecordHeader h;
   if (s.ok()) {
@@ -740,9 +684,10 @@ Result<Entry> SsdTier::Get(std::string_view key) {
       why = "value checksum mismatch";
     }
     if (why != nullptr) {
-      s = Status::Corruption(seg->path + ": record at offset " + std::to_string(loc.offset) + ": " + why);
+      s = Status::Corruption(seg.path + ": record at offset " + std::to_string(loc.offset) + ": " + why);
     }
   }
+  if (options_.uncached_reads) DropCache(seg.fd, loc.offset, kRecordHeaderBytes + loc.key_len + loc.value_len);
   if (!s.ok()) {
     errors_++;
     Log().warn("ssd: {}", s.message());
@@ -752,6 +697,72 @@ Result<Entry> SsdTier::Get(std::string_view key) {
   value->set_checksum(h.value_checksum);
   hits_++;
   return Entry{std::move(value), loc.expires_at_ms};
+}
+
+Result<Entry> SsdTier::Get(std::string_view key) {
+  KEEL_RETURN_IF_ERROR(ValidateKey(key));
+  Location loc;
+  std::shared_ptr<Segment> seg;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    KEEL_RETURN_IF_ERROR(LookupLocked(key, &loc, &seg));
+  }
+  // The value is read straight into the Blob it is returned in; header and key into the stack.
+  uint8_t head[kRecordHeaderBytes + kMaxKeyBytes];
+  std::shared_ptr<Blob> value = Blob::Allocate(loc.value_len);
+  BatchRead read = RecordRead(loc, *seg, head, *value);
+  Status s;
+  ReadBatch({&read, 1}, {&s, 1}, use_io_uring_);
+  return FinishRead(key, loc, *seg, std::move(s), head, std::move(value));
+}
+
+// One index lookup pass under the lock, then every record read in one io_uring batch (the
+// device sees the reads together and overlaps them), then each record is checked as Get checks
+// it. Keys that fail the lookup take no read.
+std::vector<Result<Entry>> SsdTier::GetMany(const std::vector<std::string_view>& keys) {
+  constexpr size_t kHeadStride = kRecordHeaderBytes + kMaxKeyBytes;
+  constexpr size_t kNoRead = ~size_t{0};
+  struct Pending {
+    Status status;  // the lookup's, when it failed
+    Location loc;
+    std::shared_ptr<Segment> seg;
+    std::shared_ptr<Blob> value;
+    size_t read = kNoRead;  // index into `reads`
+  };
+  std::vector<Pending> pending(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) pending[i].status = ValidateKey(keys[i]);
+  size_t n_reads = 0;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Pending& p = pending[i];
+      if (p.status.ok()) p.status = LookupLocked(keys[i], &p.loc, &p.seg);
+      if (p.status.ok()) p.read = n_reads++;
+    }
+  }
+  std::vector<uint8_t> heads(n_reads * kHeadStride);
+  std::vector<BatchRead> reads;
+  reads.reserve(n_reads);
+  for (Pending& p : pending) {
+    if (p.read == kNoRead) continue;
+    p.value = Blob::Allocate(p.loc.value_len);
+    reads.push_back(RecordRead(p.loc, *p.seg, heads.data() + p.read * kHeadStride, *p.value));
+  }
+  std::vector<Status> read_status(n_reads);
+  ReadBatch(reads, read_status, use_io_uring_);
+
+  std::vector<Result<Entry>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Pending& p = pending[i];
+    if (p.read == kNoRead) {
+      out.push_back(std::move(p.status));
+    } else {
+      out.push_back(FinishRead(keys[i], p.loc, *p.seg, std::move(read_status[p.read]),
+                               heads.data() + p.read * kHeadStride, std::move(p.value)));
+    }
+  }
+  return out;
 }
 
 Result<bool> SsdTier::Contains(std::string_view key) {

@@ -8,8 +8,9 @@
 // the torn tail of the last segment (logged with file and offset), so appends follow valid data.
 //
 // Reads go through io_uring (one ring per thread) or pread, without holding the index lock, so
-// Gets run in parallel with each other and with Puts. Every read is verified against the
-// record's checksums; a mismatch is Corruption and the entry is dropped. Thread-safe.
+// Gets run in parallel with each other and with Puts; GetMany submits all its reads to the ring
+// at once (uring_batch.h), so a batch costs about one device round trip. Every read is verified
+// against the record's checksums; a mismatch is Corruption and the entry is dropped. Thread-safe.
 //
 //   KEEL_ASSIGN_OR_RETURN(auto ssd, SsdTier::Open({.dir = "/nvme/keel-kv"}));
 //   KEEL_RETURN_IF_ERROR(ssd->Put(key, {Blob::Copy(bytes), /*expires_at_ms=*/0}));
@@ -29,6 +30,7 @@
 
 #include "keel/core/status.h"
 #include "keel/kvstore/tier.h"
+#include "keel/kvstore/uring_batch.h"
 
 namespace keel::kvstore {
 
@@ -43,7 +45,22 @@ struct SsdOptions {
   int64_t segment_bytes = int64_t{64} << 20;
   bool sync_each_put = false;                 // fdatasync before Put/Delete return
   bool use_io_uring = true;                   // false, or io_uring unavailable: pread
+  // Drop what each read touched from the page cache (and start writeback of each append, so
+  // the pages are clean by the time they are read) and turn readahead off, so reads measure
+  // the device, not DRAM.
+  // For tiering experiments (keel::vector::coloc); costs a syscall or two per read.
+  bool uncached_reads = false;
 };
+
+// Makes [offset, offset+len) of `fd` reach the device (waits for its writeback) and drops those
+// pages from the page cache. Whole pages are dropped (the range is widened to page bounds), so
+// neighbouring records may be dropped too; harmless. Best effort: errors are ignored.
+void DropCache(int fd, uint64_t offset, uint64_t len);
+// Turns off readahead on `fd`: with reads dropped from the cache, readahead would still pull
+// the neighbouring records in, and reading those would then measure DRAM.
+void NoReadahead(int fd);
+// Starts (does not wait for) writeback of a just-written range, so a later DropCache is cheap.
+void StartWriteback(int fd, uint64_t offset, uint64_t len);
 
 // What the last Open found on disk.
 struct SsdRecovery {
@@ -65,6 +82,9 @@ class SsdTier : public Tier {
   std::string_view name() const override { return "ssd"; }
   Status Put(std::string_view key, const Entry& entry) override;
   Result<Entry> Get(std::string_view key) override;
+  // Every record in one io_uring submission (chunked at kUringEntries), each checked as Get
+  // checks it; one result per key, in order.
+  std::vector<Result<Entry>> GetMany(const std::vector<std::string_view>& keys) override;
   Result<bool> Contains(std::string_view key) override;
   // Appends a tombstone, so the delete survives a restart.
   Status Delete(std::string_view key) override;
@@ -104,6 +124,14 @@ class SsdTier : public Tier {
   void EvictOldestLocked();
   void IndexPutLocked(std::string_view key, const Location& loc);
   void IndexEraseLocked(std::string_view key);
+  // Finds `key`'s newest record; NotFound when absent or expired (an expired entry is dropped).
+  Status LookupLocked(std::string_view key, Location* loc, std::shared_ptr<Segment>* seg);
+  // The read of `loc`'s record: header and key into `head`, the value into `value`.
+  static BatchRead RecordRead(const Location& loc, const Segment& seg, uint8_t* head, Blob& value);
+  // Checks a record read by RecordRead (`s`: the read's outcome) and makes Get's result:
+  // Corruption (the entry dropped) when it fails its checksums or does not match the index.
+  Result<Entry> FinishRead(std::string_view key, const Location& loc, const Segment& seg, Status s,
+                           const uint8_t* head, std::shared_ptr<Blob> value);
   // Drops `key` if its index entry still points at `loc` (a concurrent Put may have replaced it).
   void DropIfUnchanged(std::string_view key, const Location& loc);
 

@@ -1,0 +1,117 @@
+#include "keel/vector/records.h"
+
+#include <cstring>
+
+namespace keel::vector {
+
+namespace {
+
+template <typename T>
+void Put(std::string* out, const T& v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+template <typename T>
+bool Get(std::string_view* in, T* v) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(v, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
+
+void PutFloats(std::string* out, const std::vector<float>& v) {
+  Put(out, static_cast<uint32_t>(v.size()));
+  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+bool GetFloats(std::string_view* in, std::vector<float>* v) {
+  uint32_t n = 0;
+  if (!Get(in, &n) || in->size() / sizeof(float) < n) return false;
+  v->resize(n);
+  std::memcpy(v->data(), in->data(), n * sizeof(float));
+  in->remove_prefix(n * sizeof(float));
+  return true;
+}
+
+void PutString(std::string* out, const std::string& s) {
+  Put(out, static_cast<uint32_t>(s.size()));
+  out->append(s);
+}
+
+bool GetString(std::string_view* in, std::string* s) {
+  uint32_t n = 0;
+  if (!Get(in, &n) || in->size() < n) return false;
+  s->assign(in->data(), n);
+  in->remove_prefix(n);
+  return true;
+}
+
+}  // namespace
+
+void EncodeItem(const Item& item, std::string* out) {
+  Put(out, item.id);
+  PutFloats(out, item.text);
+  PutFloats(out, item.image);
+  Put(out, static_cast<uint32_t>(item.attributes.size()));
+  for (const auto& [k, v] : item.attributes) {
+    PutString(out, k);
+    PutString(out, v);
+  }
+}
+
+Status DecodeItem(std::string_view* in, Item* item) {
+  uint32_t attrs = 0;
+  if (!Get(in, &item->id) || !GetFloats(in, &item->text) || !GetFloats(in, &item->image) || !Get(in, &attrs)) {
+    return Status::Corruption("item record truncated");
+  }
+  item->attributes.clear();
+  for (uint32_t i = 0; i < attrs; ++i) {
+    std::string k, v;
+    if (!GetString(in, &k) || !GetString(in, &v)) return Status::Corruption("item attributes truncated");
+    item->attributes.emplace(std::move(k), std::move(v));
+  }
+  return Status::Ok();
+}
+
+std::string EncodeUpsert(std::span<const Item> items) {
+  size_t guess = 5;
+  for (const auto& it : items) guess += 32 + (it.text.size() + it.image.size()) * sizeof(float);
+  std::string out;
+  out.reserve(guess);
+  Put(&out, static_cast<uint8_t>(RecordType::kUpsert));
+  Put(&out, static_cast<uint32_t>(items.size()));
+  for (const auto& it : items) EncodeItem(it, &out);
+  return out;
+}
+
+std::string EncodeDelete(std::span<const uint64_t> ids) {
+  std::string out;
+  Put(&out, static_cast<uint8_t>(RecordType::kDelete));
+  Put(&out, static_cast<uint32_t>(ids.size()));
+  out.append(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint64_t));
+  return out;
+}
+
+Result<DecodedRecord> DecodeRecord(std::string_view payload) {
+  DecodedRecord r;
+  uint8_t type = 0;
+  uint32_t n = 0;
+  if (!Get(&payload, &type) || !Get(&payload, &n)) return Status::Corruption("record header truncated");
+  if (type == static_cast<uint8_t>(RecordType::kUpsert)) {
+    r.type = RecordType::kUpsert;
+    r.items.resize(n);
+    for (auto& it : r.items) KEEL_RETURN_IF_ERROR(DecodeItem(&payload, &it));
+  } else if (type == static_cast<uint8_t>(RecordType::kDelete)) {
+    r.type = RecordType::kDelete;
+    if (payload.size() / sizeof(uint64_t) < n) return Status::Corruption("delete record truncated");
+    r.ids.resize(n);
+    std::memcpy(r.ids.data(), payload.data(), n * sizeof(uint64_t));
+    payload.remove_prefix(n * sizeof(uint64_t));
+  } else {
+    return Status::Corruption("unknown record type " + std::to_string(type));
+  }
+  if (!payload.empty()) return Status::Corruption("record has " + std::to_string(payload.size()) + " trailing bytes");
+  return r;
+}
+
+}  // namespace keel::vector

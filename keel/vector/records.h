@@ -1,0 +1,33 @@
+// The byte encoding of shard writes, shared by the write-ahead log (one record per Upsert or
+// Delete call) and the snapshot's item section. Little-endian, length-prefixed; decoding never
+// trusts a length (Corruption when one runs past the end).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/core/status.h"
+#include "keel/vector/shard.h"
+
+namespace keel::vector {
+
+enum class RecordType : uint8_t { kUpsert = 1, kDelete = 2 };
+
+// id, text floats, image floats, attributes.
+void EncodeItem(const Item& item, std::string* out);
+Status DecodeItem(std::string_view* in, Item* item);
+
+std::string EncodeUpsert(std::span<const Item> items);
+std::string EncodeDelete(std::span<const uint64_t> ids);
+
+struct DecodedRecord {
+  RecordType type = RecordType::kUpsert;
+  std::vector<Item> items;      // kUpsert
+  std::vector<uint64_t> ids;    // kDelete
+};
+Result<DecodedRecord> DecodeRecord(std::string_view payload);
+
+}  // namespace keel::vector

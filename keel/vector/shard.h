@@ -1,0 +1,132 @@
+// keel::vector: one vector shard. Items carry a text vector (searched through a FAISS index) and
+// an image vector (fetched by id after the search, optionally used to rerank), plus string
+// attributes for filters. The full-precision vectors that queries read live in a
+// coloc::TieredStore (DRAM / SSD / cold / Redis); the FAISS index is the search structure.
+//
+// Query kinds:
+//   text       : ANN search on the text index (k' = max(k, rerank) candidates), fetch the
+//                candidates' text vectors from the tiers, rerank by exact L2, return top k.
+//   multimodal : as text, then also fetch the top k's image vectors (one Fetch for both
+//                modalities); with an image query, the hits are re-ordered by image distance.
+//   image      : image-only lookup: fetch the image vectors of the given ids.
+// Every query's fetched keys go to the query log that placement learns from.
+//
+// Durability: Upsert/Delete append to a write-ahead log and fsync it before they return (one
+// fsync per call, so batch). Snapshot() writes the index and the items (ids, vectors,
+// attributes) to files with magic, version, sizes and XXH3 checksums, then truncates the log.
+// Open() loads the snapshot, replays the log (a torn tail is cut; a checksum mismatch inside the
+// log is Corruption naming file and offset) and repopulates the tiers.
+// Thread-safe: searches run concurrently with each other and with writes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/core/status.h"
+#include "keel/vector/coloc/placement.h"
+#include "keel/vector/coloc/tiered_store.h"
+
+namespace keel::vector {
+
+enum class IndexKind { kHnsw, kIvfFlat, kIvfPq };
+Result<IndexKind> ParseIndexKind(std::string_view name);  // "hnsw" | "ivf-flat" | "ivf-pq"
+std::string_view IndexKindName(IndexKind kind);
+
+struct IndexOptions {
+  IndexKind kind = IndexKind::kHnsw;
+  int hnsw_m = 32;
+  int hnsw_ef_construction = 80;
+  int hnsw_ef_search = 64;      // default per query; a request may override (ef)
+  int ivf_lists = 1024;         // clamped for small shards (the index trains on the first upserts)
+  int ivf_nprobe = 16;          // default per query; a request may override (nprobe)
+  int pq_m = 16;                // IVF-PQ sub-quantizers (must divide text_dim)
+  int pq_bits = 8;
+};
+
+struct ShardOptions {
+  std::string dir;              // snapshot + write-ahead log; created if missing
+  int text_dim = 128;
+  int image_dim = 128;
+  IndexOptions index;
+  coloc::TieredStoreOptions tiers;
+  int max_k = 1000;             // larger k is InvalidArgument
+  int rerank = 32;              // ANN candidates fetched and reranked exactly (>= k)
+  bool wal_sync = true;         // fsync the log before acknowledging a write
+  size_t query_log_window = 100000;
+};
+
+struct Item {
+  uint64_t id = 0;
+  std::vector<float> text;      // text_dim floats, finite
+  std::vector<float> image;     // image_dim floats, finite; empty = no image vector
+  std::map<std::string, std::string> attributes;
+};
+
+enum class QueryKind { kText, kMultimodal, kImage };
+Result<QueryKind> ParseQueryKind(std::string_view name);  // "text" | "multimodal" | "image"
+
+struct SearchRequest {
+  QueryKind kind = QueryKind::kText;
+  std::vector<float> text_query;            // text and multimodal
+  std::vector<float> image_query;           // optional for multimodal: rerank by image distance
+  std::vector<uint64_t> ids;                // image lookup
+  int k = 10;
+  int ef = 0;                               // 0 = index default
+  int nprobe = 0;                           // 0 = index default
+  std::map<std::string, std::string> filter;  // every attribute must equal
+  bool include_vectors = false;
+};
+
+struct SearchHit {
+  uint64_t id = 0;
+  float text_distance = 0;   // exact squared L2 to text_query (text, multimodal)
+  float image_distance = 0;  // exact squared L2 to image_query (multimodal with image_query)
+  std::vector<float> text;   // when include_vectors
+  std::vector<float> image;  // when include_vectors (multimodal, image)
+};
+
+struct SearchResult {
+  std::vector<SearchHit> hits;
+  coloc::FetchTrace trace;   // union over the query's fetches
+  int64_t search_ns = 0;     // ANN search
+  int64_t fetch_ns = 0;      // tier reads
+};
+
+struct ShardStats {
+  int64_t items = 0;
+  int64_t deleted_pending = 0;   // tombstoned in the index, removed at the next rebuild
+  int64_t wal_bytes = 0;
+  int64_t searches = 0;
+  int64_t cross_tier_searches = 0;
+  std::vector<coloc::TierUsage> tiers;
+};
+
+class Shard {
+ public:
+  static Result<std::unique_ptr<Shard>> Open(const ShardOptions& options);
+  ~Shard();
+
+  // InvalidArgument (wrong dimension, NaN/inf, duplicate id in one batch) before anything is
+  // written: a rejected batch changes nothing.
+  Status Upsert(std::span<const Item> items);
+  Status Delete(std::span<const uint64_t> ids);  // unknown ids are ignored
+  Result<SearchResult> Search(const SearchRequest& request);
+  Status Snapshot();
+  ShardStats Stats() const;
+
+  const ShardOptions& options() const;
+  coloc::TieredStore& store();
+  coloc::QueryLog& query_log();
+
+ private:
+  Shard() = default;
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel::vector

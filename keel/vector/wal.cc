@@ -1,0 +1,153 @@
+#include "keel/vector/wal.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "keel/core/hash.h"
+#include "keel/core/log.h"
+
+namespace keel::vector {
+
+namespace {
+
+constexpr uint32_t kRecordMagic = 0x4C57564B;  // "KVWL"
+
+std::string Errno() { return std::strerror(errno); }
+
+uint64_t RecordChecksum(uint64_t len, std::string_view payload) {
+  Hasher64 h;
+  h.update(&len, sizeof(len));
+  h.update(payload);
+  return h.digest();
+}
+
+Status ReadAll(int fd, const std::string& path, std::string* out) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::IOError(path + ": fstat: " + Errno());
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < out->size()) {
+    ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::IOError(path + ": read: " + (n == 0 ? std::string("unexpected end") : Errno()));
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status WriteAll(int fd, const std::string& path, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::IOError(path + ": write: " + Errno());
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const Apply& apply, WalReplay* replay) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError(path + ": open: " + Errno());
+  std::unique_ptr<Wal> wal(new Wal(path, fd, sync, 0));
+  std::string data;
+  KEEL_RETURN_IF_ERROR(ReadAll(fd, path, &data));
+
+  WalReplay r;
+  size_t off = 0;
+  while (off < data.size()) {
+    const size_t left = data.size() - off;
+    if (left < kHeaderBytes) break;  // torn header
+    uint32_t magic = 0;
+    uint64_t len = 0, sum = 0;
+    std::memcpy(&magic, data.data() + off, 4);
+    std::memcpy(&len, data.data() + off + 8, 8);
+    std::memcpy(&sum, data.data() + off + 16, 8);
+    const bool whole = len <= left - kHeaderBytes;
+    const bool last = whole && len == left - kHeaderBytes;
+    std::string_view payload = whole ? std::string_view(data).substr(off + kHeaderBytes, len) : std::string_view();
+    auto corrupt = [&](const char* why) {
+      return Status::Corruption(path + ": bad WAL record at offset " + std::to_string(off) + " (" + why + "), " +
+                                std::to_string(left) + " bytes from there to the end");
+    };
+    if (magic != kRecordMagic) {
+      // A crash can leave the file extended with zeros; anything else here is damage.
+      if (data.find_first_not_of('\0', off) == std::string::npos) break;
+      return corrupt("bad magic");
+    }
+    if (!whole) break;  // the crash cut this record short: torn tail
+    if (RecordChecksum(len, payload) != sum) {
+      if (last) break;  // the last record's bytes never all reached the disk
+      return corrupt("checksum mismatch");
+    }
+    KEEL_RETURN_IF_ERROR(apply(payload));
+    ++r.records;
+    off += kHeaderBytes + len;
+  }
+  r.bytes = static_cast<int64_t>(off);
+  r.torn_bytes = static_cast<int64_t>(data.size() - off);
+  if (r.torn_bytes > 0) {
+    Log().warn("{}: cut a torn tail of {} bytes at offset {} ({} records replayed)", path, r.torn_bytes, off, r.records);
+    if (::ftruncate(fd, static_cast<off_t>(off)) != 0) return Status::IOError(path + ": ftruncate: " + Errno());
+    if (sync && ::fsync(fd) != 0) return Status::IOError(path + ": fsync: " + Errno());
+  }
+  if (::lseek(fd, static_cast<off_t>(off), SEEK_SET) < 0) return Status::IOError(path + ": lseek: " + Errno());
+  wal->size_ = r.bytes;
+  if (replay != nullptr) *replay = r;
+  return wal;
+}
+
+Wal::~Wal() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status Wal::Append(std::span<const std::string_view> payloads) {
+  size_t total = 0;
+  for (auto p : payloads) total += kHeaderBytes + p.size();
+  std::string buf;
+  buf.reserve(total);
+  for (auto p : payloads) {
+    const uint64_t len = p.size();
+    const uint32_t zero = 0;
+    const uint64_t sum = RecordChecksum(len, p);
+    buf.append(reinterpret_cast<const char*>(&kRecordMagic), 4);
+    buf.append(reinterpret_cast<const char*>(&zero), 4);
+    buf.append(reinterpret_cast<const char*>(&len), 8);
+    buf.append(reinterpret_cast<const char*>(&sum), 8);
+    buf.append(p);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = WriteAll(fd_, path_, buf.data(), buf.size());
+  if (s.ok() && sync_ && ::fdatasync(fd_) != 0) s = Status::IOError(path_ + ": fdatasync: " + Errno());
+  if (!s.ok()) {
+    // Leave no partial record behind: the next append must start on a record boundary.
+    if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0) ::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
+    return s;
+  }
+  size_ += static_cast<int64_t>(buf.size());
+  return Status::Ok();
+}
+
+Status Wal::TruncateTo(int64_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (size < 0 || size > size_) return Status::InvalidArgument(path_ + ": cannot truncate to " + std::to_string(size));
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return Status::IOError(path_ + ": ftruncate: " + Errno());
+  if (::lseek(fd_, static_cast<off_t>(size), SEEK_SET) < 0) return Status::IOError(path_ + ": lseek: " + Errno());
+  if (sync_ && ::fsync(fd_) != 0) return Status::IOError(path_ + ": fsync: " + Errno());
+  size_ = size;
+  return Status::Ok();
+}
+
+int64_t Wal::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return size_;
+}
+
+}  // namespace keel::vector

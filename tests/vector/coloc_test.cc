@@ -1,0 +1,995 @@
+// CoLoc: the cold tier, the SSD tier's uncached reads, the tiered store and placement.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../kvstore/redis_process.h"
+#include "keel/kvstore/ssd_tier.h"
+#include "keel/kvstore/uring_batch.h"
+#include "keel/vector/coloc/cold_tier.h"
+#include "keel/vector/coloc/placement.h"
+#include "keel/vector/coloc/tiered_store.h"
+#include "tests/engine/test_util.h"
+
+namespace keel::vector::coloc {
+namespace {
+
+namespace fs = std::filesystem;
+using kvstore::Blob;
+using kvstore::Entry;
+using test::TempDir;
+
+// The cold tier's on-disk layout, as documented in cold_tier.cc; damage is aimed with these.
+constexpr uint64_t kSegHeader = 32;
+constexpr uint64_t kRecHeader = 48;
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// Deterministic per-key vector (what every fetch is compared against).
+std::vector<float> VectorFor(uint64_t key, int dim) {
+  std::vector<float> v(static_cast<size_t>(dim));
+  std::mt19937_64 rng(key * 0x9e3779b97f4a7c15ULL + 7);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (float& f : v) f = d(rng);
+  return v;
+}
+
+bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<std::string> ColdSegments(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("cold-") && name.ends_with(".seg")) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Offsets of the records in a cold segment, walking the headers.
+std::vector<uint64_t> RecordOffsets(const std::string& path) {
+  std::string data;
+  {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
+    std::fclose(f);
+  }
+  std::vector<uint64_t> offs;
+  uint64_t off = kSegHeader;
+  while (off + kRecHeader <= data.size()) {
+    uint32_t key_len, stored_len;
+    std::memcpy(&key_len, data.data() + off + 8, 4);
+    std::memcpy(&stored_len, data.data() + off + 12, 4);
+    offs.push_back(off);
+    off += kRecHeader + key_len + stored_len;
+  }
+  return offs;
+}
+
+void FlipByte(const std::string& path, uint64_t off) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(off)), 1);
+  b ^= 0x5A;
+  ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(off)), 1);
+  ::close(fd);
+}
+
+std::string ValueOf(Result<Entry>& e) { return std::string(e->value->view()); }
+
+// ---------------------------------------------------------------------------------------------
+// ColdTier
+
+TEST(ColdTier, RoundTripCompressesAndDeletes) {
+  TempDir dir("coloc-cold");
+  auto tier = ColdTier::Open({.dir = dir.path(), .zstd_level = 3});
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  std::map<std::string, std::string> want;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    want[key] = i % 2 == 0 ? RandomBytes(100 + i * 13, i) : std::string(4096, static_cast<char>(i));
+    ASSERT_TRUE((*tier)->Put(key, Entry{Blob::Copy(want[key]), 0}).ok());
+  }
+  for (const auto& [k, v] : want) {
+    auto e = (*tier)->Get(k);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(ValueOf(e), v);
+  }
+  // The 25 runs of one byte compress to almost nothing.
+  EXPECT_LT((*tier)->StoredBytes(), (*tier)->Stats().bytes / 4);
+  ASSERT_TRUE((*tier)->Delete("k3").ok());
+  EXPECT_EQ((*tier)->Get("k3").status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(*(*tier)->Contains("k3"));
+  EXPECT_TRUE(*(*tier)->Contains("k4"));
+  EXPECT_EQ((*tier)->Stats().items, 49);
+  // A second tier on the same directory is refused.
+  EXPECT_EQ(ColdTier::Open({.dir = dir.path()}).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(ColdTier, RestartRecoversOverwritesAndTombstones) {
+  TempDir dir("coloc-cold");
+  ColdTierOptions opts{.dir = dir.path(), .segment_bytes = 4096};  // several segments
+  std::map<std::string, std::string> want;
+  {
+    auto tier = ColdTier::Open(opts);
+    ASSERT_TRUE(tier.ok());
+    for (int i = 0; i < 40; ++i) {
+      const std::string key = "k" + std::to_string(i);
+      want[key] = RandomBytes(300, i);
+      ASSERT_TRUE((*tier)->Put(key, Entry{Blob::Copy(want[key]), 0}).ok());
+    }
+    for (int i = 0; i < 40; i += 5) {
+      const std::string key = "k" + std::to_string(i);
+      want[key] = RandomBytes(200, 1000 + i);
+      ASSERT_TRUE((*tier)->Put(key, Entry{Blob::Copy(want[key]), 0}).ok());
+    }
+    for (int i = 1; i < 40; i += 7) {
+      ASSERT_TRUE((*tier)->Delete("k" + std::to_string(i)).ok());
+      want.erase("k" + std::to_string(i));
+    }
+  }
+  EXPECT_GT(ColdSegments(dir.path()).size(), 2u);
+  auto tier = ColdTier::Open(opts);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_EQ((*tier)->recovery().corrupt_records, 0);
+  EXPECT_EQ((*tier)->Stats().items, static_cast<int64_t>(want.size()));
+  for (int i = 0; i < 40; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    auto e = (*tier)->Get(key);
+    if (want.count(key) == 0) {
+      EXPECT_EQ(e.status().code(), StatusCode::kNotFound) << key;
+    } else {
+      ASSERT_TRUE(e.ok()) << key << ": " << e.status().ToString();
+      EXPECT_EQ(ValueOf(e), want[key]);
+    }
+  }
+}
+
+TEST(ColdTier, CorruptValueIsRejectedThenSkippedOnRecovery) {
+  TempDir dir("coloc-cold");
+  ColdTierOptions opts{.dir = dir.path()};
+  const std::string v0 = RandomBytes(1000, 1), v1 = RandomBytes(1000, 2), v2 = RandomBytes(1000, 3);
+  std::string seg;
+  {
+    auto tier = ColdTier::Open(opts);
+    ASSERT_TRUE(tier.ok());
+    ASSERT_TRUE((*tier)->Put("a", Entry{Blob::Copy(v0), 0}).ok());
+    ASSERT_TRUE((*tier)->Put("b", Entry{Blob::Copy(v1), 0}).ok());
+    ASSERT_TRUE((*tier)->Put("c", Entry{Blob::Copy(v2), 0}).ok());
+    seg = ColdSegments(dir.path()).at(0);
+    const std::vector<uint64_t> offs = RecordOffsets(seg);
+    ASSERT_EQ(offs.size(), 3u);
+    FlipByte(seg, offs[1] + kRecHeader + 1 + 100);  // inside b's compressed value
+    auto e = (*tier)->Get("b");
+    EXPECT_EQ(e.status().code(), StatusCode::kCorruption) << e.status().ToString();
+    auto a = (*tier)->Get("a");
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(ValueOf(a), v0);
+  }
+  auto tier = ColdTier::Open(opts);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_EQ((*tier)->recovery().corrupt_records, 1);
+  EXPECT_EQ((*tier)->recovery().truncated_bytes, 0);
+  EXPECT_EQ((*tier)->Get("b").status().code(), StatusCode::kNotFound);
+  auto a = (*tier)->Get("a");
+  auto c = (*tier)->Get("c");
+  ASSERT_TRUE(a.ok() && c.ok());
+  EXPECT_EQ(ValueOf(a), v0);
+  EXPECT_EQ(ValueOf(c), v2);  // the scan stepped over b and kept going
+}
+
+// GetMany against Get, key by key.
+void ExpectGetManySameAsGet(ColdTier& t, const std::vector<std::string>& keys) {
+  const std::vector<std::string_view> views(keys.begin(), keys.end());
+  const std::vector<Result<Entry>> many = t.GetMany(views);
+  ASSERT_EQ(many.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const Result<Entry> one = t.Get(keys[i]);
+    ASSERT_EQ(many[i].ok(), one.ok()) << i << " " << keys[i] << ": " << many[i].status().ToString();
+    if (!one.ok()) {
+      EXPECT_EQ(many[i].status().code(), one.status().code()) << keys[i];
+      continue;
+    }
+    EXPECT_TRUE(many[i]->value->view() == one->value->view()) << keys[i] << ": bytes differ";
+    EXPECT_EQ(many[i]->expires_at_ms, one->expires_at_ms) << keys[i];
+  }
+}
+
+TEST(ColdTier, GetManyMatchesGetForPresentAbsentDeletedAcrossSegments) {
+  for (const bool uring : {true, false}) {
+    for (const bool uncached : {true, false}) {
+      SCOPED_TRACE(std::string(uring ? "io_uring" : "pread") + (uncached ? ", uncached" : ", cached"));
+      TempDir dir("coloc-cold");
+      const ColdTierOptions opts{
+          .dir = dir.path(), .segment_bytes = 4096, .uncached_reads = uncached, .use_io_uring = uring};
+      std::vector<std::string> keys;
+      {
+        auto tier = ColdTier::Open(opts);
+        ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+        ColdTier& t = **tier;
+        for (int i = 0; i < 40; ++i) {
+          // Incompressible and compressible values, some empty.
+          const std::string v = i % 5 == 0   ? std::string()
+                                : i % 2 == 0 ? RandomBytes(200 + i * 31, i)
+                                             : std::string(3000, static_cast<char>(i));
+          ASSERT_TRUE(t.Put("k" + std::to_string(i), Entry{Blob::Copy(v), 0}).ok());
+        }
+        for (int i = 3; i < 40; i += 7) ASSERT_TRUE(t.Delete("k" + std::to_string(i)).ok());
+        for (int i = 1; i < 40; i += 9) {
+          ASSERT_TRUE(t.Put("k" + std::to_string(i), Entry{Blob::Copy(RandomBytes(500, 99 + i)), 0}).ok());
+        }
+        ASSERT_GT(ColdSegments(dir.path()).size(), 3u);
+        for (int i = 39; i >= 0; --i) {
+          keys.push_back("k" + std::to_string(i));
+          if (i % 6 == 0) keys.push_back("absent" + std::to_string(i));
+        }
+        keys.push_back("k4");
+        keys.push_back("k3");  // deleted
+        keys.push_back("");    // InvalidArgument, like Get
+        ExpectGetManySameAsGet(t, keys);
+        const std::vector<std::string_view> views(keys.begin(), keys.end());
+        const auto many = t.GetMany(views);
+        ASSERT_TRUE(many[0].ok());  // k39
+        EXPECT_EQ(std::string(many[0]->value->view()), std::string(3000, static_cast<char>(39)));
+        EXPECT_TRUE(t.GetMany({}).empty());
+        EXPECT_EQ(t.Stats().errors, 0);
+      }
+      auto tier = ColdTier::Open(opts);  // and after the index is rebuilt from the segments
+      ASSERT_TRUE(tier.ok());
+      ExpectGetManySameAsGet(**tier, keys);
+    }
+  }
+}
+
+TEST(ColdTier, GetManyCorruptRecordFailsOnlyItsKey) {
+  for (const bool uring : {true, false}) {
+    SCOPED_TRACE(uring ? "io_uring" : "pread");
+    TempDir dir("coloc-cold");
+    auto tier = ColdTier::Open({.dir = dir.path(), .use_io_uring = uring});
+    ASSERT_TRUE(tier.ok());
+    ColdTier& t = **tier;
+    const std::string v0 = RandomBytes(1000, 1), v1 = RandomBytes(1000, 2), v2 = RandomBytes(1000, 3);
+    ASSERT_TRUE(t.Put("a", Entry{Blob::Copy(v0), 0}).ok());
+    ASSERT_TRUE(t.Put("b", Entry{Blob::Copy(v1), 0}).ok());
+    ASSERT_TRUE(t.Put("c", Entry{Blob::Copy(v2), 0}).ok());
+    const std::string seg = ColdSegments(dir.path()).at(0);
+    const std::vector<uint64_t> offs = RecordOffsets(seg);
+    ASSERT_EQ(offs.size(), 3u);
+    FlipByte(seg, offs[1] + kRecHeader + 1 + 100);  // inside b's compressed value
+
+    const auto many = t.GetMany({"c", "b", "nope", "a"});
+    ASSERT_EQ(many.size(), 4u);
+    ASSERT_TRUE(many[0].ok()) << many[0].status().ToString();
+    EXPECT_EQ(std::string(many[0]->value->view()), v2);
+    EXPECT_EQ(many[1].status().code(), StatusCode::kCorruption) << many[1].status().ToString();
+    EXPECT_EQ(many[2].status().code(), StatusCode::kNotFound);
+    ASSERT_TRUE(many[3].ok()) << many[3].status().ToString();
+    EXPECT_EQ(std::string(many[3]->value->view()), v0);
+    EXPECT_EQ(t.Stats().errors, 1);
+    EXPECT_EQ(t.Get("b").status().code(), StatusCode::kNotFound);  // dropped, as Get drops it
+  }
+}
+
+TEST(ColdTier, GetManyBatchLargerThanTheRing) {
+  for (const bool uncached : {true, false}) {
+    SCOPED_TRACE(uncached ? "uncached" : "cached");
+    TempDir dir("coloc-cold");
+    auto tier = ColdTier::Open({.dir = dir.path(), .segment_bytes = 16 << 10, .uncached_reads = uncached});
+    ASSERT_TRUE(tier.ok());
+    ColdTier& t = **tier;
+    const int n = static_cast<int>(kvstore::kUringEntries) * 2 + 17;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(t.Put("k" + std::to_string(i), Entry{Blob::Copy(RandomBytes(300 + i % 200, i)), 0}).ok());
+    }
+    std::vector<std::string> keys;
+    for (int i = 0; i < n; ++i) {
+      keys.push_back("k" + std::to_string((i * 37) % n));
+      if (i % 50 == 0) keys.push_back("absent" + std::to_string(i));
+    }
+    const std::vector<std::string_view> views(keys.begin(), keys.end());
+    const auto many = t.GetMany(views);
+    ASSERT_EQ(many.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i].starts_with("absent")) {
+        EXPECT_EQ(many[i].status().code(), StatusCode::kNotFound) << keys[i];
+        continue;
+      }
+      ASSERT_TRUE(many[i].ok()) << keys[i] << ": " << many[i].status().ToString();
+      const int k = std::stoi(keys[i].substr(1));
+      EXPECT_EQ(std::string(many[i]->value->view()), RandomBytes(300 + k % 200, k)) << keys[i];
+    }
+    EXPECT_EQ(t.Stats().hits, n);
+  }
+}
+
+TEST(ColdTier, CorruptHeaderOfLastRecordIsCut) {
+  TempDir dir("coloc-cold");
+  ColdTierOptions opts{.dir = dir.path()};
+  const std::string v0 = RandomBytes(500, 1), v1 = RandomBytes(500, 2);
+  {
+    auto tier = ColdTier::Open(opts);
+    ASSERT_TRUE(tier.ok());
+    ASSERT_TRUE((*tier)->Put("a", Entry{Blob::Copy(v0), 0}).ok());
+    ASSERT_TRUE((*tier)->Put("b", Entry{Blob::Copy(v1), 0}).ok());
+  }
+  const std::string seg = ColdSegments(dir.path()).at(0);
+  FlipByte(seg, RecordOffsets(seg).at(1) + 16);  // b's raw_len: the header checksum catches it
+  auto tier = ColdTier::Open(opts);
+  ASSERT_TRUE(tier.ok());
+  EXPECT_EQ((*tier)->recovery().corrupt_records, 1);
+  EXPECT_GT((*tier)->recovery().truncated_bytes, 0);
+  EXPECT_EQ((*tier)->Get("b").status().code(), StatusCode::kNotFound);
+  auto a = (*tier)->Get("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(ValueOf(a), v0);
+}
+
+TEST(ColdTier, TruncatedTailIsCutAndAppendsFollowValidData) {
+  TempDir dir("coloc-cold");
+  ColdTierOptions opts{.dir = dir.path()};
+  const std::string v0 = RandomBytes(800, 1), v1 = RandomBytes(800, 2), v2 = RandomBytes(800, 3);
+  {
+    auto tier = ColdTier::Open(opts);
+    ASSERT_TRUE(tier.ok());
+    ASSERT_TRUE((*tier)->Put("a", Entry{Blob::Copy(v0), 0}).ok());
+    ASSERT_TRUE((*tier)->Put("b", Entry{Blob::Copy(v1), 0}).ok());
+  }
+  const std::string seg = ColdSegments(dir.path()).at(0);
+  fs::resize_file(seg, fs::file_size(seg) - 10);
+  {
+    auto tier = ColdTier::Open(opts);
+    ASSERT_TRUE(tier.ok());
+    EXPECT_GT((*tier)->recovery().truncated_bytes, 0);
+    EXPECT_EQ((*tier)->Get("b").status().code(), StatusCode::kNotFound);
+    auto a = (*tier)->Get("a");
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(ValueOf(a), v0);
+    ASSERT_TRUE((*tier)->Put("c", Entry{Blob::Copy(v2), 0}).ok());
+  }
+  auto tier = ColdTier::Open(opts);
+  ASSERT_TRUE(tier.ok());
+  EXPECT_EQ((*tier)->recovery().corrupt_records, 0);
+  auto c = (*tier)->Get("c");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(ValueOf(c), v2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SsdTier with uncached_reads
+
+TEST(ColocSsd, UncachedReadsRoundTripAndLeaveNothingInThePageCache) {
+  TempDir dir("coloc-ssd");
+  std::map<std::string, std::string> want;
+  {
+    auto ssd = kvstore::SsdTier::Open({.dir = dir.path(), .uncached_reads = true});
+    ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+    for (int i = 0; i < 64; ++i) {
+      want["k" + std::to_string(i)] = RandomBytes(3000, i);
+      ASSERT_TRUE((*ssd)->Put("k" + std::to_string(i), Entry{Blob::Copy(want["k" + std::to_string(i)]), 0}).ok());
+    }
+    for (const auto& [k, v] : want) {
+      auto e = (*ssd)->Get(k);
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      EXPECT_EQ(ValueOf(e), v);
+    }
+    // Every page a Get touched was dropped: after reading all records, no page of the segment
+    // past its header page is resident. (tmpfs cannot drop pages, so only checked elsewhere.)
+    struct statfs sfs {};
+    ASSERT_EQ(::statfs(dir.path().c_str(), &sfs), 0);
+    constexpr long kTmpfsMagic = 0x01021994;
+    if (static_cast<long>(sfs.f_type) != kTmpfsMagic) {
+      std::string seg;
+      for (const auto& e : fs::directory_iterator(dir.path())) {
+        if (e.path().filename().string().starts_with("seg-")) seg = e.path().string();
+      }
+      ASSERT_FALSE(seg.empty());
+      const int fd = ::open(seg.c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      const size_t size = fs::file_size(seg);
+      void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      ASSERT_NE(map, MAP_FAILED);
+      const long page = ::sysconf(_SC_PAGESIZE);
+      std::vector<unsigned char> resident((size + page - 1) / page);
+      ASSERT_EQ(::mincore(map, size, resident.data()), 0);
+      size_t cached = 0;
+      for (size_t p = 1; p + 1 < resident.size(); ++p) cached += resident[p] & 1;
+      EXPECT_EQ(cached, 0u) << "of " << resident.size() << " pages";
+      ::munmap(map, size);
+      ::close(fd);
+    }
+  }
+  auto ssd = kvstore::SsdTier::Open({.dir = dir.path(), .uncached_reads = true});
+  ASSERT_TRUE(ssd.ok());
+  for (const auto& [k, v] : want) {
+    auto e = (*ssd)->Get(k);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(ValueOf(e), v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TieredStore
+
+constexpr int kDim = 16;
+constexpr int64_t kVecBytes = kDim * sizeof(float);
+
+TieredStoreOptions TwoTiers(const TempDir& dir, int64_t dram_vectors, int64_t ssd_vectors) {
+  TieredStoreOptions o;
+  o.dram_bytes = dram_vectors * kVecBytes;
+  o.ssd_dir = dir.file("ssd");
+  o.ssd_bytes = ssd_vectors * kVecBytes;
+  return o;
+}
+
+TEST(TieredStore, PutFillsFastestTierFirstAndFetchReturnsTheBytes) {
+  TempDir dir("coloc-store");
+  auto store = TieredStore::Open(TwoTiers(dir, 10, 0));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  TieredStore& s = **store;
+  ASSERT_EQ(s.tier_count(), 2);
+  EXPECT_EQ(s.tier_name(0), "dram");
+  EXPECT_EQ(s.tier_name(1), "ssd");
+  EXPECT_EQ(s.TierPosition(kSsd), 1);
+  EXPECT_EQ(s.TierPosition(kCold), -1);
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 0; i < 30; ++i) {
+    keys.push_back(VectorKey(i, i % 2 ? Modality::kImage : Modality::kText));
+    ASSERT_TRUE(s.Put(keys.back(), VectorFor(keys.back(), kDim)).ok());
+  }
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(s.TierOf(keys[i]), i < 10 ? 0 : 1) << i;
+  std::vector<std::vector<float>> out;
+  FetchTrace trace;
+  ASSERT_TRUE(s.Fetch(keys, &out, &trace).ok());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE(SameBytes(out[i], VectorFor(keys[i], kDim))) << i;
+  EXPECT_EQ(trace.tiers_touched, 2);
+  EXPECT_EQ(trace.tier_mask, 3u);
+  EXPECT_EQ(trace.keys_per_tier[0], 10);
+  EXPECT_EQ(trace.keys_per_tier[1], 20);
+  const auto usage = s.Usage();
+  EXPECT_EQ(usage[0].items, 10);
+  EXPECT_EQ(usage[0].bytes, 10 * kVecBytes);
+  EXPECT_EQ(usage[1].items, 20);
+  EXPECT_EQ(usage[0].reads, 10);
+
+  // Replacing a key keeps its tier, and the new bytes are what a fetch sees.
+  const std::vector<float> changed(kDim, 0.5f);
+  ASSERT_TRUE(s.Put(keys[15], changed).ok());
+  EXPECT_EQ(s.TierOf(keys[15]), 1);
+  ASSERT_TRUE(s.Fetch(std::span(keys).subspan(15, 1), &out, &trace).ok());
+  EXPECT_TRUE(SameBytes(out[0], changed));
+  EXPECT_EQ(trace.tiers_touched, 1);
+  EXPECT_EQ(trace.tier_mask, 2u);
+}
+
+TEST(TieredStore, CapacityMoveRemoveAndNotFound) {
+  TempDir dir("coloc-store");
+  auto store = TieredStore::Open(TwoTiers(dir, 4, 4));
+  ASSERT_TRUE(store.ok());
+  TieredStore& s = **store;
+  for (uint64_t k = 0; k < 8; ++k) ASSERT_TRUE(s.Put(k, VectorFor(k, kDim)).ok());
+  EXPECT_EQ(s.Put(8, VectorFor(8, kDim)).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.Put(8, VectorFor(8, kDim), 0).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.Put(8, VectorFor(8, kDim), 7).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Move(5, 0).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.TierOf(5), 1);  // stayed where it was
+
+  EXPECT_EQ(s.Move(0, 1).code(), StatusCode::kResourceExhausted);  // ssd is full too
+  ASSERT_TRUE(s.Remove(4).ok());            // frees one ssd slot
+  EXPECT_EQ(s.TierOf(4), -1);
+  ASSERT_TRUE(s.Remove(4).ok());  // absent: still OK
+  ASSERT_TRUE(s.Move(0, 1).ok());
+  EXPECT_EQ(s.TierOf(0), 1);
+  ASSERT_TRUE(s.Move(5, 0).ok());
+  EXPECT_EQ(s.TierOf(5), 0);
+  ASSERT_TRUE(s.Move(5, 0).ok());  // no-op
+  EXPECT_EQ(s.Move(99, 0).code(), StatusCode::kNotFound);
+
+  std::vector<std::vector<float>> out;
+  const std::vector<uint64_t> keys = {0, 1, 2, 3, 5, 6, 7};
+  ASSERT_TRUE(s.Fetch(keys, &out).ok());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE(SameBytes(out[i], VectorFor(keys[i], kDim)));
+  const auto usage = s.Usage();
+  EXPECT_EQ(usage[0].items, 4);
+  EXPECT_EQ(usage[1].items, 3);
+  EXPECT_EQ(usage[0].bytes + usage[1].bytes, 7 * kVecBytes);
+
+  const std::vector<uint64_t> missing = {1, 4, 2};
+  Status st = s.Fetch(missing, &out);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("key 4"), std::string::npos) << st.message();
+}
+
+TEST(TieredStore, MeasureLatencyFillsUsage) {
+  TempDir dir("coloc-store");
+  TieredStoreOptions o = TwoTiers(dir, 100, 100);
+  o.cold_dir = dir.file("cold");
+  o.cold_bytes = 0;
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_EQ((*store)->tier_count(), 3);
+  ASSERT_TRUE((*store)->Put(1, VectorFor(1, 128)).ok());
+  ASSERT_TRUE((*store)->MeasureLatency(20).ok());
+  for (const TierUsage& u : (*store)->Usage()) {
+    EXPECT_GT(u.measured_read_us, 0) << u.name;
+    EXPECT_GT(u.measured_batch_us, 0) << u.name;
+    std::printf("  %-6s single p50 %8.2f us   10-key batch p50 %8.2f us\n", u.name.c_str(), u.measured_read_us,
+                u.measured_batch_us);
+  }
+  EXPECT_EQ((*store)->Usage()[0].items, 1);  // probes never enter the location map
+}
+
+// Synthetic multimodal log over `items`: text-only queries favour low item ids, multimodal
+// queries (text_i, image_i) favour high ids, so each modality's ranking disagrees with the
+// other's and a per-modality frequency placement splits the pairs.
+std::vector<std::vector<uint64_t>> SplittingLog(uint64_t items) {
+  std::vector<std::vector<uint64_t>> log;
+  for (uint64_t i = 0; i < items; ++i) {
+    for (uint64_t r = 0; r < items - i; ++r) log.push_back({VectorKey(i, Modality::kText)});
+    for (uint64_t r = 0; r < 1 + i / 4; ++r) {
+      log.push_back({VectorKey(i, Modality::kText), VectorKey(i, Modality::kImage)});
+    }
+  }
+  return log;
+}
+
+std::vector<std::vector<uint64_t>> MultimodalOnly(const std::vector<std::vector<uint64_t>>& log) {
+  std::vector<std::vector<uint64_t>> out;
+  for (const auto& q : log) {
+    if (q.size() > 1) out.push_back(q);
+  }
+  return out;
+}
+
+Status Apply(TieredStore& s, const Placement& p) {
+  // Demotions first, so the promotions find room.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& [key, tier] : p) {
+      const int cur = s.TierOf(key);
+      if ((pass == 0) != (tier > cur) || tier == cur) continue;
+      KEEL_RETURN_IF_ERROR(s.Move(key, tier));
+    }
+  }
+  return Status::Ok();
+}
+
+TEST(TieredStore, ResultsIdenticalUnderAnyPlacement) {
+  TempDir dir("coloc-store");
+  constexpr uint64_t kItems = 250;  // 500 vectors
+  constexpr int dim = 32;
+  TieredStoreOptions o;
+  o.dram_bytes = 500 * dim * 4;
+  o.ssd_dir = dir.file("ssd");
+  o.ssd_bytes = 500 * dim * 4;
+  o.cold_dir = dir.file("cold");
+  o.cold_bytes = 0;
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  TieredStore& s = **store;
+  std::vector<uint64_t> all;
+  for (uint64_t i = 0; i < kItems; ++i) {
+    for (Modality m : {Modality::kText, Modality::kImage}) {
+      all.push_back(VectorKey(i, m));
+      ASSERT_TRUE(s.Put(all.back(), VectorFor(all.back(), dim)).ok());
+    }
+  }
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> probe;
+  for (int i = 0; i < 300; ++i) probe.push_back(all[rng() % all.size()]);
+
+  std::vector<std::vector<std::vector<float>>> results;
+  auto fetch = [&] {
+    std::vector<std::vector<float>> out;
+    Status st = s.Fetch(probe, &out);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    results.push_back(std::move(out));
+  };
+  auto tiers_used = [&] {
+    std::set<int> used;
+    for (const auto& [k, t] : s.Locations()) used.insert(t);
+    return used.size();
+  };
+
+  // 1: all in DRAM.
+  fetch();
+  EXPECT_EQ(tiers_used(), 1u);
+  // 2: random.
+  Placement random;
+  for (uint64_t k : all) random[k] = static_cast<int>(rng() % 3);
+  ASSERT_TRUE(Apply(s, random).ok());
+  EXPECT_EQ(tiers_used(), 3u);
+  fetch();
+  // 3: CoLoc against tighter capacities (100 and 150 vectors), from a synthetic log.
+  PlacementInput in;
+  for (uint64_t k : all) in.keys.emplace_back(k, dim * 4);
+  in.capacities = {100 * dim * 4, 150 * dim * 4, 0};
+  in.queries = SplittingLog(kItems);
+  auto coloc = ComputePlacement(PlacementPolicy::kCoLoc, in);
+  ASSERT_TRUE(coloc.ok()) << coloc.status().ToString();
+  ASSERT_TRUE(Apply(s, *coloc).ok());
+  EXPECT_EQ(tiers_used(), 3u);
+  for (uint64_t k : all) ASSERT_EQ(s.TierOf(k), coloc->at(k));
+  fetch();
+
+  ASSERT_EQ(results.size(), 3u);
+  for (size_t i = 0; i < probe.size(); ++i) {
+    ASSERT_TRUE(SameBytes(results[0][i], VectorFor(probe[i], dim))) << i;
+    ASSERT_TRUE(SameBytes(results[1][i], results[0][i])) << i;
+    ASSERT_TRUE(SameBytes(results[2][i], results[0][i])) << i;
+  }
+}
+
+TEST(TieredStore, FetchNeverFailsWhileThePlacerMigratesEverything) {
+  TempDir dir("coloc-store");
+  constexpr uint64_t kItems = 200;
+  TieredStoreOptions o = TwoTiers(dir, kItems / 2, kItems / 2);
+  o.cold_dir = dir.file("cold");
+  o.cold_bytes = 0;
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok());
+  TieredStore& s = **store;
+  std::vector<uint64_t> all;
+  for (uint64_t i = 0; i < kItems; ++i) {
+    for (Modality m : {Modality::kText, Modality::kImage}) {
+      all.push_back(VectorKey(i, m));
+      ASSERT_TRUE(s.Put(all.back(), VectorFor(all.back(), kDim), 2).ok());  // all cold
+    }
+  }
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> fetches{0}, failures{0};
+  std::string first_failure;
+  std::thread reader([&] {
+    std::mt19937_64 rng(11);
+    std::vector<std::vector<float>> out;
+    while (!done.load()) {
+      std::vector<uint64_t> keys;
+      for (int i = 0; i < 12; ++i) keys.push_back(all[rng() % all.size()]);
+      Status st = s.Fetch(keys, &out);
+      bool ok = st.ok();
+      for (size_t i = 0; ok && i < keys.size(); ++i) ok = SameBytes(out[i], VectorFor(keys[i], kDim));
+      if (!ok && failures++ == 0) first_failure = st.ToString();
+      fetches++;
+    }
+  });
+  // Placer rounds (CoLoc, then Frequency) each move 200 of the 400 keys out of cold; between
+  // them everything is sent back to cold, and finally everything moves key by key.
+  QueryLog log;
+  for (const auto& q : SplittingLog(kItems)) log.Append(q);
+  uint64_t placer_moves = 0;
+  for (PlacementPolicy p : {PlacementPolicy::kCoLoc, PlacementPolicy::kFrequency}) {
+    Placer placer(&s, &log, PlacerOptions{.policy = p, .batch = 16});
+    auto moved = placer.RunOnce();
+    ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+    EXPECT_EQ(placer.stats().move_errors, 0u);
+    placer_moves += *moved;
+    for (uint64_t k : all) ASSERT_TRUE(s.Move(k, 2).ok());
+  }
+  EXPECT_EQ(placer_moves, 2 * 2 * kItems / 2);
+  for (uint64_t k : all) ASSERT_TRUE(s.Move(k, 1).ok() || s.TierOf(k) == 2);
+  done = true;
+  reader.join();
+  EXPECT_EQ(failures.load(), 0) << first_failure;
+  EXPECT_GT(fetches.load(), 0);
+  std::vector<std::vector<float>> out;
+  ASSERT_TRUE(s.Fetch(all, &out).ok());
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_TRUE(SameBytes(out[i], VectorFor(all[i], kDim)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placement
+
+TEST(Placement, ParsesPolicyNames) {
+  EXPECT_EQ(*ParsePlacementPolicy("coloc"), PlacementPolicy::kCoLoc);
+  EXPECT_EQ(*ParsePlacementPolicy("frequency"), PlacementPolicy::kFrequency);
+  EXPECT_FALSE(ParsePlacementPolicy("lru").ok());
+  EXPECT_EQ(PlacementPolicyName(PlacementPolicy::kCoLoc), "coloc");
+}
+
+TEST(Placement, QueryLogKeepsTheMostRecentWindow) {
+  QueryLog log(3);
+  for (uint64_t i = 0; i < 5; ++i) log.Append(std::vector<uint64_t>{i, i + 100});
+  EXPECT_EQ(log.size(), 3u);
+  EXPECT_EQ(log.total_appended(), 5u);
+  const auto snap = log.Snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(snap.front(), (std::vector<uint64_t>{2, 102}));
+  EXPECT_EQ(snap.back(), (std::vector<uint64_t>{4, 104}));
+}
+
+TEST(Placement, EveryKeyPlacedWithinCapacities) {
+  std::mt19937_64 rng(3);
+  PlacementInput in;
+  int64_t total = 0;
+  for (uint64_t k = 0; k < 2000; ++k) {
+    const int64_t b = 64 + static_cast<int64_t>(rng() % 512);
+    in.keys.emplace_back(k, b);
+    total += b;
+  }
+  for (int q = 0; q < 5000; ++q) {
+    std::vector<uint64_t> keys;
+    const int n = 1 + static_cast<int>(rng() % 20);
+    for (int i = 0; i < n; ++i) keys.push_back((rng() % 2000) * (rng() % 3 == 0 ? 1 : 0) + rng() % 300);
+    in.queries.push_back(keys);
+  }
+  for (const auto& caps : std::vector<std::vector<int64_t>>{{total / 10, total / 4, 0},
+                                                            {total / 10, total / 3, total},
+                                                            {total / 20, total / 20, total / 5, 0}}) {
+    in.capacities = caps;
+    for (PlacementPolicy p : {PlacementPolicy::kFrequency, PlacementPolicy::kCoLoc}) {
+      auto placed = ComputePlacement(p, in);
+      ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+      ASSERT_EQ(placed->size(), in.keys.size());
+      std::vector<int64_t> used(caps.size(), 0);
+      for (const auto& [k, b] : in.keys) {
+        ASSERT_TRUE(placed->count(k));
+        const int t = placed->at(k);
+        ASSERT_GE(t, 0);
+        ASSERT_LT(t, static_cast<int>(caps.size()));
+        used[t] += b;
+      }
+      for (size_t t = 0; t < caps.size(); ++t) {
+        if (caps[t] > 0) {
+          EXPECT_LE(used[t], caps[t]) << PlacementPolicyName(p) << " tier " << t;
+        }
+      }
+      // The fastest tier is used: both policies put hot keys there.
+      EXPECT_GT(used[0], caps[0] / 2) << PlacementPolicyName(p);
+    }
+  }
+  in.capacities = {total / 4, total / 4};
+  EXPECT_EQ(ComputePlacement(PlacementPolicy::kCoLoc, in).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputePlacement(PlacementPolicy::kFrequency, in).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Placement, CoLocKeepsCoQueriedPairsTogetherWhereFrequencySplitsThem) {
+  constexpr uint64_t kItems = 100;
+  PlacementInput in;
+  for (uint64_t i = 0; i < kItems; ++i) {
+    in.keys.emplace_back(VectorKey(i, Modality::kText), 64);
+    in.keys.emplace_back(VectorKey(i, Modality::kImage), 64);
+  }
+  in.capacities = {kItems * 64, kItems * 64 / 2, 0};  // DRAM: half the vectors
+  in.queries = SplittingLog(kItems);
+  const auto multimodal = MultimodalOnly(in.queries);
+
+  auto freq = ComputePlacement(PlacementPolicy::kFrequency, in);
+  auto coloc = ComputePlacement(PlacementPolicy::kCoLoc, in);
+  ASSERT_TRUE(freq.ok() && coloc.ok());
+  const double f = CrossTierFraction(*freq, multimodal);
+  const double c = CrossTierFraction(*coloc, multimodal);
+  EXPECT_GT(f, 0.3) << "the log is built so that frequency splits pairs";
+  EXPECT_EQ(c, 0.0);
+  EXPECT_LT(CrossTierFraction(*coloc, in.queries), CrossTierFraction(*freq, in.queries));
+  // And CoLoc still puts hot data in the fast tier: the hottest pair (item 0's text is the
+  // most queried key) is in DRAM.
+  EXPECT_EQ(coloc->at(VectorKey(0, Modality::kText)), 0);
+  EXPECT_EQ(coloc->at(VectorKey(0, Modality::kImage)), 0);
+}
+
+TEST(Placement, CoLocGroupsLargerQueriesWhenTheyFit) {
+  // Queries of 6 keys over disjoint "topics"; each topic fits a quarter of DRAM.
+  PlacementInput in;
+  for (uint64_t k = 0; k < 600; ++k) in.keys.emplace_back(k, 100);
+  std::mt19937_64 rng(9);
+  for (int q = 0; q < 3000; ++q) {
+    const uint64_t topic = rng() % 60;  // 10 keys per topic
+    std::vector<uint64_t> keys;
+    for (int i = 0; i < 6; ++i) keys.push_back(topic * 10 + rng() % 10);
+    in.queries.push_back(keys);
+  }
+  in.capacities = {20000, 20000, 0};  // group cap 5000 bytes = 50 keys
+  auto coloc = ComputePlacement(PlacementPolicy::kCoLoc, in);
+  auto freq = ComputePlacement(PlacementPolicy::kFrequency, in);
+  ASSERT_TRUE(coloc.ok() && freq.ok());
+  EXPECT_EQ(CrossTierFraction(*coloc, in.queries), 0.0);
+  EXPECT_GT(CrossTierFraction(*freq, in.queries), 0.0);
+}
+
+// Run by hand (--gtest_also_run_disabled_tests) for the compute cost on a full window:
+// 200k keys, 100k queries of 42 keys (32 text candidates + 10 images), skewed popularity.
+TEST(Placement, DISABLED_ComputeCostOnAFullWindow) {
+  constexpr uint64_t kItems = 100000;
+  PlacementInput in;
+  for (uint64_t i = 0; i < kItems; ++i) {
+    in.keys.emplace_back(VectorKey(i, Modality::kText), 512);
+    in.keys.emplace_back(VectorKey(i, Modality::kImage), 512);
+  }
+  std::mt19937_64 rng(1);
+  std::uniform_real_distribution<double> u(0, 1);
+  // ANN candidates are neighbours: a query hits one cluster of 64 items (popular clusters
+  // more often) and takes its 32 candidates from there.
+  constexpr uint64_t kCluster = 64;
+  auto cluster = [&] { return static_cast<uint64_t>(std::pow(u(rng), 3.0) * (kItems / kCluster)); };
+  for (int q = 0; q < 100000; ++q) {
+    std::vector<uint64_t> keys;
+    const uint64_t c = cluster();
+    for (int i = 0; i < 32; ++i) keys.push_back(VectorKey(c * kCluster + rng() % kCluster, Modality::kText));
+    for (int i = 0; i < 10; ++i) keys.push_back(keys[i] + 1);  // the top 10's images
+    in.queries.push_back(std::move(keys));
+  }
+  in.capacities = {int64_t{kItems} * 512 / 5, int64_t{kItems} * 512 / 2, 0};
+  for (PlacementPolicy p : {PlacementPolicy::kFrequency, PlacementPolicy::kCoLoc}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto placed = ComputePlacement(p, in);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(placed.ok());
+    std::printf("  %-9s %.2f s   cross-tier %.3f\n", std::string(PlacementPolicyName(p)).c_str(), s,
+                CrossTierFraction(*placed, in.queries));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placer
+
+TEST(ColocPlacer, RunOnceMovesPairsIntoOneTier) {
+  TempDir dir("coloc-placer");
+  auto store = TieredStore::Open(TwoTiers(dir, 20, 0));
+  ASSERT_TRUE(store.ok());
+  TieredStore& s = **store;
+  // Texts first: DRAM fills with 20 texts, every image lands on SSD.
+  for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(s.Put(VectorKey(i, Modality::kText), VectorFor(2 * i, kDim)).ok());
+  for (uint64_t i = 0; i < 20; ++i) {
+    ASSERT_TRUE(s.Put(VectorKey(i, Modality::kImage), VectorFor(2 * i + 1, kDim)).ok());
+  }
+  QueryLog log;
+  for (int r = 0; r < 5; ++r) {
+    for (uint64_t i = 0; i < 10; ++i) {
+      log.Append(std::vector<uint64_t>{VectorKey(i, Modality::kText), VectorKey(i, Modality::kImage)});
+    }
+  }
+  FetchTrace trace;
+  std::vector<std::vector<float>> out;
+  const std::vector<uint64_t> pair = {VectorKey(3, Modality::kText), VectorKey(3, Modality::kImage)};
+  ASSERT_TRUE(s.Fetch(pair, &out, &trace).ok());
+  EXPECT_EQ(trace.tiers_touched, 2);
+
+  Placer placer(&s, &log, PlacerOptions{.policy = PlacementPolicy::kCoLoc, .batch = 4});
+  auto moved = placer.RunOnce();
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_GT(*moved, 0u);
+  EXPECT_EQ(placer.stats().rounds, 1u);
+  EXPECT_EQ(placer.stats().moves, *moved);
+  EXPECT_EQ(placer.stats().move_errors, 0u);
+  for (uint64_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(s.TierOf(VectorKey(i, Modality::kText)), 0) << i;
+    EXPECT_EQ(s.TierOf(VectorKey(i, Modality::kImage)), 0) << i;
+  }
+  ASSERT_TRUE(s.Fetch(pair, &out, &trace).ok());
+  EXPECT_EQ(trace.tiers_touched, 1);
+  EXPECT_TRUE(SameBytes(out[1], VectorFor(7, kDim)));
+  // A second round on the same log has nothing left to do.
+  EXPECT_EQ(*placer.RunOnce(), 0u);
+}
+
+// Every bounded tier starts full except cold's two free slots: the plan only works if moves
+// out of a tier run before moves into it (SSD -> cold, then DRAM -> SSD, then cold -> DRAM).
+TEST(ColocPlacer, OrdersMovesSoFullTiersMakeRoomFirst) {
+  for (int64_t cold_vectors : {4, 2}) {
+    TempDir dir("coloc-placer");
+    TieredStoreOptions o = TwoTiers(dir, 2, 2);
+    o.cold_dir = dir.file("cold");
+    o.cold_bytes = cold_vectors * kVecBytes;
+    auto store = TieredStore::Open(o);
+    ASSERT_TRUE(store.ok());
+    TieredStore& s = **store;
+    for (uint64_t k = 0; k < 6; ++k) ASSERT_TRUE(s.Put(k, VectorFor(k, kDim)).ok());
+    ASSERT_EQ(s.TierOf(4), 2);
+    QueryLog log;
+    for (int r = 0; r < 10; ++r) log.Append(std::vector<uint64_t>{4, 5});
+    for (int r = 0; r < 5; ++r) log.Append(std::vector<uint64_t>{0, 1});
+    Placer placer(&s, &log, PlacerOptions{.policy = PlacementPolicy::kCoLoc, .batch = 1});
+    auto moved = placer.RunOnce();
+    ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+    if (cold_vectors == 4) {
+      EXPECT_EQ(*moved, 6u);
+      EXPECT_EQ(placer.stats().skipped_full, 0u);
+      const std::vector<int> want = {1, 1, 2, 2, 0, 0};
+      for (uint64_t k = 0; k < 6; ++k) EXPECT_EQ(s.TierOf(k), want[k]) << k;
+    } else {
+      // No free slot anywhere: nothing can move, and every planned move is counted as skipped.
+      EXPECT_EQ(*moved, 0u);
+      EXPECT_EQ(placer.stats().skipped_full, 6u);
+      EXPECT_EQ(placer.stats().move_errors, 0u);
+    }
+    std::vector<std::vector<float>> out;
+    const std::vector<uint64_t> keys = {0, 1, 2, 3, 4, 5};
+    ASSERT_TRUE(s.Fetch(keys, &out).ok());
+    for (uint64_t k = 0; k < 6; ++k) EXPECT_TRUE(SameBytes(out[k], VectorFor(k, kDim)));
+  }
+}
+
+TEST(ColocPlacer, BackgroundThreadRunsRoundsAndStops) {
+  TempDir dir("coloc-placer");
+  auto store = TieredStore::Open(TwoTiers(dir, 4, 0));
+  ASSERT_TRUE(store.ok());
+  TieredStore& s = **store;
+  for (uint64_t k = 0; k < 8; ++k) ASSERT_TRUE(s.Put(k, VectorFor(k, kDim)).ok());
+  QueryLog log;
+  Placer placer(&s, &log, PlacerOptions{.interval_ms = 10, .min_new_queries = 5});
+  placer.Start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  EXPECT_EQ(placer.stats().rounds, 0u);  // too few new queries
+  for (int r = 0; r < 10; ++r) log.Append(std::vector<uint64_t>{6, 7});
+  for (int i = 0; i < 500 && placer.stats().rounds == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  placer.Stop();
+  EXPECT_GE(placer.stats().rounds, 1u);
+  EXPECT_EQ(s.TierOf(6), 0);
+  EXPECT_EQ(s.TierOf(7), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Four tiers with Redis as the remote tier.
+
+test::RedisProcess& SharedRedis() {
+  static test::RedisProcess redis;
+  return redis;
+}
+
+TEST(ColocRedis, FourTiersRoundTripMoveAndMeasure) {
+  test::RedisProcess& redis = SharedRedis();
+  ASSERT_TRUE(redis.ok()) << "no Redis: set KEEL_REDIS_URL or install redis-server";
+  TempDir dir("coloc-redis");
+  TieredStoreOptions o = TwoTiers(dir, 4, 4);
+  o.cold_dir = dir.file("cold");
+  o.cold_bytes = 4 * kVecBytes;
+  o.redis_url = redis.host() + ":" + std::to_string(redis.port());
+  o.redis_prefix = test::UniquePrefix("coloc");
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  TieredStore& s = **store;
+  ASSERT_EQ(s.tier_count(), 4);
+  EXPECT_EQ(s.TierPosition(kRemote), 3);
+  EXPECT_EQ(s.tier_name(3), "remote");
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 16; ++k) {
+    keys.push_back(k);
+    ASSERT_TRUE(s.Put(k, VectorFor(k, kDim)).ok());
+  }
+  for (uint64_t k = 0; k < 16; ++k) EXPECT_EQ(s.TierOf(k), static_cast<int>(k / 4));
+  std::vector<std::vector<float>> out;
+  FetchTrace trace;
+  ASSERT_TRUE(s.Fetch(keys, &out, &trace).ok());
+  EXPECT_EQ(trace.tiers_touched, 4);
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(trace.keys_per_tier[t], 4);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE(SameBytes(out[i], VectorFor(keys[i], kDim)));
+  ASSERT_TRUE(s.Move(0, 3).ok());
+  ASSERT_TRUE(s.Move(12, 0).ok());
+  ASSERT_TRUE(s.Fetch(keys, &out).ok());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE(SameBytes(out[i], VectorFor(keys[i], kDim)));
+  ASSERT_TRUE(s.MeasureLatency(10).ok());
+  for (const TierUsage& u : s.Usage()) {
+    EXPECT_GT(u.measured_read_us, 0) << u.name;
+    std::printf("  %-6s single p50 %8.2f us   10-key batch p50 %8.2f us\n", u.name.c_str(), u.measured_read_us,
+                u.measured_batch_us);
+  }
+  for (uint64_t k : keys) ASSERT_TRUE(s.Remove(k).ok());
+  EXPECT_EQ(s.Fetch(std::vector<uint64_t>{0}, &out).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace keel::vector::coloc

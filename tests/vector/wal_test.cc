@@ -1,0 +1,181 @@
+#include "keel/vector/wal.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "keel/vector/records.h"
+#include "tests/engine/test_util.h"
+
+namespace keel::vector {
+namespace {
+
+using test::TempDir;
+
+Result<std::unique_ptr<Wal>> OpenCollect(const std::string& path, std::vector<std::string>* got, WalReplay* r = nullptr) {
+  got->clear();
+  return Wal::Open(path, true, [got](std::string_view p) { got->emplace_back(p); return Status::Ok(); }, r);
+}
+
+void AppendN(const std::string& path, int n) {
+  std::vector<std::string> got;
+  auto wal = OpenCollect(path, &got);
+  ASSERT_TRUE(wal.ok()) << wal.status().ToString();
+  for (int i = 0; i < n; ++i) ASSERT_TRUE((*wal)->Append("record-" + std::to_string(i) + std::string(100, 'x')).ok());
+}
+
+void FlipByte(const std::string& path, size_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c;
+  f.read(&c, 1);
+  c ^= 0x5a;
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+constexpr size_t kRecordBytes = Wal::kHeaderBytes + 108;  // "record-N" + 100 x
+
+TEST(WalTest, ReplaysEveryRecordInOrder) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 5);
+  std::vector<std::string> got;
+  WalReplay r;
+  auto wal = OpenCollect(path, &got, &r);
+  ASSERT_TRUE(wal.ok());
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(got[3].substr(0, 8), "record-3");
+  EXPECT_EQ(r.records, 5);
+  EXPECT_EQ(r.torn_bytes, 0);
+  EXPECT_EQ((*wal)->bytes(), static_cast<int64_t>(5 * kRecordBytes));
+  // Batched append: several records, one write.
+  std::vector<std::string_view> batch = {"a", "bb", "ccc"};
+  ASSERT_TRUE((*wal)->Append(batch).ok());
+  wal->reset();
+  ASSERT_TRUE(OpenCollect(path, &got).ok());
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_EQ(got[7], "ccc");
+}
+
+TEST(WalTest, TornTailIsCutAndReported) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 3);
+  std::filesystem::resize_file(path, 3 * kRecordBytes - 5);
+  std::vector<std::string> got;
+  WalReplay r;
+  auto wal = OpenCollect(path, &got, &r);
+  ASSERT_TRUE(wal.ok()) << wal.status().ToString();
+  EXPECT_EQ(got.size(), 2u);
+  EXPECT_EQ(r.torn_bytes, static_cast<int64_t>(kRecordBytes - 5));
+  EXPECT_EQ(std::filesystem::file_size(path), 2 * kRecordBytes);
+  ASSERT_TRUE((*wal)->Append("after").ok());
+  wal->reset();
+  ASSERT_TRUE(OpenCollect(path, &got).ok());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2], "after");
+}
+
+TEST(WalTest, TornHeaderAndZeroTailAreCut) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 2);
+  std::filesystem::resize_file(path, 2 * kRecordBytes + 4096);  // extended with zeros
+  std::vector<std::string> got;
+  WalReplay r;
+  ASSERT_TRUE(OpenCollect(path, &got, &r).ok());
+  EXPECT_EQ(got.size(), 2u);
+  EXPECT_EQ(r.torn_bytes, 4096);
+  std::filesystem::resize_file(path, kRecordBytes + 10);  // half a header
+  ASSERT_TRUE(OpenCollect(path, &got, &r).ok());
+  EXPECT_EQ(got.size(), 1u);
+}
+
+TEST(WalTest, DamagedLastRecordIsTornTail) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 3);
+  FlipByte(path, 2 * kRecordBytes + Wal::kHeaderBytes + 3);
+  std::vector<std::string> got;
+  WalReplay r;
+  ASSERT_TRUE(OpenCollect(path, &got, &r).ok());
+  EXPECT_EQ(got.size(), 2u);
+  EXPECT_EQ(r.torn_bytes, static_cast<int64_t>(kRecordBytes));
+}
+
+TEST(WalTest, CorruptMiddleRecordIsCorruptionNamingFileAndOffset) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 3);
+  FlipByte(path, kRecordBytes + Wal::kHeaderBytes + 3);
+  std::vector<std::string> got;
+  auto wal = OpenCollect(path, &got);
+  ASSERT_FALSE(wal.ok());
+  EXPECT_EQ(wal.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(wal.status().message().find(path), std::string::npos) << wal.status().message();
+  EXPECT_NE(wal.status().message().find("offset " + std::to_string(kRecordBytes)), std::string::npos)
+      << wal.status().message();
+  // Bad magic in the middle is damage too.
+  AppendN(dir.file("wal2.log"), 3);
+  FlipByte(dir.file("wal2.log"), kRecordBytes);
+  auto wal2 = OpenCollect(dir.file("wal2.log"), &got);
+  ASSERT_FALSE(wal2.ok());
+  EXPECT_EQ(wal2.status().code(), StatusCode::kCorruption);
+}
+
+TEST(WalTest, ApplyErrorStopsReplay) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 3);
+  int n = 0;
+  auto wal = Wal::Open(path, false, [&](std::string_view) {
+    return ++n == 2 ? Status::Internal("boom") : Status::Ok();
+  });
+  ASSERT_FALSE(wal.ok());
+  EXPECT_EQ(wal.status().message(), "boom");
+}
+
+TEST(WalTest, TruncateEmptiesTheLog) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  std::vector<std::string> got;
+  auto wal = OpenCollect(path, &got);
+  ASSERT_TRUE(wal.ok());
+  ASSERT_TRUE((*wal)->Append("one").ok());
+  ASSERT_TRUE((*wal)->Truncate().ok());
+  EXPECT_EQ((*wal)->bytes(), 0);
+  ASSERT_TRUE((*wal)->Append("two").ok());
+  wal->reset();
+  ASSERT_TRUE(OpenCollect(path, &got).ok());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], "two");
+}
+
+TEST(RecordsTest, UpsertAndDeleteRoundTrip) {
+  std::vector<Item> items(2);
+  items[0].id = 5;
+  items[0].text = {1, 2, 3};
+  items[0].image = {4, 5};
+  items[0].attributes = {{"lang", "en"}, {"src", "web"}};
+  items[1].id = 9;
+  items[1].text = {0.5f, -1, 2};
+  auto rec = DecodeRecord(EncodeUpsert(items));
+  ASSERT_TRUE(rec.ok());
+  ASSERT_EQ(rec->type, RecordType::kUpsert);
+  ASSERT_EQ(rec->items.size(), 2u);
+  EXPECT_EQ(rec->items[0].attributes.at("src"), "web");
+  EXPECT_EQ(rec->items[1].text, items[1].text);
+  EXPECT_TRUE(rec->items[1].image.empty());
+  std::vector<uint64_t> ids = {1, 2, 3};
+  auto del = DecodeRecord(EncodeDelete(ids));
+  ASSERT_TRUE(del.ok());
+  EXPECT_EQ(del->ids, ids);
+  std::string cut = EncodeUpsert(items);
+  cut.resize(cut.size() - 3);
+  EXPECT_EQ(DecodeRecord(cut).status().code(), StatusCode::kCorruption);
+}
+
+}  // namespace
+}  // namespace keel::vector
