@@ -11,6 +11,7 @@
 #include "keel/engine/server.h"
 #include "keel/engine/throughput.h"
 #include "keel/kvstore/service.h"
+#include "keel/vector/service.h"
 
 namespace {
 
@@ -145,6 +146,41 @@ int RunKvstore(KvstoreArgs a) {
   return 0;
 }
 
+struct VectorArgs {
+  vector::ServiceOptions service;
+  std::string index = "hnsw", placement = "coloc";
+  int64_t dram_mb = 256, ssd_mb = 1024, cold_mb = 1024, max_body_mb = 64;
+};
+
+int RunVector(VectorArgs a) {
+  auto& sh = a.service.shard;
+  auto kind = vector::ParseIndexKind(a.index);
+  if (!kind.ok()) return Fail(kind.status());
+  sh.index.kind = *kind;
+  sh.tiers.dram_bytes = a.dram_mb << 20;
+  sh.tiers.ssd_bytes = a.ssd_mb << 20;
+  sh.tiers.cold_bytes = a.cold_mb << 20;
+  a.service.max_body_bytes = static_cast<size_t>(a.max_body_mb) << 20;
+  // With one tier there is nothing to place.
+  const bool tiered = !sh.tiers.ssd_dir.empty() || !sh.tiers.cold_dir.empty() || !sh.tiers.redis_url.empty();
+  if (a.placement != "off" && tiered) {
+    auto policy = vector::coloc::ParsePlacementPolicy(a.placement);
+    if (!policy.ok()) return Fail(policy.status());
+    a.service.placer = true;
+    a.service.placer_options.policy = *policy;
+  }
+  auto service = vector::Service::Start(a.service);
+  if (!service.ok()) return Fail(service.status());
+  Log().info("vector shard {} ({} items, {}, text {}d, image {}d) on http://{}:{} (placement {})", sh.dir,
+             (*service)->shard().Stats().items, a.index, sh.text_dim, sh.image_dim, a.service.host, (*service)->port(),
+             a.service.placer ? a.placement : "off");
+  auto sig = WaitForTerminationSignal();
+  if (!sig.ok()) return Fail(sig.status());
+  Log().info("received {}; stopping (snapshot)", SignalName(*sig));
+  if (Status s = (*service)->Stop(); !s.ok()) return Fail(s);
+  return 0;
+}
+
 void AddKvStoreLinkFlags(CLI::App* cmd, KvStoreLinkOptions& o) {
   cmd->add_option("--kvstore", o.address, "share prefix KV through a `keel kvstore` at host:port");
   cmd->add_option("--kvstore-timeout-ms", o.lookup_timeout_ms, "deadline for one prompt's store lookup")
@@ -262,6 +298,26 @@ int main(int argc, char** argv) {
   kvs->add_option("--max-value-mb", kv.max_value_mb, "largest value accepted, MiB")->capture_default_str()->check(CLI::Range(1, 4095));
   kvs->add_option("--max-connections", kv.service.server.max_connections, "open client connections")->capture_default_str()->check(CLI::Range(1, 100000));
 
+  VectorArgs vec;
+  auto* vecs = app.add_subcommand("vector", "Serve a vector shard (FAISS text index, image vectors, tiered storage) over HTTP/JSON");
+  vecs->add_option("--dir", vec.service.shard.dir, "snapshot and write-ahead log directory")->required();
+  vecs->add_option("--host", vec.service.host, "address to bind")->capture_default_str();
+  vecs->add_option("--port", vec.service.port, "port to bind (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  vecs->add_option("--text-dim", vec.service.shard.text_dim, "text vector dimension")->capture_default_str()->check(CLI::Range(1, 65536));
+  vecs->add_option("--image-dim", vec.service.shard.image_dim, "image vector dimension")->capture_default_str()->check(CLI::Range(1, 65536));
+  vecs->add_option("--index", vec.index, "text index: hnsw, ivf-flat, ivf-pq")->capture_default_str();
+  vecs->add_option("--ef", vec.service.shard.index.hnsw_ef_search, "HNSW efSearch default")->capture_default_str()->check(CLI::Range(1, 65536));
+  vecs->add_option("--nprobe", vec.service.shard.index.ivf_nprobe, "IVF probes default")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  vecs->add_option("--dram-mb", vec.dram_mb, "DRAM tier capacity in MiB (0 = unbounded when it is the only tier)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
+  vecs->add_option("--ssd-dir", vec.service.shard.tiers.ssd_dir, "SSD tier directory (default: no SSD tier)");
+  vecs->add_option("--ssd-mb", vec.ssd_mb, "SSD tier capacity in MiB")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  vecs->add_option("--cold-dir", vec.service.shard.tiers.cold_dir, "compressed cold tier directory (default: none)");
+  vecs->add_option("--cold-mb", vec.cold_mb, "cold tier capacity in MiB")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  vecs->add_option("--redis", vec.service.shard.tiers.redis_url, "remote tier: Redis host:port (default: none)");
+  vecs->add_option("--placement", vec.placement, "background placement: coloc, frequency, off")->capture_default_str()
+      ->check(CLI::IsMember({"coloc", "frequency", "off"}));
+  vecs->add_option("--max-body-mb", vec.max_body_mb, "largest request body, MiB")->capture_default_str()->check(CLI::Range(1, 4095));
+
   BenchArgs bench_args;
   auto* bench = app.add_subcommand("bench", "Measure prefill/decode tokens/s next to a memory-bandwidth roofline");
   bench->add_option("--model,-m", bench_args.model, "model to measure")->required();
@@ -303,6 +359,7 @@ int main(int argc, char** argv) {
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);
   if (kvs->parsed()) return RunKvstore(kv);
+  if (vecs->parsed()) return RunVector(vec);
   if (bench->parsed()) return RunBench(bench_args);
   if (inspect->parsed()) return RunInspect(inspect_path);
   if (convert->parsed()) return RunConvert(conv);

@@ -23,6 +23,7 @@ namespace keel::vector {
 
 using coloc::FetchTrace;
 using coloc::Modality;
+using coloc::ItemOf;
 using coloc::VectorKey;
 
 Result<IndexKind> ParseIndexKind(std::string_view name) {
@@ -390,8 +391,22 @@ Status Shard::Impl::SearchText(const SearchRequest& r, SearchResult* out, std::v
   // Rerank the candidates by exact distance on their full-precision vectors from the tiers.
   std::vector<uint64_t> keys;
   for (const auto& h : ann) keys.push_back(VectorKey(label_ids_[h.label], Modality::kText));
+  // When every candidate is a hit (no rerank beyond k), a multimodal query knows its image keys
+  // already: one Fetch reads both modalities, one batched read per tier, which is what
+  // co-locating an item's vectors pays off on.
+  const bool one_fetch = r.kind == QueryKind::kMultimodal && static_cast<int>(ann.size()) <= r.k;
+  const size_t n_text = keys.size();
+  if (one_fetch) {
+    for (const auto& h : ann) {
+      const uint64_t id = label_ids_[h.label];
+      if (items_.at(id).has_image) keys.push_back(VectorKey(id, Modality::kImage));
+    }
+  }
   std::vector<std::vector<float>> text;
   KEEL_RETURN_IF_ERROR(Fetch(keys, &text, out, logged));
+  std::unordered_map<uint64_t, std::vector<float>> prefetched;  // id -> image vector
+  for (size_t i = n_text; i < keys.size(); ++i) prefetched.emplace(ItemOf(keys[i]), std::move(text[i]));
+  text.resize(n_text);
   std::vector<SearchHit> hits(ann.size());
   for (size_t i = 0; i < ann.size(); ++i) {
     hits[i].id = label_ids_[ann[i].label];
@@ -414,7 +429,11 @@ Status Shard::Impl::SearchText(const SearchRequest& r, SearchResult* out, std::v
       }
     }
     std::vector<std::vector<float>> images;
-    KEEL_RETURN_IF_ERROR(Fetch(image_keys, &images, out, logged));
+    if (one_fetch) {
+      for (uint64_t key : image_keys) images.push_back(std::move(prefetched.at(ItemOf(key))));
+    } else {
+      KEEL_RETURN_IF_ERROR(Fetch(image_keys, &images, out, logged));
+    }
     std::vector<bool> has(hits.size(), false);
     for (size_t j = 0; j < which.size(); ++j) {
       SearchHit& h = hits[which[j]];

@@ -6,8 +6,9 @@
 // Query kinds:
 //   text       : ANN search on the text index (k' = max(k, rerank) candidates), fetch the
 //                candidates' text vectors from the tiers, rerank by exact L2, return top k.
-//   multimodal : as text, then also fetch the top k's image vectors (one Fetch for both
-//                modalities); with an image query, the hits are re-ordered by image distance.
+//   multimodal : as text, then also fetch the top k's image vectors (in the same Fetch as the
+//                candidates' text vectors when no rerank is needed, i.e. candidates == k; else a
+//                second Fetch); with an image query, the hits are re-ordered by image distance.
 //   image      : image-only lookup: fetch the image vectors of the given ids.
 // Every query's fetched keys go to the query log that placement learns from.
 //

@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "keel/core/hash.h"
@@ -182,29 +183,47 @@ TEST_P(SsdTierIoTest, ConcurrentReadersAndWriter) {
   std::atomic<bool> stop{false};
   std::atomic<int64_t> verified{0}, failures{0};
   std::vector<std::thread> readers;
+  auto check = [&](int k, const Result<Entry>& got) {
+    if (!got.ok()) {
+      if (got.status().code() != StatusCode::kNotFound) failures++;  // evicted is fine, damage is not
+      return;
+    }
+    std::string_view v = got->value->view();
+    uint64_t gk = 0, gv = 0;
+    if (v.size() < 16) {
+      failures++;
+      return;
+    }
+    std::memcpy(&gk, v.data(), 8);
+    std::memcpy(&gv, v.data() + 8, 8);
+    if (gk != static_cast<uint64_t>(k) || v != value_of(k, static_cast<int>(gv))) {
+      failures++;
+    } else {
+      verified++;
+    }
+  };
   for (int r = 0; r < 4; ++r) {
     readers.emplace_back([&, r] {
       std::mt19937 rng(r);
       while (!stop.load()) {
-        const int k = static_cast<int>(rng() % kKeys);
-        auto got = t->Get(Key(k));
-        if (!got.ok()) {
-          if (got.status().code() != StatusCode::kNotFound) failures++;  // evicted is fine, damage is not
+        if (r % 2 == 0) {
+          const int k = static_cast<int>(rng() % kKeys);
+          check(k, t->Get(Key(k)));
           continue;
         }
-        std::string_view v = got->value->view();
-        uint64_t gk = 0, gv = 0;
-        if (v.size() < 16) {
+        // Half the readers batch, so GetMany also reads segments that are rolled and deleted.
+        std::vector<int> ks(8);
+        std::vector<std::string> keys;
+        for (int& k : ks) {
+          k = static_cast<int>(rng() % kKeys);
+          keys.push_back(Key(k));
+        }
+        const auto got = t->GetMany(std::vector<std::string_view>(keys.begin(), keys.end()));
+        if (got.size() != ks.size()) {
           failures++;
           continue;
         }
-        std::memcpy(&gk, v.data(), 8);
-        std::memcpy(&gv, v.data() + 8, 8);
-        if (gk != static_cast<uint64_t>(k) || v != value_of(k, static_cast<int>(gv))) {
-          failures++;
-        } else {
-          verified++;
-        }
+        for (size_t i = 0; i < ks.size(); ++i) check(ks[i], got[i]);
       }
     });
   }
@@ -227,6 +246,136 @@ TEST_P(SsdTierIoTest, ConcurrentReadersAndWriter) {
 
 INSTANTIATE_TEST_SUITE_P(Ssd, SsdTierIoTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "IoUring" : "Pread"; });
+
+// GetMany against Get, on both read paths and with uncached_reads on and off: (io_uring, uncached).
+class SsdTierGetManyTest : public SsdTierTest, public ::testing::WithParamInterface<std::tuple<bool, bool>> {
+ protected:
+  SsdOptions Options() const {
+    SsdOptions o = SsdTierTest::Options();
+    o.use_io_uring = std::get<0>(GetParam());
+    o.uncached_reads = std::get<1>(GetParam());
+    o.segment_bytes = 8 << 10;  // a few records per segment, so a batch spans segments
+    return o;
+  }
+  // What each key must read as: its value, or the code Get returns.
+  static void ExpectSameAsGet(SsdTier& t, const std::vector<std::string>& keys) {
+    const std::vector<std::string_view> views(keys.begin(), keys.end());
+    const std::vector<Result<Entry>> many = t.GetMany(views);
+    ASSERT_EQ(many.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const Result<Entry> one = t.Get(keys[i]);
+      ASSERT_EQ(many[i].ok(), one.ok()) << i << " " << keys[i] << ": " << many[i].status().ToString() << " vs "
+                                        << one.status().ToString();
+      if (!one.ok()) {
+        EXPECT_EQ(many[i].status().code(), one.status().code()) << keys[i];
+        continue;
+      }
+      EXPECT_TRUE(many[i]->value->view() == one->value->view()) << keys[i] << ": bytes differ";
+      EXPECT_EQ(many[i]->expires_at_ms, one->expires_at_ms) << keys[i];
+      EXPECT_EQ(many[i]->value->checksum(), Xxh3_64(one->value->data(), one->value->size())) << keys[i];
+    }
+  }
+};
+
+TEST_P(SsdTierGetManyTest, MatchesGetForPresentAbsentDeletedAcrossSegments) {
+  const SsdOptions o = Options();
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  if (o.use_io_uring) {
+    EXPECT_EQ(t->uses_io_uring(), KernelHasIoUring());
+  }
+  const int64_t later = NowUnixMs() + 3'600'000;
+  for (int i = 0; i < 40; ++i) {
+    const size_t size = i % 5 == 0 ? 0 : i % 3 == 0 ? 3000 : 100 + i * 7;  // some empty values
+    ASSERT_TRUE(t->Put(Key(i), MakeEntry(MakeValue(size, i), i % 4 == 0 ? later : 0)).ok());
+  }
+  for (int i = 0; i < 40; i += 7) ASSERT_TRUE(t->Delete(Key(i)).ok());
+  for (int i = 1; i < 40; i += 9) ASSERT_TRUE(t->Put(Key(i), MakeEntry(MakeValue(500, 1000 + i))).ok());
+  ASSERT_GT(SegmentFiles(o.dir).size(), 3u);
+
+  // Present, absent, deleted, overwritten, repeated and invalid keys, interleaved.
+  std::vector<std::string> keys;
+  for (int i = 39; i >= 0; --i) {
+    keys.push_back(Key(i));
+    if (i % 6 == 0) keys.push_back("absent-" + std::to_string(i));
+  }
+  keys.push_back(Key(5));
+  keys.push_back(Key(7));  // deleted
+  keys.push_back("");      // InvalidArgument, like Get
+  keys.push_back(std::string(kMaxKeyBytes + 1, 'x'));
+  ExpectSameAsGet(*t, keys);
+  {
+    const std::vector<std::string_view> views(keys.begin(), keys.end());
+    const auto many = t->GetMany(views);
+    EXPECT_EQ(many[0].ok(), true);  // key-39
+    EXPECT_TRUE(many[0]->value->view() == MakeValue(3000, 39));
+  }
+  const std::vector<Result<Entry>> none = t->GetMany({});
+  EXPECT_TRUE(none.empty());
+
+  t.reset();  // and the same after the index is rebuilt from the segments
+  t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  ExpectSameAsGet(*t, keys);
+}
+
+TEST_P(SsdTierGetManyTest, CorruptRecordFailsOnlyItsKey) {
+  const SsdOptions o = Options();
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(Key(i), MakeEntry(MakeValue(1000, i))).ok());
+  const std::string seg = SegmentFiles(o.dir).back();
+  const uint64_t second = kSegHeader + kRecHeader + 5 + 1000;
+  OverwriteByte(seg, second + kRecHeader + 5 + 123);  // inside key-1's value
+
+  const auto many = t->GetMany({Key(2), Key(1), "absent", Key(0)});
+  ASSERT_EQ(many.size(), 4u);
+  ASSERT_TRUE(many[0].ok()) << many[0].status().ToString();
+  EXPECT_TRUE(many[0]->value->view() == MakeValue(1000, 2));
+  ASSERT_FALSE(many[1].ok());
+  EXPECT_EQ(many[1].status().code(), StatusCode::kCorruption);
+  EXPECT_NE(many[1].status().message().find("offset " + std::to_string(second)), std::string::npos)
+      << many[1].status().message();
+  EXPECT_EQ(many[2].status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(many[3].ok()) << many[3].status().ToString();
+  EXPECT_TRUE(many[3]->value->view() == MakeValue(1000, 0));
+  EXPECT_EQ(t->Stats().errors, 1);
+  EXPECT_EQ(t->Stats().hits, 2);
+  ExpectNotFound(*t, Key(1));  // dropped from the index, as Get drops it
+}
+
+TEST_P(SsdTierGetManyTest, BatchLargerThanTheRing) {
+  const SsdOptions o = Options();
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  const int n = static_cast<int>(kUringEntries) * 2 + 17;
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(t->Put(Key(i), MakeEntry(MakeValue(700 + i % 300, i))).ok());
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) {
+    keys.push_back(Key((i * 37) % n));  // scattered over the segments
+    if (i % 50 == 0) keys.push_back("absent-" + std::to_string(i));
+  }
+  const std::vector<std::string_view> views(keys.begin(), keys.end());
+  const auto many = t->GetMany(views);
+  ASSERT_EQ(many.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].starts_with("absent-")) {
+      EXPECT_EQ(many[i].status().code(), StatusCode::kNotFound) << keys[i];
+      continue;
+    }
+    ASSERT_TRUE(many[i].ok()) << keys[i] << ": " << many[i].status().ToString();
+    const int k = std::stoi(keys[i].substr(4));
+    EXPECT_TRUE(many[i]->value->view() == MakeValue(700 + k % 300, k)) << keys[i];
+  }
+  EXPECT_EQ(t->Stats().hits, n);
+  EXPECT_EQ(t->Stats().errors, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ssd, SsdTierGetManyTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "IoUring" : "Pread") +
+                                  (std::get<1>(info.param) ? "Uncached" : "Cached");
+                         });
 
 TEST_F(SsdTierTest, OverwriteKeepsNewestAcrossRestart) {
   {

@@ -483,6 +483,12 @@ Result<uint64_t> Placer::Round(bool interruptible) {
   }
   input.capacities = store_->Capacities();
   input.order = TierOrder(*store_);
+  if (!measured_) {  // the first round measures the tiers, so that hot data goes where reads are fastest
+    const Status m = store_->MeasureLatency(20);
+    if (!m.ok()) Log().warn("coloc placer: measuring tier latency: {}", m.ToString());
+    measured_ = true;
+    input.order = TierOrder(*store_);
+  }
   KEEL_ASSIGN_OR_RETURN(Placement placement, ComputePlacement(options_.policy, input));
   const int64_t compute_ms = ElapsedMs(t0);
 

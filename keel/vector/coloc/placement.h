@@ -124,6 +124,7 @@ class Placer {
   std::thread thread_;
   std::mutex round_mu_;  // one round at a time
   uint64_t last_total_ = 0;
+  bool measured_ = false;  // tier latencies measured (first round)
   PlacerStats stats_;
 };
 
