@@ -215,7 +215,7 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Open(const TieredStoreOptions&
     add(kSsd, "ssd", std::move(ssd).value(), options.ssd_bytes);
   }
   if (!options.cold_dir.empty()) {
-    KEEL_RETURN_IF_ERROR(ClearSegments(options.cold_dir, "cold-", ".seg"));
+    KEEL_RETURN_IF_ERROR(ClearSegments(options.cold_dir, "seg-", ".kvs"));
     ColdTierOptions co;
     co.dir = options.cold_dir;
     co.zstd_level = options.cold_zstd_level;
