@@ -102,7 +102,7 @@ int64_t TextIndex::TrainSize() const {
   return n;
 }
 
-Status TextIndex::Add(const float* x, int64_t n) {
+Status TextIndex::Add(const float* x, int64_t n, bool defer_training) {
   if (n <= 0) return Status::Ok();
   try {
     index_->add(n, x);
@@ -110,26 +110,39 @@ Status TextIndex::Add(const float* x, int64_t n) {
     return Status::Internal(std::string("index: add failed: ") + e.what());
   }
   live_.resize(live_.size() + n, 1);
-  if (!trained_ && size() >= TrainSize()) return Train();
+  if (!defer_training && NeedsTraining()) return Train();
   return Status::Ok();
 }
 
 Status TextIndex::Train() {
+  KEEL_RETURN_IF_ERROR(BuildTrained());
+  InstallTrained();
+  return Status::Ok();
+}
+
+void TextIndex::InstallTrained() {
+  if (!pending_) return;
+  index_ = std::move(pending_);
+  lists_ = pending_lists_;
+  trained_ = true;
+}
+
+Status TextIndex::BuildTrained() {
   auto* flat = dynamic_cast<faiss::IndexFlat*>(index_.get());
   if (flat == nullptr) return Status::Internal("index: untrained IVF without its flat buffer");
   const int64_t n = flat->ntotal;
   const float* x = flat->get_xb();
-  lists_ = static_cast<int>(std::clamp<int64_t>(n / 39, 1, options_.ivf_lists));
+  const int lists = static_cast<int>(std::clamp<int64_t>(n / 39, 1, options_.ivf_lists));
   try {
     auto* quantizer = new faiss::IndexFlatL2(dim_);
     std::unique_ptr<faiss::IndexIVF> ivf;
     if (options_.kind == IndexKind::kIvfPq) {
-      ivf = std::make_unique<faiss::IndexIVFPQ>(quantizer, dim_, lists_, options_.pq_m, options_.pq_bits);
+      ivf = std::make_unique<faiss::IndexIVFPQ>(quantizer, dim_, lists, options_.pq_m, options_.pq_bits);
     } else {
-      ivf = std::make_unique<faiss::IndexIVFFlat>(quantizer, dim_, lists_);
+      ivf = std::make_unique<faiss::IndexIVFFlat>(quantizer, dim_, lists);
     }
     ivf->own_fields = true;
-    ivf->nprobe = std::min(options_.ivf_nprobe, lists_);
+    ivf->nprobe = std::min(options_.ivf_nprobe, lists);
     ivf->cp.max_points_per_centroid = 256;
     // k-means converges well before FAISS's default 25 iterations on embedding data; training
     // runs inside an Upsert, so keep it short (recall on SIFT is unchanged at 10).
@@ -137,13 +150,13 @@ Status TextIndex::Train() {
     const auto t0 = std::chrono::steady_clock::now();
     ivf->train(n, x);
     ivf->add(n, x);
-    index_ = std::move(ivf);
-    Log().info("index: trained {} lists on {} vectors in {} ms", lists_, n,
+    pending_ = std::move(ivf);
+    pending_lists_ = lists;
+    Log().info("index: trained {} lists on {} vectors in {} ms", lists, n,
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
   } catch (const faiss::FaissException& e) {
     return Status::Internal(std::string("index: IVF training failed: ") + e.what());
   }
-  trained_ = true;
   return Status::Ok();
 }
 

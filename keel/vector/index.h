@@ -6,7 +6,9 @@
 //
 // An IVF index must be trained before it can hold vectors. Until `TrainSize()` vectors have
 // arrived they sit in an exact flat index (searches are exact, which is what a small shard wants
-// anyway); the Add that reaches TrainSize trains the quantizer on all of them and moves them in.
+// anyway); the Add that reaches TrainSize trains the quantizer on all of them and moves them in
+// — or, with defer_training, leaves that to BuildTrained (which only reads the buffer, so the
+// shard runs it without blocking searches) and InstallTrained (a swap under the shard's lock).
 //
 // Not thread-safe: the shard serialises Add/Tombstone/Save against Search with its own lock.
 // Search itself only reads and may run concurrently with other Searches.
@@ -52,7 +54,14 @@ class TextIndex {
   TextIndex& operator=(const TextIndex&) = delete;
 
   // Appends n vectors (n * dim floats); they get labels size() .. size()+n-1.
-  Status Add(const float* x, int64_t n);
+  Status Add(const float* x, int64_t n, bool defer_training = false);
+  // IVF with TrainSize() vectors buffered and not trained yet.
+  bool NeedsTraining() const { return !trained_ && size() >= TrainSize(); }
+  // Trains an IVF index on the buffered vectors and adds them to it, kept aside until
+  // InstallTrained. Reads the buffer only: Searches may run meanwhile, Add/Tombstone may not.
+  Status BuildTrained();
+  // Swaps the index built by BuildTrained in (tombstones carry over: labels are unchanged).
+  void InstallTrained();
   // Marks a label deleted; searches never return it again. Out-of-range labels are ignored.
   void Tombstone(int64_t label);
   bool IsLive(int64_t label) const;
@@ -81,6 +90,8 @@ class TextIndex {
   bool trained_ = false;   // HNSW is always "trained"
   int lists_ = 0;
   std::unique_ptr<faiss::Index> index_;  // HNSW, trained IVF, or the untrained flat buffer
+  std::unique_ptr<faiss::Index> pending_;  // trained by BuildTrained, not installed yet
+  int pending_lists_ = 0;
   std::vector<uint8_t> live_;            // per label: 1 live, 0 tombstoned
   int64_t tombstones_ = 0;
 };

@@ -153,6 +153,10 @@ Status Shard::Impl::Open() {
   }
   WalReplay replay;
   KEEL_ASSIGN_OR_RETURN(wal_, Wal::Open(WalPath(), options.wal_sync, [this](std::string_view p) { return ApplyRecord(p); }, &replay));
+  if (index_->NeedsTraining()) {  // the log brought an IVF shard past its training size
+    KEEL_RETURN_IF_ERROR(index_->BuildTrained());
+    index_->InstallTrained();
+  }
   KEEL_RETURN_IF_ERROR(MaybeRebuild());
   Log().info("vector shard {}: {} items, {} WAL records replayed{}", options.dir, items_.size(), replay.records,
              replay.torn_bytes > 0 ? ", torn tail of " + std::to_string(replay.torn_bytes) + " bytes cut" : "");
@@ -222,6 +226,18 @@ Status Shard::Impl::Upsert(std::span<const Item> items) {
     if (Status t = wal_->TruncateTo(logged); !t.ok()) Log().error("vector shard: {}", t.ToString());
     return s;
   }
+  if (index_->NeedsTraining()) {
+    // IVF training takes seconds to a minute: searches keep running over the exact buffer
+    // meanwhile (write_mu_ keeps every other writer, and so every change to it, out).
+    lock.unlock();
+    const Status trained = index_->BuildTrained();
+    lock.lock();
+    if (trained.ok()) {
+      index_->InstallTrained();
+    } else {  // the write is durable and applied; searches stay exact and the next write retries
+      Log().error("vector shard {}: {}", options.dir, trained.ToString());
+    }
+  }
   return MaybeRebuild();
 }
 
@@ -269,7 +285,7 @@ Status Shard::Impl::ApplyUpsert(std::span<const Item> items) {
     items_[it.id] = Meta{label++, !it.image.empty(), it.attributes};
     label_ids_.push_back(it.id);
   }
-  KEEL_RETURN_IF_ERROR(index_->Add(text.data(), static_cast<int64_t>(items.size())));
+  KEEL_RETURN_IF_ERROR(index_->Add(text.data(), static_cast<int64_t>(items.size()), /*defer_training=*/true));
   return first;
 }
 

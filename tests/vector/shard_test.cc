@@ -482,6 +482,39 @@ TEST(ShardTest, SearchesRunWhileWritesAndDeletesHappen) {
   EXPECT_EQ(shard->Stats().items, 2000);
 }
 
+// IVF training runs outside the shard's lock (searches go on over the exact buffer): searches
+// racing the upsert that crosses the training size all succeed, and each finds its own vector
+// first (SIFT query q is base vector q, distance 0) before, during and after training.
+TEST(ShardTest, SearchesRaceTheUpsertThatTrainsAnIvfIndex) {
+  TempDir dir("keel-shard");
+  ShardOptions o = Options(dir.path(), IndexKind::kIvfFlat);  // 100 lists: trains at 3,900 items
+  o.wal_sync = false;
+  auto shard = OpenShard(o);
+  Load(*shard, 0, 3000, 1000);
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0}, wrong{0}, done{0};
+  std::thread reader([&] {
+    while (!stop) {
+      const int64_t q = done % 100;
+      auto r = shard->Search(TextQuery(q, 1));
+      if (!r.ok()) {
+        ++errors;
+      } else if (r->hits.empty() || r->hits[0].id != static_cast<uint64_t>(q)) {
+        ++wrong;
+      }
+      ++done;
+    }
+  });
+  Load(*shard, 3000, 10000, 1000);
+  stop = true;
+  reader.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(done.load(), 0);
+  EXPECT_EQ(shard->Stats().items, 10000);
+  EXPECT_GE(ShardRecall(*shard), 0.9);
+}
+
 // The bulk path at scale: KEEL_BULK_ITEMS (default 1,000,000) random 128+128-float items into an
 // IVF-Flat shard in batches of 10,000, one fsync per batch. Disabled by default (minutes, GiBs);
 // run with --gtest_also_run_disabled_tests --gtest_filter='*BulkLoad*'.
