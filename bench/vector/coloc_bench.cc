@@ -25,7 +25,11 @@
 //   coloc_bench [--items 1000000] [--warm 3000] [--queries 3000] [--mixes 0,25,50,75,100]
 //               [--topics 20000] [--zipf 1.0] [--query-noise 0] [--dram-pct 5] [--ssd-pct 15] [--cold-pct 30]
 //               [--lists 1024] [--nprobe 16] [--rerank 10] [--seed 1] [--dir /tmp/...]
-//               [--redis host:port | --redis-server redis-server]
+//               [--redis host:port | --redis-server redis-server] [--remote-delay-us 0]
+//
+// --remote-delay-us N puts a DelayProxy (bench/common/delay_proxy.h) between the shard and Redis,
+// holding every chunk N us in each direction: an emulated network round trip for the remote tier,
+// because this kernel has no sch_netem for `tc qdisc ... netem delay`.
 #include <faiss/IndexFlat.h>
 #include <unistd.h>
 
@@ -41,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/delay_proxy.h"
 #include "bench/common/redis_server.h"
 #include "keel/vector/coloc/placement.h"
 #include "keel/vector/shard.h"
@@ -67,6 +72,7 @@ struct Args {
   std::string dir;
   std::string redis;  // host:port of an existing server
   std::string redis_server = "redis-server";
+  int remote_delay_us = 0;  // > 0: reach Redis through a DelayProxy (emulated network)
 };
 
 std::string SharedDir() {
@@ -344,6 +350,7 @@ int main(int argc, char** argv) {
     else if (k == "--dir") a.dir = next();
     else if (k == "--redis") a.redis = next();
     else if (k == "--redis-server") a.redis_server = next();
+    else if (k == "--remote-delay-us") a.remote_delay_us = std::stoi(next());
     else {
       std::fprintf(stderr, "unknown flag %s (see the comment at the top of bench/vector/coloc_bench.cc)\n", k.c_str());
       return 2;
@@ -379,6 +386,17 @@ int main(int argc, char** argv) {
       return 1;
     }
     redis = "127.0.0.1:" + std::to_string(port);
+  }
+  std::unique_ptr<keel::bench::DelayProxy> proxy;
+  if (a.remote_delay_us > 0) {
+    const int upstream = std::stoi(redis.substr(redis.rfind(':') + 1));
+    proxy = std::make_unique<keel::bench::DelayProxy>(upstream, std::chrono::microseconds(a.remote_delay_us));
+    if (!proxy->ok()) {
+      std::fprintf(stderr, "delay proxy: cannot listen\n");
+      return 1;
+    }
+    redis = "127.0.0.1:" + std::to_string(proxy->port());
+    std::printf("remote tier through a delay proxy: +%d us per direction\n", a.remote_delay_us);
   }
 
   std::string dir = a.dir;
@@ -502,6 +520,7 @@ int main(int argc, char** argv) {
   for (const auto& l : summary) std::printf("%s\n", l.c_str());
 
   shard_or->reset();  // close the shard before its directory goes
+  proxy.reset();
   if (own_dir) std::filesystem::remove_all(dir);
   keel::bench::StopRedis(redis_pid);
   return 0;
