@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -74,6 +75,28 @@ Status WriteFileAtomic(const std::string& path, std::string_view data) {
     return Status::IOError(path + ": rename failed: " + std::strerror(errno));
   }
   return Status::Ok();
+}
+
+Status WriteAllToFd(int fd, const std::string& path, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::IOError(path + ": write: " + std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status SyncParentDir(const std::string& file) {
+  std::string dir = std::filesystem::path(file).parent_path().string();
+  if (dir.empty()) dir = ".";
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError(dir + ": open: " + std::strerror(errno));
+  int rc = ::fsync(fd);
+  ::close(fd);
+  return rc == 0 ? Status::Ok() : Status::IOError(dir + ": fsync: " + std::strerror(errno));
 }
 
 }  // namespace keel

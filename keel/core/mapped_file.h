@@ -37,5 +37,9 @@ class MappedFile {
 Result<std::string> ReadFileToString(const std::string& path);
 // Writes `data` to `path` atomically (temp file + rename).
 Status WriteFileAtomic(const std::string& path, std::string_view data);
+// Writes all n bytes to fd, retrying short writes and EINTR. IOError naming `path` otherwise.
+Status WriteAllToFd(int fd, const std::string& path, const void* data, size_t n);
+// fsyncs the directory that holds `file`, so that a rename into it survives a crash.
+Status SyncParentDir(const std::string& file);
 
 }  // namespace keel

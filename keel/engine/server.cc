@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "keel/core/http_metrics.h"
 #include "keel/core/log.h"
 #include "keel/core/signal.h"
 #include "keel/engine/openai_protocol.h"
@@ -219,45 +220,6 @@ void Server::Stop(bool cancel_in_flight) {
   }
   Log().info("engine server stopped");
 }
-
-namespace {
-
-// Counts a request in keel_requests_total the moment its status is written, so a client that
-// has its response can rely on the count already including it.
-class CountingResponder final : public HttpResponder {
- public:
-  CountingResponder(HttpResponder& inner, CounterFamily& requests, std::string route)
-      : inner_(inner), requests_(requests), route_(std::move(route)) {}
-
-  bool Send(int status, std::string_view content_type, std::string body,
-            const HttpHeaderList& extra) override {
-    Count(status);
-    return inner_.Send(status, content_type, std::move(body), extra);
-  }
-  bool BeginStream(int status, std::string_view content_type, const HttpHeaderList& extra) override {
-    Count(status);
-    return inner_.BeginStream(status, content_type, extra);
-  }
-  bool WriteChunk(std::string_view data) override { return inner_.WriteChunk(data); }
-  bool EndStream() override { return inner_.EndStream(); }
-  bool ClientGone() override { return inner_.ClientGone(); }
-  int status() const override { return inner_.status(); }
-  // A handler that never answered is answered 500 by the HTTP layer; count that too.
-  void CountIfSilent() { Count(500); }
-
- private:
-  void Count(int status) {
-    if (counted_ || inner_.status() != 0) return;
-    counted_ = true;
-    requests_.WithLabels({route_, std::to_string(status)}).Inc();
-  }
-  HttpResponder& inner_;
-  CounterFamily& requests_;
-  std::string route_;
-  bool counted_ = false;
-};
-
-}  // namespace
 
 void Server::Route(const HttpRequest& req, HttpResponder& res) {
   // The route label takes only the fixed set of known paths; anything else is "other".

@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "keel/core/log.h"
+#include "keel/vector/records.h"
 
 namespace keel::vector {
 
@@ -35,18 +36,6 @@ struct LabelSelector : faiss::IDSelector {
   }
 };
 
-template <typename T>
-void Put(std::string* out, const T& v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-template <typename T>
-bool Get(std::string_view* in, T* v) {
-  if (in->size() < sizeof(T)) return false;
-  std::memcpy(v, in->data(), sizeof(T));
-  in->remove_prefix(sizeof(T));
-  return true;
-}
 
 // Debian's FAISS links the reference BLAS, whose sgemm is slower than FAISS's own AVX2 distance
 // kernels: with the BLAS path off, IVF training and bulk adds ran 1.7x faster (100k items,
@@ -240,13 +229,13 @@ Result<std::string> TextIndex::Save() const {
     return Status::Internal(std::string("index: serialise failed: ") + e.what());
   }
   std::string out(kMagic, sizeof(kMagic));
-  Put(&out, static_cast<uint32_t>(options_.kind));
-  Put(&out, static_cast<uint32_t>(dim_));
-  Put(&out, static_cast<uint32_t>(trained_));
-  Put(&out, static_cast<uint32_t>(lists_));
-  Put(&out, static_cast<uint64_t>(live_.size()));
+  PutPod(&out, static_cast<uint32_t>(options_.kind));
+  PutPod(&out, static_cast<uint32_t>(dim_));
+  PutPod(&out, static_cast<uint32_t>(trained_));
+  PutPod(&out, static_cast<uint32_t>(lists_));
+  PutPod(&out, static_cast<uint64_t>(live_.size()));
   out.append(reinterpret_cast<const char*>(live_.data()), live_.size());
-  Put(&out, static_cast<uint64_t>(w.data.size()));
+  PutPod(&out, static_cast<uint64_t>(w.data.size()));
   out.append(reinterpret_cast<const char*>(w.data.data()), w.data.size());
   return out;
 }
@@ -257,7 +246,7 @@ Result<std::unique_ptr<TextIndex>> TextIndex::Load(const IndexOptions& options, 
   bytes.remove_prefix(sizeof(kMagic));
   uint32_t kind = 0, d = 0, trained = 0, lists = 0;
   uint64_t n = 0, faiss_len = 0;
-  if (!Get(&bytes, &kind) || !Get(&bytes, &d) || !Get(&bytes, &trained) || !Get(&bytes, &lists) || !Get(&bytes, &n)) {
+  if (!GetPod(&bytes, &kind) || !GetPod(&bytes, &d) || !GetPod(&bytes, &trained) || !GetPod(&bytes, &lists) || !GetPod(&bytes, &n)) {
     return bad("truncated header");
   }
   if (kind > static_cast<uint32_t>(IndexKind::kIvfPq)) return bad("unknown index kind " + std::to_string(kind));
@@ -271,7 +260,7 @@ Result<std::unique_ptr<TextIndex>> TextIndex::Load(const IndexOptions& options, 
   ix->live_.assign(bytes.begin(), bytes.begin() + n);
   bytes.remove_prefix(n);
   ix->tombstones_ = std::count(ix->live_.begin(), ix->live_.end(), uint8_t{0});
-  if (!Get(&bytes, &faiss_len) || bytes.size() != faiss_len) return bad("faiss section length mismatch");
+  if (!GetPod(&bytes, &faiss_len) || bytes.size() != faiss_len) return bad("faiss section length mismatch");
   faiss::VectorIOReader r;
   r.data.assign(bytes.begin(), bytes.end());
   try {

@@ -6,27 +6,15 @@ namespace keel::vector {
 
 namespace {
 
-template <typename T>
-void Put(std::string* out, const T& v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-template <typename T>
-bool Get(std::string_view* in, T* v) {
-  if (in->size() < sizeof(T)) return false;
-  std::memcpy(v, in->data(), sizeof(T));
-  in->remove_prefix(sizeof(T));
-  return true;
-}
 
 void PutFloats(std::string* out, const std::vector<float>& v) {
-  Put(out, static_cast<uint32_t>(v.size()));
+  PutPod(out, static_cast<uint32_t>(v.size()));
   out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
 bool GetFloats(std::string_view* in, std::vector<float>* v) {
   uint32_t n = 0;
-  if (!Get(in, &n) || in->size() / sizeof(float) < n) return false;
+  if (!GetPod(in, &n) || in->size() / sizeof(float) < n) return false;
   v->resize(n);
   std::memcpy(v->data(), in->data(), n * sizeof(float));
   in->remove_prefix(n * sizeof(float));
@@ -34,13 +22,13 @@ bool GetFloats(std::string_view* in, std::vector<float>* v) {
 }
 
 void PutString(std::string* out, const std::string& s) {
-  Put(out, static_cast<uint32_t>(s.size()));
+  PutPod(out, static_cast<uint32_t>(s.size()));
   out->append(s);
 }
 
 bool GetString(std::string_view* in, std::string* s) {
   uint32_t n = 0;
-  if (!Get(in, &n) || in->size() < n) return false;
+  if (!GetPod(in, &n) || in->size() < n) return false;
   s->assign(in->data(), n);
   in->remove_prefix(n);
   return true;
@@ -49,10 +37,10 @@ bool GetString(std::string_view* in, std::string* s) {
 }  // namespace
 
 void EncodeItem(const Item& item, std::string* out) {
-  Put(out, item.id);
+  PutPod(out, item.id);
   PutFloats(out, item.text);
   PutFloats(out, item.image);
-  Put(out, static_cast<uint32_t>(item.attributes.size()));
+  PutPod(out, static_cast<uint32_t>(item.attributes.size()));
   for (const auto& [k, v] : item.attributes) {
     PutString(out, k);
     PutString(out, v);
@@ -61,7 +49,7 @@ void EncodeItem(const Item& item, std::string* out) {
 
 Status DecodeItem(std::string_view* in, Item* item) {
   uint32_t attrs = 0;
-  if (!Get(in, &item->id) || !GetFloats(in, &item->text) || !GetFloats(in, &item->image) || !Get(in, &attrs)) {
+  if (!GetPod(in, &item->id) || !GetFloats(in, &item->text) || !GetFloats(in, &item->image) || !GetPod(in, &attrs)) {
     return Status::Corruption("item record truncated");
   }
   item->attributes.clear();
@@ -78,16 +66,16 @@ std::string EncodeUpsert(std::span<const Item> items) {
   for (const auto& it : items) guess += 32 + (it.text.size() + it.image.size()) * sizeof(float);
   std::string out;
   out.reserve(guess);
-  Put(&out, static_cast<uint8_t>(RecordType::kUpsert));
-  Put(&out, static_cast<uint32_t>(items.size()));
+  PutPod(&out, static_cast<uint8_t>(RecordType::kUpsert));
+  PutPod(&out, static_cast<uint32_t>(items.size()));
   for (const auto& it : items) EncodeItem(it, &out);
   return out;
 }
 
 std::string EncodeDelete(std::span<const uint64_t> ids) {
   std::string out;
-  Put(&out, static_cast<uint8_t>(RecordType::kDelete));
-  Put(&out, static_cast<uint32_t>(ids.size()));
+  PutPod(&out, static_cast<uint8_t>(RecordType::kDelete));
+  PutPod(&out, static_cast<uint32_t>(ids.size()));
   out.append(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint64_t));
   return out;
 }
@@ -96,7 +84,7 @@ Result<DecodedRecord> DecodeRecord(std::string_view payload) {
   DecodedRecord r;
   uint8_t type = 0;
   uint32_t n = 0;
-  if (!Get(&payload, &type) || !Get(&payload, &n)) return Status::Corruption("record header truncated");
+  if (!GetPod(&payload, &type) || !GetPod(&payload, &n)) return Status::Corruption("record header truncated");
   if (type == static_cast<uint8_t>(RecordType::kUpsert)) {
     r.type = RecordType::kUpsert;
     r.items.resize(n);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -13,6 +14,20 @@
 #include "keel/vector/shard.h"
 
 namespace keel::vector {
+
+// Little-endian POD append / read (the host is little-endian, as every format here assumes).
+template <typename T>
+void PutPod(std::string* out, const T& v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+// False (and `in` untouched) when fewer than sizeof(T) bytes remain.
+template <typename T>
+bool GetPod(std::string_view* in, T* v) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(v, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
 
 enum class RecordType : uint8_t { kUpsert = 1, kDelete = 2 };
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "keel/core/http_metrics.h"
 #include "keel/core/log.h"
 
 namespace keel::vector {
@@ -128,37 +129,6 @@ Status ParseSearch(const json& body, int max_k, SearchRequest* r) {
   return Status::Ok();
 }
 
-// Counts a request when its status is written, before the client can see the answer, so a
-// scrape that follows a response always includes it.
-class CountingResponder final : public HttpResponder {
- public:
-  CountingResponder(HttpResponder& inner, CounterFamily& requests, std::string route)
-      : inner_(inner), requests_(requests), route_(std::move(route)) {}
-  bool Send(int status, std::string_view content_type, std::string body, const HttpHeaderList& extra) override {
-    Count(status);
-    return inner_.Send(status, content_type, std::move(body), extra);
-  }
-  bool BeginStream(int status, std::string_view content_type, const HttpHeaderList& extra) override {
-    Count(status);
-    return inner_.BeginStream(status, content_type, extra);
-  }
-  bool WriteChunk(std::string_view data) override { return inner_.WriteChunk(data); }
-  bool EndStream() override { return inner_.EndStream(); }
-  bool ClientGone() override { return inner_.ClientGone(); }
-  int status() const override { return inner_.status(); }
-  void CountIfSilent() { Count(500); }  // the HTTP layer answers a silent handler with 500
-
- private:
-  void Count(int status) {
-    if (counted_ || inner_.status() != 0) return;
-    counted_ = true;
-    requests_.WithLabels({route_, std::to_string(status)}).Inc();
-  }
-  HttpResponder& inner_;
-  CounterFamily& requests_;
-  std::string route_;
-  bool counted_ = false;
-};
 
 }  // namespace
 

@@ -36,26 +36,7 @@ static_assert(sizeof(Header) == 56 && 8 + sizeof(Header) + 8 == kHeaderBytes);
 
 std::string Errno() { return std::strerror(errno); }
 
-Status WriteAll(int fd, const std::string& path, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return Status::IOError(path + ": write: " + Errno());
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
 
-Status SyncDir(const std::string& file) {
-  std::string dir = std::filesystem::path(file).parent_path().string();
-  if (dir.empty()) dir = ".";
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(dir + ": open: " + Errno());
-  int rc = ::fsync(fd);
-  ::close(fd);
-  return rc == 0 ? Status::Ok() : Status::IOError(dir + ": fsync: " + Errno());
-}
 
 }  // namespace
 
@@ -74,7 +55,7 @@ Result<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Create(const std::string
   if (w->fd_ < 0) return Status::IOError(w->tmp_ + ": open: " + Errno());
   // The header is written last, once the section checksums are known.
   if (::lseek(w->fd_, kHeaderBytes, SEEK_SET) < 0) return Status::IOError(w->tmp_ + ": lseek: " + Errno());
-  KEEL_RETURN_IF_ERROR(WriteAll(w->fd_, w->tmp_, index_bytes.data(), index_bytes.size()));
+  KEEL_RETURN_IF_ERROR(WriteAllToFd(w->fd_, w->tmp_, index_bytes.data(), index_bytes.size()));
   w->index_len_ = index_bytes.size();
   w->index_hash_ = Xxh3_64(index_bytes.data(), index_bytes.size());
   return w;
@@ -95,7 +76,7 @@ Status SnapshotWriter::AddItem(int64_t label, const Item& item) {
 Status SnapshotWriter::Flush() {
   items_hash_->h.update(buf_);
   items_len_ += buf_.size();
-  Status s = WriteAll(fd_, tmp_, buf_.data(), buf_.size());
+  Status s = WriteAllToFd(fd_, tmp_, buf_.data(), buf_.size());
   buf_.clear();
   return s;
 }
@@ -116,7 +97,7 @@ Status SnapshotWriter::Finish() {
   fd_ = -1;
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) return Status::IOError(path_ + ": rename: " + Errno());
   finished_ = true;
-  return SyncDir(path_);
+  return SyncParentDir(path_);
 }
 
 Status ReadSnapshot(const std::string& path, SnapshotInfo* info,

@@ -10,6 +10,7 @@
 
 #include "keel/core/hash.h"
 #include "keel/core/log.h"
+#include "keel/core/mapped_file.h"
 
 namespace keel::vector {
 
@@ -40,16 +41,6 @@ Status ReadAll(int fd, const std::string& path, std::string* out) {
   return Status::Ok();
 }
 
-Status WriteAll(int fd, const std::string& path, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return Status::IOError(path + ": write: " + Errno());
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -124,7 +115,7 @@ Status Wal::Append(std::span<const std::string_view> payloads) {
     buf.append(p);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  Status s = WriteAll(fd_, path_, buf.data(), buf.size());
+  Status s = WriteAllToFd(fd_, path_, buf.data(), buf.size());
   if (s.ok() && sync_ && ::fdatasync(fd_) != 0) s = Status::IOError(path_ + ": fdatasync: " + Errno());
   if (!s.ok()) {
     // Leave no partial record behind: the next append must start on a record boundary.
