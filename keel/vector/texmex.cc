@@ -50,8 +50,10 @@ Result<VectorSet> ReadBvecs(const std::string& path, int64_t max_records) {
   return set;
 }
 
-Result<VectorSet> ReadFvecs(const std::string& path, int64_t max_records) {
-  VectorSet set;
+// .fvecs and .ivecs: 4-byte elements copied as they are into Set::values.
+template <typename Set>
+Result<Set> ReadFourByteRecords(const std::string& path, int64_t max_records) {
+  Set set;
   KEEL_RETURN_IF_ERROR(WalkRecords(path, 4, max_records, &set.dim, [&](const uint8_t* r, int d) {
     size_t at = set.values.size();
     set.values.resize(at + d);
@@ -61,15 +63,12 @@ Result<VectorSet> ReadFvecs(const std::string& path, int64_t max_records) {
   return set;
 }
 
+Result<VectorSet> ReadFvecs(const std::string& path, int64_t max_records) {
+  return ReadFourByteRecords<VectorSet>(path, max_records);
+}
+
 Result<IdSet> ReadIvecs(const std::string& path, int64_t max_records) {
-  IdSet set;
-  KEEL_RETURN_IF_ERROR(WalkRecords(path, 4, max_records, &set.dim, [&](const uint8_t* r, int d) {
-    size_t at = set.values.size();
-    set.values.resize(at + d);
-    std::memcpy(set.values.data() + at, r, static_cast<size_t>(d) * 4);
-    ++set.count;
-  }));
-  return set;
+  return ReadFourByteRecords<IdSet>(path, max_records);
 }
 
 }  // namespace keel::vector
