@@ -10,6 +10,9 @@
 #include "keel/engine/engine.h"
 #include "keel/engine/server.h"
 #include "keel/engine/throughput.h"
+#include "keel/gateway/fake_vendor.h"  // fake-vendor
+#include "keel/gateway/gateway.h"
+#include "keel/gateway/policy_service.h"  // gateway-policy
 #include "keel/kvstore/service.h"
 #include "keel/vector/service.h"
 
@@ -244,6 +247,29 @@ int RunConvert(const ConvertArgs& a) {
   return 0;
 }
 
+// ---- gateway-policy (begin): the gateway's governance service on a local socket
+struct GatewayPolicyArgs {
+  gateway::PolicyServiceOptions service;
+  std::string admin_key_file;
+};
+
+int RunGatewayPolicy(GatewayPolicyArgs a) {
+  auto admin_key = gateway::LoadAdminKey(a.admin_key_file);
+  if (!admin_key.ok()) return Fail(admin_key.status());
+  a.service.admin_key = std::move(admin_key).value();
+  const gateway::PolicyStoreOptions st = a.service.store;
+  auto service = gateway::PolicyService::Start(std::move(a.service));
+  if (!service.ok()) return Fail(service.status());
+  Log().info("gateway-policy on unix:{} (db {}, spend {}, decision TTL {} ms)", (*service)->socket_path(), st.db_path,
+             st.redis_url.empty() ? "from the ledger" : "in Redis " + st.redis_url, st.decision_ttl_ms);
+  auto sig = WaitForTerminationSignal();
+  if (!sig.ok()) return Fail(sig.status());
+  Log().info("received {}; stopping", SignalName(*sig));
+  (*service)->Stop();
+  return 0;
+}
+// ---- gateway-policy (end)
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,6 +344,42 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"coloc", "frequency", "off"}));
   vecs->add_option("--max-body-mb", vec.max_body_mb, "largest request body, MiB")->capture_default_str()->check(CLI::Range(1, 4095));
 
+  // ---- gateway (begin)
+  std::string gw_config, gw_host;
+  int gw_port = -1;
+  auto* gws = app.add_subcommand("gateway", "Serve the LLM gateway (OpenAI/Anthropic fronts, vendor adapters, budgets, policy)");
+  gws->add_option("--config,-c", gw_config, "gateway config (JSON; see docs/gateway.md)")->required()->check(CLI::ExistingFile);
+  gws->add_option("--host", gw_host, "address to bind (overrides the config)");
+  gws->add_option("--port", gw_port, "port to bind, 0 = any free port (overrides the config)")->check(CLI::Range(0, 65535));
+  // ---- gateway (end)
+
+  // ---- gateway-policy (begin)
+  GatewayPolicyArgs gwp;
+  auto* gwps = app.add_subcommand("gateway-policy", "Serve the gateway's keys, budgets, policies and usage ledger on a local socket");
+  gwps->add_option("--socket", gwp.service.socket_path, "Unix socket to listen on (mode 0600)")->capture_default_str();
+  gwps->add_option("--db", gwp.service.store.db_path, "SQLite database (created if missing)")->capture_default_str();
+  gwps->add_option("--admin-key-file", gwp.admin_key_file, "file holding the admin key (default: env KEEL_GATEWAY_ADMIN_KEY)");
+  gwps->add_option("--redis-url", gwp.service.store.redis_url, "keep budget spend in Redis (host:port) to share it across instances");
+  gwps->add_option("--decision-ttl-ms", gwp.service.store.decision_ttl_ms, "how long the gateway may cache a key decision")
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{86400000}));
+  // ---- gateway-policy (end)
+
+  // ---- fake-vendor (begin): local fakes of the OpenAI / Anthropic / Gemini APIs (see keel/gateway/fake_vendor.h)
+  keel::gateway::FakeVendorOptions fvo;
+  std::string fv_kind = "openai";
+  auto* fvs = app.add_subcommand("fake-vendor", "Serve a fake OpenAI, Anthropic or Gemini API (vendor wire formats, deterministic answers) for tests and benchmarks");
+  fvs->add_option("--kind", fv_kind, "openai, anthropic or gemini")->capture_default_str()->check(CLI::IsMember({"openai", "anthropic", "gemini"}));
+  fvs->add_option("--host", fvo.host, "address to bind")->capture_default_str();
+  fvs->add_option("--port", fvo.port, "port to bind (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  fvs->add_option("--ttft-ms", fvo.ttft_ms, "delay before the first token")->capture_default_str()->check(CLI::NonNegativeNumber);
+  fvs->add_option("--tokens-per-second", fvo.tokens_per_second, "pacing of later tokens (0 = no pacing)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  fvs->add_option("--reply-tokens", fvo.reply_tokens, "words in a full answer")->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  fvs->add_option("--api-key", fvo.api_key, "the only key accepted (default: any non-empty key)");
+  fvs->add_option("--embedding-dims", fvo.embedding_dims, "OpenAI embedding size without \"dimensions\"")->capture_default_str()->check(CLI::Range(1, 65536));
+  fvs->add_option("--slow-ms", fvo.slow_ms, "wait of models named *slow*")->capture_default_str()->check(CLI::NonNegativeNumber);
+  fvs->add_option("--max-connections", fvo.max_connections, "open connections (one thread each)")->capture_default_str()->check(CLI::Range(1, 100000));
+  // ---- fake-vendor (end)
+
   BenchArgs bench_args;
   auto* bench = app.add_subcommand("bench", "Measure prefill/decode tokens/s next to a memory-bandwidth roofline");
   bench->add_option("--model,-m", bench_args.model, "model to measure")->required();
@@ -360,6 +422,12 @@ int main(int argc, char** argv) {
   if (serve->parsed()) return RunServe(serve_args);
   if (kvs->parsed()) return RunKvstore(kv);
   if (vecs->parsed()) return RunVector(vec);
+  if (gws->parsed()) return keel::gateway::RunGatewayMain(gw_config, gw_host, gw_port);
+  if (gwps->parsed()) return RunGatewayPolicy(gwp);  // gateway-policy
+  if (fvs->parsed()) {  // fake-vendor
+    fvo.kind = keel::gateway::ParseFakeVendorKind(fv_kind).value();
+    return keel::gateway::RunFakeVendorMain(fvo);
+  }
   if (bench->parsed()) return RunBench(bench_args);
   if (inspect->parsed()) return RunInspect(inspect_path);
   if (convert->parsed()) return RunConvert(conv);

@@ -338,24 +338,30 @@ HttpServer::~HttpServer() { Stop(); }
 Status HttpServer::Start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (started_) return Status::Internal("http server already started");
-  if (options_.port < 0 || options_.port > 65535) {
+  const bool is_unix = options_.host.rfind("unix:", 0) == 0;
+  if (!is_unix && (options_.port < 0 || options_.port > 65535)) {
     return Status::InvalidArgument(fmt::format("bad port {}", options_.port));
   }
-  KEEL_ASSIGN_OR_RETURN(ListeningSocket listening, ListenTcp(options_.host, options_.port, options_.backlog));
+  KEEL_ASSIGN_OR_RETURN(ListeningSocket listening,
+                        is_unix ? ListenUnix(options_.host.substr(5), options_.backlog)
+                                : ListenTcp(options_.host, options_.port, options_.backlog));
   const int fd = listening.fd;
   const int bound = listening.port;
   int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     ::close(fd);
+    UnlinkUnixSocket(listening);
     return Status::IOError(fmt::format("eventfd: {}", std::strerror(errno)));
   }
   listen_fd_ = fd;
+  listening_ = listening;
   wake_fd_ = wake;
   port_ = bound;
   started_ = true;
   accepting_ = true;
   accept_thread_ = std::thread([this] { AcceptLoop(); });
-  Log().info("http: listening on {}:{}", options_.host, bound);
+  if (is_unix) Log().info("http: listening on {}", options_.host);
+  else Log().info("http: listening on {}:{}", options_.host, bound);
   return Status::Ok();
 }
 
@@ -563,6 +569,7 @@ void HttpServer::Stop(double drain_seconds) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  UnlinkUnixSocket(listening_);  // before close: the open socket pins its inode (see socket.h)
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
   listen_fd_ = wake_fd_ = -1;

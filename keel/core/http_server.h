@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/socket.h"
 #include "keel/core/status.h"
 
 namespace keel {
@@ -123,7 +124,9 @@ class HttpRouter {
 std::string_view HttpReason(int status);
 
 struct HttpServerOptions {
-  std::string host = "127.0.0.1";     // numeric address or resolvable name
+  // Numeric address or resolvable name; "unix:/path/to.sock" listens on a Unix-domain socket
+  // instead (mode 0600, stale file replaced, removed by Stop; see ListenUnix). port is then unused.
+  std::string host = "127.0.0.1";
   int port = 0;                        // 0 = pick a free port; see HttpServer::port()
   int max_connections = 256;           // open connections; beyond: 503 and close
   size_t max_body_bytes = 1 << 20;     // 413 beyond
@@ -143,8 +146,8 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds, listens and starts the accept thread. IOError naming host:port when the address
-  // cannot be resolved or bound; InvalidArgument for a bad port; Internal if already started.
+  // Binds, listens and starts the accept thread. IOError naming host:port (or the socket path)
+  // when the address cannot be resolved or bound; InvalidArgument for a bad port; Internal if already started.
   Status Start();
   // The bound port (the real one when options.port was 0); 0 before Start.
   int port() const { return port_.load(); }
@@ -176,6 +179,7 @@ class HttpServer {
   HttpHandler handler_;
   std::atomic<int> port_{0};
   int listen_fd_ = -1;
+  ListeningSocket listening_;  // for the Unix socket file to remove on Stop
   int wake_fd_ = -1;  // eventfd: wakes the accept loop for StopAccepting
   std::thread accept_thread_;
 

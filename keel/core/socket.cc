@@ -6,10 +6,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -73,6 +76,52 @@ Result<ListeningSocket> ListenTcp(const std::string& host, int port, int backlog
   out.port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
                                       : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   return out;
+}
+
+Result<ListeningSocket> ListenUnix(const std::string& path, int backlog) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument(fmt::format("unix socket path '{}' must have 1..{} bytes", path,
+                                               sizeof(addr.sun_path) - 1));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const auto* sa = reinterpret_cast<const sockaddr*>(&addr);
+  const socklen_t sa_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return Status::IOError(fmt::format("cannot listen on unix:{}: exists and is not a socket", path));
+    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const bool live = probe >= 0 && (::connect(probe, sa, sa_len) == 0 || errno == EAGAIN);  // EAGAIN: backlog full
+    if (probe >= 0) ::close(probe);
+    if (live) return Status::IOError(fmt::format("cannot listen on unix:{}: another server is accepting there", path));
+    ::unlink(path.c_str());  // stale: its server died without cleaning up
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::IOError(fmt::format("cannot listen on unix:{}: socket: {}", path, std::strerror(errno)));
+  // Connecting needs write permission on the file; until listen() nobody can connect at all, so
+  // tightening the mode between bind and listen leaves no window for other users.
+  if (::bind(fd, sa, sa_len) != 0 || ::chmod(path.c_str(), 0600) != 0 || ::lstat(path.c_str(), &st) != 0 ||
+      ::listen(fd, backlog) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    return Status::IOError(fmt::format("cannot listen on unix:{}: {}", path, err));
+  }
+  ListeningSocket out;
+  out.fd = fd;
+  out.unix_path = path;
+  out.unix_dev = static_cast<uint64_t>(st.st_dev);
+  out.unix_ino = static_cast<uint64_t>(st.st_ino);
+  return out;
+}
+
+void UnlinkUnixSocket(const ListeningSocket& socket) {
+  if (socket.unix_path.empty()) return;
+  struct stat st{};
+  if (::lstat(socket.unix_path.c_str(), &st) != 0) return;
+  if (static_cast<uint64_t>(st.st_dev) == socket.unix_dev && static_cast<uint64_t>(st.st_ino) == socket.unix_ino) {
+    ::unlink(socket.unix_path.c_str());
+  }
 }
 
 Result<int> ConnectTcp(const std::string& host, int port, int timeout_ms) {
@@ -190,10 +239,18 @@ AcceptResult AcceptConnection(int listen_fd, int wake_fd, int poll_ms, const cha
     }
     return AcceptResult::kNone;
   }
-  int one = 1;
-  ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (ss.ss_family == AF_UNIX) {
+    ucred cred{};
+    socklen_t cred_len = sizeof(cred);
+    *peer = ::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0
+                ? fmt::format("unix:pid={},uid={}", cred.pid, cred.uid)
+                : "unix";
+  } else {
+    int one = 1;
+    ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    *peer = PeerName(ss);
+  }
   *fd = c;
-  *peer = PeerName(ss);
   return AcceptResult::kAccepted;
 }
 

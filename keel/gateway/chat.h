@@ -1,0 +1,114 @@
+// The gateway's one internal form of a chat request and response. Every client format (OpenAI
+// chat/completions, Anthropic messages) is parsed into it and every upstream format (OpenAI,
+// Anthropic, Gemini, `keel serve`) is written from it, so N formats need 2N translators, not N².
+// Fields a format cannot express are dropped on the way out, never invented.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace keel::gateway {
+
+// Wire formats the gateway speaks. Upstreams: kOpenAIChat (OpenAI and `keel serve`),
+// kAnthropicMessages, kGemini. Clients: kOpenAIChat, kOpenAICompletions, kAnthropicMessages.
+enum class WireFormat { kOpenAIChat, kOpenAICompletions, kAnthropicMessages, kGemini };
+const char* WireFormatName(WireFormat f);  // "openai-chat", "openai-completions", "anthropic", "gemini"
+
+struct ToolCall {
+  std::string id;              // vendor call id ("call_..", "toolu_.."); generated when absent
+  std::string name;
+  std::string arguments_json;  // JSON object text, as the model produced it
+};
+
+struct Message {
+  std::string role;                 // "user", "assistant", "tool" (system lives in ChatRequest)
+  std::string content;              // text (multi-part text content is concatenated)
+  std::vector<ToolCall> tool_calls; // assistant turns that called tools
+  std::string tool_call_id;         // role "tool": which call this result answers
+  std::string name;                 // role "tool": the function's name, when known
+};
+
+struct Tool {
+  std::string name;
+  std::string description;
+  std::string parameters_json;  // JSON Schema object text ("{}" when none)
+};
+
+struct ChatRequest {
+  WireFormat client_format = WireFormat::kOpenAIChat;
+  std::string model;                 // as the client named it (a virtual model name)
+  std::string system;                // system prompt(s), joined with "\n"
+  std::vector<Message> messages;
+  std::string prompt;                // kOpenAICompletions only: the prompt text
+  std::vector<Tool> tools;
+  std::string tool_choice;           // "", "auto", "none", "required", or a function name
+  std::optional<int64_t> max_tokens;
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool stream_include_usage = false;  // OpenAI stream_options.include_usage
+  std::string user;                   // OpenAI "user" / Anthropic metadata.user_id
+};
+
+enum class FinishReason { kNone, kStop, kLength, kToolCalls, kContentFilter };
+
+struct Usage {
+  int64_t input_tokens = -1;   // -1: not reported
+  int64_t output_tokens = -1;
+};
+
+struct ChatResponse {
+  std::string id;
+  std::string model;           // the upstream model that answered
+  int64_t created = 0;         // unix seconds
+  std::string content;
+  std::vector<ToolCall> tool_calls;
+  FinishReason finish = FinishReason::kNone;
+  Usage usage;
+};
+
+// One step of a streamed answer, vendor-neutral.
+struct StreamEvent {
+  enum class Kind {
+    kStart,          // id/model known (first event)
+    kTextDelta,      // text
+    kToolCallStart,  // tool_index, tool_call.id, tool_call.name
+    kToolCallDelta,  // tool_index, text = a piece of the arguments JSON
+    kFinish,         // finish
+    kUsage,          // usage (may come before or after kFinish)
+    kDone,           // the upstream ended the stream cleanly
+  };
+  Kind kind = Kind::kTextDelta;
+  std::string id;
+  std::string model;
+  std::string text;
+  int tool_index = 0;
+  ToolCall tool_call;
+  FinishReason finish = FinishReason::kNone;
+  Usage usage;
+};
+
+// An error in vendor-neutral form: HTTP status plus a kind that every format can express.
+enum class ErrorKind {
+  kInvalidRequest,   // 400
+  kAuthentication,   // 401
+  kPermission,       // 403
+  kNotFound,         // 404
+  kRequestTooLarge,  // 413
+  kRateLimit,        // 429 (also: budget exhausted)
+  kApi,              // 500
+  kBadGateway,       // 502 (upstream garbage, truncated stream)
+  kOverloaded,       // 503 / 529
+  kTimeout,          // 504
+};
+
+struct GatewayError {
+  int status = 500;
+  ErrorKind kind = ErrorKind::kApi;
+  std::string message;
+};
+
+}  // namespace keel::gateway

@@ -1,0 +1,168 @@
+// The gateway's JSON config (documented in docs/gateway.md).
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "keel/gateway/gateway.h"
+
+namespace keel::gateway {
+namespace {
+
+using nlohmann::json;
+
+Status Expect(bool ok, const std::string& field, const char* what) {
+  if (ok) return Status::Ok();
+  return Status::InvalidArgument("gateway config: " + field + ": expected " + what);
+}
+
+template <typename T>
+Status ReadNumber(const json& obj, const char* key, const std::string& where, T* out, double min, double max) {
+  if (!obj.contains(key)) return Status::Ok();
+  const json& v = obj[key];
+  const std::string field = where + key;
+  if (!v.is_number()) return Expect(false, field, "a number");
+  const double d = v.get<double>();
+  if (!(d >= min && d <= max)) {
+    return Status::InvalidArgument("gateway config: " + field + ": " + std::to_string(d) + " is outside [" +
+                                   std::to_string(min) + ", " + std::to_string(max) + "]");
+  }
+  *out = static_cast<T>(d);
+  return Status::Ok();
+}
+
+Status ReadString(const json& obj, const char* key, const std::string& where, std::string* out, bool required) {
+  if (!obj.contains(key)) {
+    if (required) return Status::InvalidArgument("gateway config: " + where + key + ": missing");
+    return Status::Ok();
+  }
+  if (!obj[key].is_string()) return Expect(false, where + key, "a string");
+  *out = obj[key].get<std::string>();
+  if (required && out->empty()) return Status::InvalidArgument("gateway config: " + where + key + ": empty");
+  return Status::Ok();
+}
+
+Result<WireFormat> ParseUpstreamFormat(const std::string& s, const std::string& field) {
+  if (s == "openai" || s == "keel") return WireFormat::kOpenAIChat;
+  if (s == "anthropic") return WireFormat::kAnthropicMessages;
+  if (s == "gemini") return WireFormat::kGemini;
+  return Status::InvalidArgument("gateway config: " + field + ": unknown format \"" + s +
+                                 "\" (openai, keel, anthropic, gemini)");
+}
+
+}  // namespace
+
+Result<GatewayConfig> ParseGatewayConfig(std::string_view text) {
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return Status::InvalidArgument("gateway config: not a JSON object");
+  }
+  GatewayConfig c;
+  if (root.contains("listen")) {
+    const json& l = root["listen"];
+    KEEL_RETURN_IF_ERROR(Expect(l.is_object(), "listen", "an object"));
+    KEEL_RETURN_IF_ERROR(ReadString(l, "host", "listen.", &c.host, false));
+    KEEL_RETURN_IF_ERROR(ReadNumber(l, "port", "listen.", &c.port, 0, 65535));
+    KEEL_RETURN_IF_ERROR(ReadNumber(l, "threads", "listen.", &c.threads, 1, 256));
+    KEEL_RETURN_IF_ERROR(ReadString(l, "tls_cert", "listen.", &c.tls_cert_file, false));
+    KEEL_RETURN_IF_ERROR(ReadString(l, "tls_key", "listen.", &c.tls_key_file, false));
+    KEEL_RETURN_IF_ERROR(ReadNumber(l, "max_body_bytes", "listen.", &c.max_body_bytes, 1024, 1 << 30));
+    KEEL_RETURN_IF_ERROR(ReadNumber(l, "client_timeout_s", "listen.", &c.client_timeout_seconds, 0.01, 3600));
+    if (c.tls_cert_file.empty() != c.tls_key_file.empty()) {
+      return Status::InvalidArgument("gateway config: listen.tls_cert and listen.tls_key go together");
+    }
+  }
+  if (root.contains("policy")) {
+    const json& p = root["policy"];
+    KEEL_RETURN_IF_ERROR(Expect(p.is_object(), "policy", "an object"));
+    KEEL_RETURN_IF_ERROR(ReadString(p, "socket", "policy.", &c.policy_socket, false));
+    KEEL_RETURN_IF_ERROR(ReadNumber(p, "timeout_s", "policy.", &c.policy_timeout_seconds, 0.001, 60));
+    KEEL_RETURN_IF_ERROR(ReadNumber(p, "usage_flush_s", "policy.", &c.usage_flush_seconds, 0.001, 60));
+  }
+  KEEL_RETURN_IF_ERROR(ReadNumber(root, "default_max_tokens", "", &c.default_max_tokens, 1, 1e7));
+
+  KEEL_RETURN_IF_ERROR(Expect(root.contains("upstreams") && root["upstreams"].is_array(), "upstreams", "an array"));
+  std::set<std::string> upstream_names;
+  for (size_t i = 0; i < root["upstreams"].size(); ++i) {
+    const json& u = root["upstreams"][i];
+    const std::string where = "upstreams[" + std::to_string(i) + "].";
+    KEEL_RETURN_IF_ERROR(Expect(u.is_object(), where, "an object"));
+    UpstreamConfig up;
+    KEEL_RETURN_IF_ERROR(ReadString(u, "name", where, &up.name, true));
+    std::string format = "openai";
+    KEEL_RETURN_IF_ERROR(ReadString(u, "format", where, &format, false));
+    KEEL_ASSIGN_OR_RETURN(up.format, ParseUpstreamFormat(format, where + "format"));
+    KEEL_RETURN_IF_ERROR(ReadString(u, "base_url", where, &up.base_url, true));
+    while (!up.base_url.empty() && up.base_url.back() == '/') up.base_url.pop_back();
+    if (up.base_url.rfind("http://", 0) != 0 && up.base_url.rfind("https://", 0) != 0) {
+      return Status::InvalidArgument("gateway config: " + where + "base_url: must start with http:// or https://");
+    }
+    KEEL_RETURN_IF_ERROR(ReadString(u, "api_key", where, &up.api_key, false));
+    std::string env;
+    KEEL_RETURN_IF_ERROR(ReadString(u, "api_key_env", where, &env, false));
+    if (!env.empty()) {
+      const char* v = std::getenv(env.c_str());
+      if (v == nullptr || *v == '\0') {
+        return Status::InvalidArgument("gateway config: " + where + "api_key_env: $" + env + " is not set");
+      }
+      up.api_key = v;
+    }
+    KEEL_RETURN_IF_ERROR(ReadNumber(u, "timeout_s", where, &up.timeout_seconds, 0.01, 3600));
+    if (!upstream_names.insert(up.name).second) {
+      return Status::InvalidArgument("gateway config: " + where + "name: duplicate upstream \"" + up.name + "\"");
+    }
+    c.upstreams.push_back(std::move(up));
+  }
+
+  KEEL_RETURN_IF_ERROR(Expect(root.contains("models") && root["models"].is_array(), "models", "an array"));
+  std::set<std::string> model_names;
+  for (size_t i = 0; i < root["models"].size(); ++i) {
+    const json& m = root["models"][i];
+    const std::string where = "models[" + std::to_string(i) + "].";
+    KEEL_RETURN_IF_ERROR(Expect(m.is_object(), where, "an object"));
+    VirtualModel vm;
+    KEEL_RETURN_IF_ERROR(ReadString(m, "name", where, &vm.name, true));
+    KEEL_RETURN_IF_ERROR(Expect(m.contains("targets") && m["targets"].is_array() && !m["targets"].empty(),
+                                where + "targets", "a non-empty array"));
+    for (size_t j = 0; j < m["targets"].size(); ++j) {
+      const json& t = m["targets"][j];
+      const std::string tw = where + "targets[" + std::to_string(j) + "].";
+      KEEL_RETURN_IF_ERROR(Expect(t.is_object(), tw, "an object"));
+      RouteTarget rt;
+      KEEL_RETURN_IF_ERROR(ReadString(t, "upstream", tw, &rt.upstream, true));
+      KEEL_RETURN_IF_ERROR(ReadString(t, "model", tw, &rt.model, true));
+      if (!upstream_names.count(rt.upstream)) {
+        return Status::InvalidArgument("gateway config: " + tw + "upstream: no upstream named \"" + rt.upstream + "\"");
+      }
+      vm.targets.push_back(std::move(rt));
+    }
+    if (m.contains("tokenizer")) {
+      const json& t = m["tokenizer"];
+      KEEL_RETURN_IF_ERROR(Expect(t.is_object(), where + "tokenizer", "an object {path, vocab_size}"));
+      KEEL_RETURN_IF_ERROR(ReadString(t, "path", where + "tokenizer.", &vm.tokenizer_path, true));
+      KEEL_RETURN_IF_ERROR(ReadNumber(t, "vocab_size", where + "tokenizer.", &vm.tokenizer_vocab, 1, 1 << 22));
+      if (vm.tokenizer_vocab == 0) {
+        return Status::InvalidArgument("gateway config: " + where + "tokenizer.vocab_size: missing");
+      }
+    }
+    if (!model_names.insert(vm.name).second) {
+      return Status::InvalidArgument("gateway config: " + where + "name: duplicate model \"" + vm.name + "\"");
+    }
+    c.models.push_back(std::move(vm));
+  }
+  return c;
+}
+
+Result<GatewayConfig> LoadGatewayConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError("gateway config: cannot open " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto c = ParseGatewayConfig(ss.str());
+  if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
+  return c;
+}
+
+}  // namespace keel::gateway

@@ -1,0 +1,105 @@
+// The gateway's side of governance: a TTL cache of KeyDecisions (refreshed in the background at
+// half their TTL, served stale when the policy service is down), local budget accounting
+// (reserve before a request, settle after it) and the usage reporter that sends settled usage
+// to the policy service in batches. Thread-safe; coroutines on any io thread may call it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/core/metrics.h"
+#include "keel/gateway/async_http.h"
+#include "keel/gateway/policy.h"
+
+namespace keel::gateway {
+
+struct GovernanceOptions {
+  std::string policy_socket;
+  double policy_timeout_seconds = 0.5;
+  size_t max_cached_keys = 100000;
+  size_t max_queued_usage = 100000;  // records kept while the policy service is down
+};
+
+// What a request holds between Reserve and Settle.
+struct Reservation {
+  std::vector<std::string> budget_ids;
+  int64_t tokens = 0;
+  double cost = 0;
+};
+
+class Governance {
+ public:
+  enum class Source { kFresh, kCached, kStale };
+  struct Lookup {
+    std::shared_ptr<const KeyDecision> decision;  // null: policy service unreachable, key not cached
+    Source source = Source::kFresh;
+    Status error;  // why the service could not answer (when it could not)
+  };
+
+  Governance(boost::asio::io_context& io, GovernanceOptions options, MetricsRegistry& metrics);
+  ~Governance();
+
+  // The decision for `key_hash`: cached when fresh (a refresh starts in the background past half
+  // the TTL), fetched when missing or expired; when the fetch fails a cached decision is served
+  // stale, otherwise `decision` is null.
+  Task<Lookup> Resolve(const std::string& key_hash);
+
+  // Reserves `tokens`/`cost` against every budget of the decision. On exhaustion returns
+  // ResourceExhausted naming the budget (scope, subject, window, spent/limit) and reserves
+  // nothing.
+  Status Reserve(const KeyDecision& decision, int64_t tokens, double cost, Reservation* out);
+  // Replaces the reservation by the actual usage and queues the usage record.
+  void Settle(const Reservation& reservation, UsageRecord record);
+  // Drops a reservation without usage (request failed before any tokens were spent).
+  void Release(const Reservation& reservation);
+
+  // Sends queued usage (one batch); OK when nothing was queued.
+  Task<Status> Flush();
+  size_t queued_usage() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const KeyDecision> decision;
+    std::chrono::steady_clock::time_point fetched;
+    std::chrono::steady_clock::time_point expires;
+    bool refreshing = false;
+    bool budgets_outdated = false;  // usage was acknowledged after this decision was made
+  };
+  struct BudgetLocal {
+    int64_t pending_tokens = 0;  // reserved by requests in flight
+    double pending_cost = 0;
+    int64_t unreported_tokens = 0;  // settled, not yet acknowledged by the policy service
+    double unreported_cost = 0;
+  };
+  struct QueuedUsage {
+    UsageRecord record;
+    std::vector<std::string> budget_ids;
+  };
+
+  Task<Result<KeyDecision>> Fetch(const std::string& key_hash);
+  Task<void> Refresh(std::string key_hash);
+  void Store(const std::string& key_hash, KeyDecision decision);
+
+  boost::asio::io_context& io_;
+  GovernanceOptions options_;
+  HttpClient client_;
+  CounterFamily& cache_lookups_;
+  CounterFamily& policy_unavailable_;
+  CounterFamily& usage_records_;
+  CounterFamily& budget_denied_;
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entry> cache_;
+  std::map<std::string, BudgetLocal> budgets_;
+  std::deque<QueuedUsage> queue_;
+  bool flushing_ = false;
+};
+
+}  // namespace keel::gateway

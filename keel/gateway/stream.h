@@ -1,0 +1,96 @@
+// Streaming translation. An upstream's byte stream (SSE for OpenAI/Anthropic/`keel serve`, SSE
+// from Gemini's streamGenerateContent?alt=sse) is decoded incrementally into StreamEvents, and
+// StreamEvents are encoded into the client's SSE format. Both sides work on arbitrary chunk
+// boundaries (a chunk may end mid-line or mid-UTF-8 sequence) and hold bounded state.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/core/status.h"
+#include "keel/gateway/chat.h"
+
+namespace keel::gateway {
+
+// Incremental SSE framing per the WHATWG event-stream rules: lines end in LF, CRLF or CR (a CRLF
+// split across two Feed calls is one line end); "event:" sets the name, "data:" lines are joined
+// with "\n", "id:"/"retry:"/unknown fields and ":" comments are ignored, one space after the colon
+// is stripped, a blank line dispatches the event -- only when it had a data line (an event with no
+// data is dropped, as browsers do). A leading UTF-8 BOM is skipped. Not thread-safe; one per stream.
+class SseParser {
+ public:
+  struct Event {
+    std::string event;  // "" when the event had no "event:" line
+    std::string data;   // data lines joined with "\n"
+  };
+  explicit SseParser(size_t max_event_bytes = 1 << 20) : max_event_bytes_(max_event_bytes) {}
+  // Appends bytes; complete events are appended to `out`. InvalidArgument when one event grows
+  // past max_event_bytes (the stream is then unusable).
+  Status Feed(std::string_view bytes, std::vector<Event>* out);
+  // True when bytes of an unfinished event are buffered (a stream that ends now was truncated).
+  bool HasPartialEvent() const;
+
+ private:
+  size_t max_event_bytes_;
+  std::string buffer_;
+  Event current_;
+  bool current_has_fields_ = false;
+  bool has_data_ = false;       // current_ saw a "data" field (dispatch rule)
+  bool skip_lf_ = false;        // the last Feed ended in CR: a leading LF completes that CRLF
+  bool first_line_ = true;      // BOM check pending
+  bool failed_ = false;         // max_event_bytes was exceeded; every later Feed fails
+
+  Status ProcessLine(std::string_view line, std::vector<Event>* out);
+};
+
+// Upstream stream -> StreamEvents. Not thread-safe; one per upstream response.
+//
+// Event order: kStart first (when the upstream names an id/model), then text and tool events in
+// stream order, at most one kFinish, kUsage any number of times (before or after kFinish), and
+// kDone last (from Finish only). A kUsage field of -1 means "not in this event": consumers keep
+// the latest non-negative value of each field (all vendors report running totals).
+// Tool calls: tool_index counts calls 0, 1, 2... in order of their kToolCallStart (not the
+// vendor's index); every kToolCallDelta follows its call's kToolCallStart.
+class StreamDecoder {
+ public:
+  virtual ~StreamDecoder() = default;
+  // Feeds raw body bytes. Error (kBadGateway-worthy) on malformed JSON in an event, an event
+  // of an unknown shape that the format makes mandatory, or an in-stream error event (its message
+  // is carried in the Status). Codes: Corruption (garbage), Unavailable (the vendor's own error
+  // event; see upstream_error()), InvalidArgument (an event over max_event_bytes). Events decoded
+  // before the failure are still appended. Errors are sticky: later Feed/Finish return the same.
+  virtual Status Feed(std::string_view bytes, std::vector<StreamEvent>* out) = 0;
+  // The upstream closed the body. Emits kDone when the stream had ended properly ([DONE],
+  // message_stop, a Gemini chunk with finishReason); Corruption("truncated stream: ...") otherwise.
+  virtual Status Finish(std::vector<StreamEvent>* out) = 0;
+  // After Feed failed on an in-stream error event (OpenAI/Gemini {"error":{..}}, Anthropic
+  // `event: error`): the vendor's error in neutral form (status is the HTTP status the kind
+  // implies, since the real one was 200). Null otherwise -- e.g. for malformed JSON (Corruption).
+  virtual const GatewayError* upstream_error() const { return nullptr; }
+};
+// Never null. kOpenAICompletions decodes legacy completions chunks (choices[].text) with the
+// OpenAI decoder. `max_event_bytes` bounds one SSE event (the decoder's only unbounded input).
+std::unique_ptr<StreamDecoder> MakeStreamDecoder(WireFormat upstream);
+std::unique_ptr<StreamDecoder> MakeStreamDecoder(WireFormat upstream, size_t max_event_bytes);
+
+// StreamEvents -> client SSE bytes. Accepts any event order (no kStart, kDone without kFinish,
+// text after tools, nothing at all) and always writes a well-formed client stream ending at kDone
+// or EncodeError; events after that are ignored. Not thread-safe; one per client response.
+class StreamEncoder {
+ public:
+  virtual ~StreamEncoder() = default;
+  // Appends the SSE bytes for `event` (possibly none) to `out`.
+  virtual void Encode(const StreamEvent& event, std::string* out) = 0;
+  // Appends an in-stream error event in the client's format (after headers were sent, an error
+  // can only be reported inside the stream), then ends the stream.
+  virtual void EncodeError(const GatewayError& error, std::string* out) = 0;
+};
+// Never null; kGemini (not a client format) gets the OpenAI chat encoder.
+// `client_model` is the model name echoed to the client; `include_usage` = OpenAI's
+// stream_options.include_usage (Anthropic always carries usage in message_start/message_delta).
+std::unique_ptr<StreamEncoder> MakeStreamEncoder(WireFormat client, const std::string& client_model,
+                                                 bool include_usage);
+
+}  // namespace keel::gateway

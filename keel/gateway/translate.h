@@ -1,0 +1,72 @@
+// Non-streaming translation between wire formats and the gateway's ChatRequest/ChatResponse,
+// plus error bodies in every format. Pure functions: no I/O, thread-safe.
+//
+// Parsers validate what the gateway relies on (types, required fields, sizes) and return
+// InvalidArgument with a message naming the field ("messages[2].content: expected string or
+// array"); they never throw.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "keel/core/status.h"
+#include "keel/gateway/chat.h"
+
+namespace keel::gateway {
+
+// ---- client requests -> ChatRequest
+Result<ChatRequest> ParseOpenAIChatRequest(std::string_view body);
+Result<ChatRequest> ParseOpenAICompletionsRequest(std::string_view body);
+Result<ChatRequest> ParseAnthropicMessagesRequest(std::string_view body);
+Result<ChatRequest> ParseClientRequest(WireFormat format, std::string_view body);
+
+// ---- ChatRequest -> upstream request body, for `upstream_model`.
+// kOpenAIChat: /v1/chat/completions body (also for `keel serve`); kAnthropicMessages:
+// /v1/messages body (max_tokens is required there: `default_max_tokens` fills it);
+// kGemini: generateContent / streamGenerateContent body (the model is in the URL, not the body).
+// A kOpenAICompletions request sent to a chat upstream becomes one user message.
+std::string BuildUpstreamRequest(WireFormat upstream, const ChatRequest& request,
+                                 const std::string& upstream_model, int64_t default_max_tokens = 4096);
+
+// Tool arguments: an OpenAI arguments string is kept verbatim (even if not valid JSON) when
+// going to OpenAI; Anthropic/Gemini need an object, so empty text becomes {} and text that is not
+// a JSON object becomes {"_raw": "<text>"}. Gemini tool results that are not a JSON object are
+// sent as {"result": "<text>"}; Gemini function names for results come from Message::name, else
+// the earlier call with that id. Streaming to an OpenAI upstream always asks for
+// stream_options.include_usage (the gateway counts tokens); whether the client sees usage is
+// the stream encoder's include_usage.
+//
+// ---- upstream response body -> ChatResponse
+// Corruption (never InvalidArgument: the client did nothing wrong) for malformed JSON, a missing
+// choices/content/candidates, or an error object in a 200 body. Gemini calls get ids "call_<i>".
+Result<ChatResponse> ParseUpstreamResponse(WireFormat upstream, std::string_view body);
+
+// ---- ChatResponse -> client response body. `client_model` is the name the client asked for.
+// created == 0 becomes now; the id gets the format's prefix ("chatcmpl-", "cmpl-", "msg_") unless
+// it has it (empty: a random one). Unknown usage (-1) is omitted for OpenAI, 0 for Anthropic.
+std::string BuildClientResponse(WireFormat client, const ChatResponse& response,
+                                const std::string& client_model);
+
+// ---- errors
+// Reads a vendor's error body (any status >= 400) into a GatewayError; a body that is not the
+// vendor's error JSON still gives a GatewayError with the HTTP status and a short excerpt
+// (printable ASCII, at most ~200 bytes). The kind follows the status, refined by the vendor's type
+// (overloaded_error, RESOURCE_EXHAUSTED, ...); 529 becomes status 503; a status outside 400..599
+// becomes 502.
+GatewayError ParseUpstreamError(WireFormat upstream, int http_status, std::string_view body);
+// The error body a client of `client` format expects (OpenAI {"error":{message,type,param,code}},
+// Anthropic {"type":"error","error":{type,message}}, Gemini {"error":{code,message,status}}).
+std::string BuildErrorBody(WireFormat client, const GatewayError& error);
+// Kind for an HTTP status, and the status for a kind.
+ErrorKind ErrorKindForStatus(int http_status);
+int StatusForErrorKind(ErrorKind kind);
+
+// Stop-reason strings per format ("stop"/"length"/"tool_calls"; "end_turn"/"max_tokens"/
+// "tool_use"/"stop_sequence"; "STOP"/"MAX_TOKENS"/"SAFETY"). Never null: kNone gives "" for
+// OpenAI/Anthropic (write JSON null) and "FINISH_REASON_UNSPECIFIED" for Gemini. Gemini has no
+// tool-call reason (kToolCalls gives "STOP"); Anthropic content filtering is "refusal".
+// ParseFinishReason: "" gives kNone; an unknown non-empty name gives kStop (the turn did end).
+const char* FinishReasonName(WireFormat format, FinishReason reason);
+FinishReason ParseFinishReason(WireFormat format, std::string_view name);
+
+}  // namespace keel::gateway

@@ -1,0 +1,95 @@
+// Internal to the translate*.cc files: JSON helpers that validate while they read, shared
+// bounds, tool-argument conversion, and the per-format builders the dispatchers in translate.cc
+// call. Not part of the gateway's API.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/core/status.h"
+#include "keel/gateway/chat.h"
+
+namespace keel::gateway::internal {
+
+using nlohmann::json;
+
+// Bounds on client input. Real clients stay far below them; they stop a request from making
+// the gateway do unbounded work before policy sees it.
+inline constexpr size_t kMaxMessages = 10000;
+inline constexpr size_t kMaxParts = 10000;   // content parts / blocks in one message
+inline constexpr size_t kMaxTools = 1000;
+inline constexpr size_t kMaxToolCalls = 1000;  // in one assistant turn
+inline constexpr size_t kMaxStop = 64;
+inline constexpr int kMaxJsonDepth = 128;  // dump() recurses; deep input could overflow the stack
+
+// Parses `body` as a JSON object. InvalidArgument (`what`: "request body") for malformed JSON,
+// nesting deeper than kMaxJsonDepth, or a top level that is not an object.
+Result<json> ParseObject(std::string_view body, const char* what);
+// Same for upstream bodies; failures are Corruption (the upstream sent garbage).
+Result<json> ParseUpstreamObject(std::string_view body);
+
+// Compact serialisation; bytes that are not valid UTF-8 become U+FFFD instead of throwing.
+std::string Dump(const json& j);
+
+// obj[key] when obj is an object and that is a string, else `fallback`. Never throws (json::value
+// throws on a type mismatch, so it is not used on untrusted input).
+std::string StringOr(const json& obj, const char* key, const std::string& fallback = "");
+
+// Field readers: absent (or JSON null) leaves `out` unchanged and returns OK; a present value of
+// the wrong type is InvalidArgument "<path>: expected ...". `path` is the field's full name.
+Status ReadString(const json& obj, const char* key, const std::string& path, std::string* out);
+Status ReadRequiredString(const json& obj, const char* key, const std::string& path, std::string* out);
+Status ReadPositiveInt(const json& obj, const char* key, const std::string& path,
+                       std::optional<int64_t>* out);
+Status ReadNumber(const json& obj, const char* key, const std::string& path, std::optional<double>* out);
+Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out);
+// A string or an array of strings (OpenAI "stop"); Anthropic's stop_sequences passes
+// `allow_single_string` = false.
+Status ReadStop(const json& obj, const char* key, const std::string& path, bool allow_single_string,
+                std::vector<std::string>* out);
+// A JSON value that must be an object (or absent: "{}"); returns its compact text.
+Status ReadObjectText(const json& obj, const char* key, const std::string& path, std::string* out);
+
+// Tool arguments. arguments_json is the object text; OpenAI carries it as a string, Anthropic
+// and Gemini as an object. Text that is empty becomes {}; text that is not a JSON object is
+// wrapped as {"_raw": "<text>"} so it survives (visibly) a format that needs an object.
+json ArgumentsObject(const std::string& arguments_json);
+// A schema text (Tool::parameters_json) as JSON; invalid or empty text gives {}.
+json SchemaObject(const std::string& parameters_json);
+
+// The messages to send upstream: request.messages, or for a completions request one user
+// message holding the prompt.
+std::vector<Message> EffectiveMessages(const ChatRequest& request);
+// The function name a role "tool" message answers: its own name, else the name of the call
+// with its tool_call_id among earlier assistant turns, else the tool_call_id itself.
+std::string ToolNameFor(const std::vector<Message>& messages, size_t tool_index);
+
+// A fresh random id with `prefix` ("chatcmpl-", "msg_"): for responses whose upstream gave none.
+std::string NewId(const char* prefix);
+// `id` with `prefix` unless it already starts with it; a fresh id when empty.
+std::string PrefixedId(const std::string& id, const char* prefix);
+// Unix seconds now, for responses whose upstream reported no creation time.
+int64_t NowSeconds();
+
+// ---- per format (translate_openai.cc, translate_anthropic.cc, translate_gemini.cc)
+std::string BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model);
+std::string BuildOpenAICompletionsRequest(const ChatRequest& request, const std::string& model);
+std::string BuildAnthropicRequest(const ChatRequest& request, const std::string& model,
+                                  int64_t default_max_tokens);
+std::string BuildGeminiRequest(const ChatRequest& request);
+
+Result<ChatResponse> ParseOpenAIChatResponse(const json& body);
+Result<ChatResponse> ParseOpenAICompletionsResponse(const json& body);
+Result<ChatResponse> ParseAnthropicResponse(const json& body);
+Result<ChatResponse> ParseGeminiResponse(const json& body);
+
+std::string BuildOpenAIChatResponse(const ChatResponse& response, const std::string& model);
+std::string BuildOpenAICompletionsResponse(const ChatResponse& response, const std::string& model);
+std::string BuildAnthropicResponse(const ChatResponse& response, const std::string& model);
+std::string BuildGeminiResponse(const ChatResponse& response, const std::string& model);
+
+}  // namespace keel::gateway::internal

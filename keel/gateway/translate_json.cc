@@ -1,0 +1,196 @@
+// JSON reading helpers shared by the format translators (see translate_internal.h).
+#include <ctime>
+#include <random>
+
+#include "keel/gateway/translate_internal.h"
+
+namespace keel::gateway::internal {
+
+namespace {
+
+// Nesting depth of a JSON text, counted outside strings. Checked before parsing because
+// nlohmann's dump() and destructor recurse.
+int MaxDepth(std::string_view text) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') max_depth = std::max(max_depth, ++depth);
+    else if (c == '}' || c == ']') --depth;
+  }
+  return max_depth;
+}
+
+Result<json> ParseImpl(std::string_view body, const char* what, StatusCode code) {
+  const std::string prefix = std::string(what) + ": ";
+  if (MaxDepth(body) > kMaxJsonDepth)
+    return Status(code, prefix + "JSON nested deeper than " + std::to_string(kMaxJsonDepth));
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status(code, prefix + "malformed JSON");
+  if (!j.is_object()) return Status(code, prefix + "expected a JSON object");
+  return j;
+}
+
+const json* Field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+}  // namespace
+
+Result<json> ParseObject(std::string_view body, const char* what) {
+  return ParseImpl(body, what, StatusCode::kInvalidArgument);
+}
+
+Result<json> ParseUpstreamObject(std::string_view body) {
+  return ParseImpl(body, "upstream response", StatusCode::kCorruption);
+}
+
+std::string StringOr(const json& obj, const char* key, const std::string& fallback) {
+  if (!obj.is_object()) return fallback;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+Status ReadString(const json& obj, const char* key, const std::string& path, std::string* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_string()) return Status::InvalidArgument(path + ": expected a string");
+  *out = v->get<std::string>();
+  return Status::Ok();
+}
+
+Status ReadRequiredString(const json& obj, const char* key, const std::string& path, std::string* out) {
+  if (!Field(obj, key)) return Status::InvalidArgument(path + ": required");
+  KEEL_RETURN_IF_ERROR(ReadString(obj, key, path, out));
+  if (out->empty()) return Status::InvalidArgument(path + ": must not be empty");
+  return Status::Ok();
+}
+
+Status ReadPositiveInt(const json& obj, const char* key, const std::string& path,
+                       std::optional<int64_t>* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  // 16.0 is accepted (some clients serialise every number as a double); 16.5 is not.
+  if (v->is_number_integer() && v->get<int64_t>() > 0 &&
+      !(v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX)) {
+    *out = v->get<int64_t>();
+    return Status::Ok();
+  }
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (d >= 1 && d <= 9.0e18 && d == static_cast<double>(static_cast<int64_t>(d))) {
+      *out = static_cast<int64_t>(d);
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument(path + ": expected a positive integer");
+}
+
+Status ReadNumber(const json& obj, const char* key, const std::string& path, std::optional<double>* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_number()) return Status::InvalidArgument(path + ": expected a number");
+  *out = v->get<double>();
+  return Status::Ok();
+}
+
+Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_boolean()) return Status::InvalidArgument(path + ": expected true or false");
+  *out = v->get<bool>();
+  return Status::Ok();
+}
+
+Status ReadStop(const json& obj, const char* key, const std::string& path, bool allow_single_string,
+                std::vector<std::string>* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (allow_single_string && v->is_string()) {
+    out->push_back(v->get<std::string>());
+    return Status::Ok();
+  }
+  const char* expected = allow_single_string ? ": expected a string or an array of strings"
+                                             : ": expected an array of strings";
+  if (!v->is_array()) return Status::InvalidArgument(path + expected);
+  if (v->size() > kMaxStop)
+    return Status::InvalidArgument(path + ": at most " + std::to_string(kMaxStop) + " entries");
+  for (size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string())
+      return Status::InvalidArgument(path + "[" + std::to_string(i) + "]: expected a string");
+    out->push_back((*v)[i].get<std::string>());
+  }
+  return Status::Ok();
+}
+
+Status ReadObjectText(const json& obj, const char* key, const std::string& path, std::string* out) {
+  const json* v = Field(obj, key);
+  if (!v) {
+    *out = "{}";
+    return Status::Ok();
+  }
+  if (!v->is_object()) return Status::InvalidArgument(path + ": expected a JSON object");
+  *out = Dump(*v);
+  return Status::Ok();
+}
+
+json ArgumentsObject(const std::string& arguments_json) {
+  if (arguments_json.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
+  json j = json::parse(arguments_json, nullptr, false);
+  if (!j.is_discarded() && j.is_object()) return j;
+  return json{{"_raw", arguments_json}};
+}
+
+json SchemaObject(const std::string& parameters_json) {
+  json j = json::parse(parameters_json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return json::object();
+  return j;
+}
+
+std::vector<Message> EffectiveMessages(const ChatRequest& request) {
+  if (request.messages.empty() && request.client_format == WireFormat::kOpenAICompletions) {
+    Message m;
+    m.role = "user";
+    m.content = request.prompt;
+    return {m};
+  }
+  return request.messages;
+}
+
+std::string ToolNameFor(const std::vector<Message>& messages, size_t tool_index) {
+  const Message& tool = messages[tool_index];
+  if (!tool.name.empty()) return tool.name;
+  for (size_t i = tool_index; i-- > 0;) {
+    for (const ToolCall& call : messages[i].tool_calls)
+      if (call.id == tool.tool_call_id) return call.name;
+  }
+  return tool.tool_call_id;
+}
+
+std::string NewId(const char* prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char kHex[] = "0123456789abcdef";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += kHex[rng() & 15];
+  return id;
+}
+
+std::string PrefixedId(const std::string& id, const char* prefix) {
+  if (id.empty()) return NewId(prefix);
+  if (id.rfind(prefix, 0) == 0) return id;
+  return prefix + id;
+}
+
+int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
+
+}  // namespace keel::gateway::internal
