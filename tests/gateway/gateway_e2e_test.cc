@@ -509,7 +509,7 @@ TEST_F(GatewayE2E, KeelServeUpstreamIsCountedWithTheModelsTokenizer) {
 }
 
 TEST_F(GatewayE2E, RevokedKeyIsRefusedWithinTheCacheTtl) {
-  const std::string key = CreateKey("carol", "beta");
+  const std::string key = CreateKey("carol", "gamma");  // beta's budget is spent by another test
   ASSERT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key).status, 200);
   auto [s, b] = Admin(socket_, admin_key_, "POST", "/admin/keys/revoke", json{{"key_id", key_ids_.back()}}.dump());
   ASSERT_EQ(s, 200) << b;
