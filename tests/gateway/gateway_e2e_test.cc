@@ -171,7 +171,10 @@ class GatewayE2E : public ::testing::Test {
           {{"name", "an"}, {"format", "anthropic"}, {"base_url", url(vendor_port_[1])},
            {"api_key", "vendor-secret-anthropic"}},
           {{"name", "ge"}, {"format", "gemini"}, {"base_url", url(vendor_port_[2])}, {"api_key", "vendor-secret-gemini"}},
-          {{"name", "keel"}, {"format", "keel"}, {"base_url", url(keel_port_)}, {"timeout_s", 30}}}},
+          {{"name", "keel"}, {"format", "keel"}, {"base_url", url(keel_port_)}, {"timeout_s", 30}},
+          {{"name", "oa-short"}, {"format", "openai"}, {"base_url", url(vendor_port_[0])},
+           {"api_key", "vendor-secret-openai"}, {"timeout_s", 0.5}},
+          {{"name", "an-badkey"}, {"format", "anthropic"}, {"base_url", url(vendor_port_[1])}, {"api_key", "wrong"}}}},
         {"models",
          {{{"name", "m-openai"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-test"}}}}},
           {{"name", "m-anthropic"}, {"targets", {{{"upstream", "an"}, {"model", "claude-test"}}}}},
@@ -185,7 +188,9 @@ class GatewayE2E : public ::testing::Test {
           {{"name", "m-garbage"},
            {"targets", {{{"upstream", "oa"}, {"model", "gpt-garbage"}}, {{"upstream", "an"}, {"model", "claude-garbage"}}}}},
           {{"name", "m-truncate"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-truncate"}}}}},
-          {{"name", "m-bad-request"}, {"targets", {{{"upstream", "an"}, {"model", "claude-x"}}}}},
+          {{"name", "m-timeout"},
+           {"targets", {{{"upstream", "oa-short"}, {"model", "gpt-slow"}}, {{"upstream", "an"}, {"model", "claude-ok"}}}}},
+          {{"name", "m-badkey"}, {"targets", {{{"upstream", "an-badkey"}, {"model", "claude-x"}}}}},
           {{"name", "aidreams"},
            {"targets", {{{"upstream", "keel"}, {"model", "aidreams260K"}}}},
            {"tokenizer", {{"path", test::ModelsDir() + "/aidreams_tok512.bin"}, {"vocab_size", 512}}}}}}};
@@ -424,6 +429,46 @@ TEST_F(GatewayE2E, FallsBackOn429And5xxAndReportsUpstreamGarbage) {
   EXPECT_NE(metrics.body.find("keel_gateway_fallbacks_total"), std::string::npos);
   // Still serving.
   EXPECT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_).status, 200);
+}
+
+TEST_F(GatewayE2E, UpstreamTimeoutFallsBackAndVendorAuthFailureIs502InTheClientsFormat) {
+  auto r = Post("/v1/chat/completions", Chat("m-timeout", "hello").dump(), key_a_);
+  ASSERT_EQ(r.status, 200) << r.body;  // the slow target timed out after 0.5 s; the next one answered
+
+  json anth = {{"model", "m-badkey"}, {"max_tokens", 16}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  r = Post("/v1/messages", anth.dump(), key_a_, true);
+  EXPECT_EQ(r.status, 502) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  EXPECT_EQ(j.value("type", ""), "error") << r.body;
+  EXPECT_NE(r.body.find("credentials"), std::string::npos) << r.body;
+}
+
+TEST_F(GatewayE2E, ModelsAndEmbeddings) {
+  test::HttpTestClient http(gateway_port_);
+  test::HttpTestResponse res;
+  ASSERT_TRUE(http.SendRaw(test::HttpTestClient::BuildRequest("GET", "/v1/models", "", "",
+                                                              {{"Authorization", "Bearer " + key_a_}})));
+  http.ReadResponse(&res);
+  ASSERT_EQ(res.status, 200) << res.body;
+  json models = json::parse(res.body);
+  EXPECT_EQ(models["object"], "list");
+  bool has_openai = false;
+  for (const json& m : models["data"]) has_openai = has_openai || m["id"] == "m-openai";
+  EXPECT_TRUE(has_openai) << res.body;
+
+  json req = {{"model", "m-openai"}, {"input", {"first text", "second text"}}};
+  auto r = Post("/v1/embeddings", req.dump(), key_a_);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["model"], "m-openai");
+  EXPECT_FALSE(j["data"][0]["embedding"].empty());
+
+  // An Anthropic-only model has no embeddings endpoint: a clear 400.
+  req["model"] = "m-anthropic";
+  r = Post("/v1/embeddings", req.dump(), key_a_);
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("embeddings"), std::string::npos) << r.body;
 }
 
 TEST_F(GatewayE2E, TruncatedUpstreamStreamEndsWithAnErrorEventAndTheGatewayKeepsServing) {
