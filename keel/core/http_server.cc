@@ -1,3 +1,4 @@
+#include "keel/core/http_beast.h"
 #include "keel/core/http_server.h"
 
 #include <arpa/inet.h>
@@ -471,16 +472,7 @@ void HttpServer::Serve(Conn* conn, std::string remote) {
     }
 
     auto& msg = parser.get();
-    HttpRequest req;
-    req.method = std::string(msg.method_string());
-    req.target = std::string(msg.target());
-    size_t q = req.target.find('?');
-    req.path = req.target.substr(0, q);
-    if (q != std::string::npos) req.query = req.target.substr(q + 1);
-    req.version = msg.version();
-    for (const auto& f : msg) req.headers.Add(std::string(f.name_string()), std::string(f.value()));
-    req.body = std::move(msg.body());
-    req.remote = remote;
+    HttpRequest req = ToHttpRequest(msg, remote);
 
     bool keep_alive = msg.keep_alive();
     {

@@ -19,6 +19,7 @@
 //   not be called from a handler (it joins the handler's thread).
 // - Handlers may co_await anything on the io_context (timers, HttpClient::Fetch); they resume on
 //   their connection's strand.
+#include "keel/core/http_beast.h"
 #include "keel/gateway/async_http.h"
 
 #include <netinet/in.h>
@@ -411,16 +412,7 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
     }
 
     auto& msg = parser.get();
-    HttpRequest req;
-    req.method = std::string(msg.method_string());
-    req.target = std::string(msg.target());
-    size_t q = req.target.find('?');
-    req.path = req.target.substr(0, q);
-    if (q != std::string::npos) req.query = req.target.substr(q + 1);
-    req.version = msg.version();
-    for (const auto& f : msg) req.headers.Add(std::string(f.name_string()), std::string(f.value()));
-    req.body = std::move(msg.body());
-    req.remote = remote;
+    HttpRequest req = ToHttpRequest(msg, remote);
 
     responder.Reset(req.version, msg.keep_alive() && !ctl.stopping && !stopping.load());
     co_await Handle(ctl, responder, req);

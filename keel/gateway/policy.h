@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/core/json_depth.h"
 #include "keel/core/status.h"
 
 namespace keel::gateway {
@@ -103,7 +104,7 @@ std::string ToJson(const PolicyRules& rules);
 Result<PolicyRules> PolicyRulesFromJson(std::string_view json);
 // False when arrays/objects nest deeper than max_depth outside strings (checked before parsing,
 // so hostile input cannot make the parser build a pathological tree).
-bool JsonDepthWithin(std::string_view text, int max_depth);
+using keel::JsonDepthWithin;  // keel/core/json_depth.h
 // True for 64 lowercase hex digits (what HashApiKey returns).
 bool IsKeyHash(std::string_view text);
 // Limits the decoders enforce (bounded work for any input).

@@ -2,34 +2,16 @@
 #include <ctime>
 #include <random>
 
+#include "keel/core/json_depth.h"
 #include "keel/gateway/translate_internal.h"
 
 namespace keel::gateway::internal {
 
 namespace {
 
-// Nesting depth of a JSON text, counted outside strings. Checked before parsing because
-// nlohmann's dump() and destructor recurse.
-int MaxDepth(std::string_view text) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '{' || c == '[') max_depth = std::max(max_depth, ++depth);
-    else if (c == '}' || c == ']') --depth;
-  }
-  return max_depth;
-}
-
 Result<json> ParseImpl(std::string_view body, const char* what, StatusCode code) {
   const std::string prefix = std::string(what) + ": ";
-  if (MaxDepth(body) > kMaxJsonDepth)
+  if (!JsonDepthWithin(body, kMaxJsonDepth))
     return Status(code, prefix + "JSON nested deeper than " + std::to_string(kMaxJsonDepth));
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status(code, prefix + "malformed JSON");
