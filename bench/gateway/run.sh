@@ -11,7 +11,7 @@
 #
 # Knobs (environment): BUILD (default build), DURATION_S (10), WARMUP_S (2), CONNECTIONS (32),
 # RATES ("100 1000"), ROUNDS (1; >1 repeats the whole interleaved sweep), PORT_BASE (18600),
-# NGINX (/usr/sbin/nginx), NGINX_WORKERS (2, the gateway's listener thread count), KEEP_RESULTS
+# NGINX (/usr/sbin/nginx), GW_THREADS (gateway io threads, 1 = its default), NGINX_WORKERS (default GW_THREADS), KEEP_RESULTS
 # (a file to copy the raw JSON lines to). Progress goes to stderr, the Markdown to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +19,8 @@ BUILD=${BUILD:-build}
 KEEL=$BUILD/keel
 LOAD=$BUILD/gateway_bench
 NGINX=${NGINX:-/usr/sbin/nginx}
-NGINX_WORKERS=${NGINX_WORKERS:-2}
+GW_THREADS=${GW_THREADS:-1}
+NGINX_WORKERS=${NGINX_WORKERS:-$GW_THREADS}
 DURATION_S=${DURATION_S:-10}
 WARMUP_S=${WARMUP_S:-2}
 CONNECTIONS=${CONNECTIONS:-32}
@@ -99,10 +100,10 @@ admin PUT /admin/budgets "{\"scope\":\"key\",\"subject\":\"$KEY_ID\",\"window\":
 admin PUT /admin/budgets '{"scope":"team","subject":"bench","window":"monthly","limit_cost":1000000}' >/dev/null
 admin PUT /admin/policies "{\"team\":\"bench\",\"allowed_models\":[\"gpt-4o*\"],\"max_tokens\":1024,\"deny\":[{\"contains\":\"forbidden-benchmark-word\",\"message\":\"denied by policy\"}]}" >/dev/null
 
-# ---- keel gateway (2 listener threads)
+# ---- keel gateway ($GW_THREADS listener threads)
 cat >"$TMP/gw.json" <<EOF
 {
-  "listen": {"host": "127.0.0.1", "port": $GATEWAY_PORT, "threads": 2},
+  "listen": {"host": "127.0.0.1", "port": $GATEWAY_PORT, "threads": $GW_THREADS},
   "policy": {"socket": "$SOCK"},
   "upstreams": [{"name": "fake", "format": "openai", "base_url": "http://127.0.0.1:$VENDOR_PORT", "api_key": "$VENDOR_KEY"}],
   "models": [{"name": "$MODEL", "targets": [{"upstream": "fake", "model": "$MODEL"}]}]
@@ -229,7 +230,7 @@ echo "### Gateway overhead ($(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'mo
 echo
 echo "Open-loop load, ${DURATION_S} s per point after ${WARMUP_S} s warmup, $CONNECTIONS keep-alive client"
 echo "connections; latency from each request's scheduled send time. Fake vendor: OpenAI kind,"
-echo "16-token reply, TTFT 0, stream unpaced. Gateway: 2 threads, real key with key + team budgets"
+echo "16-token reply, TTFT 0, stream unpaced. Gateway: $GW_THREADS thread(s), nginx: $NGINX_WORKERS worker(s), real key with key + team budgets"
 echo "and a team policy (no key -> $NOKEY, denied prompt -> $DENIED). nginx: $NGINX_WORKERS workers,"
 echo "keep-alive to client and upstream, proxy_buffering off. CPU from /proc/<pid>/stat utime + stime"
 echo "($HZ ticks/s) over warmup + run, per scheduled request; cores busy = (client + vendor + proxy"

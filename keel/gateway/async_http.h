@@ -128,6 +128,9 @@ class ResponseStream {
   // of the body, or an error (timeout: Unavailable "read timeout"; connection closed before the
   // end of a chunked / Content-Length body: Corruption "truncated body").
   virtual Task<Status> Read(std::string* out) = 0;
+  // Body bytes that a Read would return without waiting (0 when unknown, e.g. under TLS). A
+  // proxy uses it to forward bursts in one write instead of one write per upstream segment.
+  virtual size_t BytesReady() const { return 0; }
 };
 
 class HttpClient {

@@ -142,6 +142,8 @@ class Conn {
   // True when an idle connection cannot be reused: the peer closed it, or sent something
   // unasked (a late byte, a TLS alert).
   virtual bool Stale() = 0;
+  // Response bytes that can be read now without waiting (buffered + in the socket).
+  virtual size_t Available() = 0;
 
   beast::flat_buffer buffer;  // bytes read past the parser's needs (none after a full response)
 };
@@ -174,6 +176,13 @@ class ConnOf final : public Conn {
     char c;
     ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  }
+  size_t Available() override {
+    // Under TLS, socket bytes may be a partial record that cannot be decrypted yet.
+    if constexpr (std::is_same_v<Stream, TlsStream>) return buffer.size();
+    error_code ec;
+    const size_t in_socket = beast::get_lowest_layer(stream).socket().available(ec);
+    return buffer.size() + (ec ? 0 : in_socket);
   }
 
   Stream stream;
@@ -250,6 +259,7 @@ class HttpClient::Impl::Stream final : public ResponseStream {
   int status() const override { return status_; }
   const HttpHeaders& headers() const override { return headers_; }
   Task<Status> Read(std::string* out) override;
+  size_t BytesReady() const override { return done_ || !error_.ok() || !conn_ ? 0 : conn_->Available(); }
   // Read without the strand check (the caller is on a strand).
   Task<Status> ReadHere(std::string* out);
   Task<void> ReadInto(std::string* out, Status* st) { *st = co_await ReadHere(out); }

@@ -450,6 +450,10 @@ Task<void> Gateway::Impl::HandleChat(const HttpRequest& req, AsyncResponder& res
         encoder->Encode(ev, &out);
       }
       if (!failure.ok()) break;
+      // After the first chunk (sent at once, for time to first token): when more of the
+      // upstream's burst is already here, take it before writing so a burst goes out in one
+      // write (no waiting: BytesReady only counts bytes that have arrived).
+      if (started && !done && out.size() < (64 << 10) && stream->BytesReady() > 0) continue;
       if (!out.empty()) {
         if (!started) {
           started = true;

@@ -44,7 +44,7 @@ struct VirtualModel {
 struct GatewayConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
-  int threads = 2;
+  int threads = 1;                      // io threads sharing one io_context (see docs/gateway.md)
   std::string tls_cert_file, tls_key_file;
   size_t max_body_bytes = 4 << 20;
   double client_timeout_seconds = 30;   // a client must send its request within this
