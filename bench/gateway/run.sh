@@ -33,6 +33,12 @@ GATEWAY_PORT=$((PORT_BASE + 3))
 MODEL=gpt-4o-mini
 VENDOR_KEY=sk-vendor-bench
 
+# nginx is only needed here (not by the tests), so it is installed here rather than by scripts/setup.
+if [ ! -x "$NGINX" ] && [ "$NGINX" = /usr/sbin/nginx ]; then
+  echo "run.sh: installing nginx-light" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nginx-light >/dev/null
+fi
 for f in "$KEEL" "$LOAD" "$NGINX"; do
   [ -x "$f" ] || { echo "run.sh: $f missing (build keel and gateway_bench; apt-get install nginx-light)" >&2; exit 1; }
 done
