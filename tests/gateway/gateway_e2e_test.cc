@@ -195,6 +195,7 @@ class GatewayE2E : public ::testing::Test {
            {"targets", {{{"upstream", "keel"}, {"model", "aidreams260K"}}}},
            {"tokenizer", {{"path", test::ModelsDir() + "/aidreams_tok512.bin"}, {"vocab_size", 512}}}}}}};
     std::ofstream(d + "/gw.json") << config.dump(2);
+    config_ = new json(config);
     gateway_port_ = test::FreeLoopbackPort();
     gateway_ = new Process();
     gateway_->Start("gateway --config " + d + "/gw.json --port " + std::to_string(gateway_port_), d + "/gateway.log");
@@ -223,6 +224,7 @@ class GatewayE2E : public ::testing::Test {
     for (Process* p : vendors_) delete p;
     delete policy_;
     delete dir_;
+    delete config_;
   }
 
   static std::string CreateKey(const std::string& principal, const std::string& team) {
@@ -254,6 +256,7 @@ class GatewayE2E : public ::testing::Test {
   }
 
   static test::TempDir* dir_;
+  static json* config_;
   static Process* policy_;
   static Process* vendors_[3];
   static Process* serve_;
@@ -266,6 +269,7 @@ class GatewayE2E : public ::testing::Test {
 };
 
 test::TempDir* GatewayE2E::dir_ = nullptr;
+json* GatewayE2E::config_ = nullptr;
 Process* GatewayE2E::policy_ = nullptr;
 Process* GatewayE2E::vendors_[3] = {nullptr, nullptr, nullptr};
 Process* GatewayE2E::serve_ = nullptr;
@@ -563,6 +567,51 @@ TEST_F(GatewayE2E, RevokedKeyIsRefusedWithinTheCacheTtl) {
   auto r = Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key);
   EXPECT_EQ(r.status, 401) << r.body;
   EXPECT_NE(r.body.find("revoked"), std::string::npos) << r.body;
+}
+
+// popen() a command and return its stdout.
+std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = ::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+TEST_F(GatewayE2E, ServesTlsWhenConfigured) {
+  const std::string d = dir_->path();
+  const std::string gen = "openssl req -x509 -newkey rsa:2048 -nodes -keyout " + d + "/key.pem -out " + d +
+                          "/cert.pem -days 1 -subj /CN=localhost -addext subjectAltName=DNS:localhost 2>&1";
+  RunCommand(gen);
+  ASSERT_FALSE(ReadFile(d + "/cert.pem").empty()) << "openssl could not make a certificate";
+  json config = *config_;
+  config["listen"]["tls_cert"] = d + "/cert.pem";
+  config["listen"]["tls_key"] = d + "/key.pem";
+  std::ofstream(d + "/gw-tls.json") << config.dump(2);
+  const int port = test::FreeLoopbackPort();
+  Process tls;
+  tls.Start("gateway --config " + d + "/gw-tls.json --port " + std::to_string(port), d + "/gateway-tls.log");
+  ASSERT_TRUE(WaitFor([port] { return test::PortAccepts(port); })) << ReadFile(d + "/gateway-tls.log");
+
+  const std::string body = Chat("m-openai", "over tls").dump();
+  std::ofstream(d + "/tls-body.json") << body;
+  const std::string out =
+      RunCommand("curl -s --max-time 10 --cacert " + d + "/cert.pem -w '\n%{http_code}' -H 'Authorization: Bearer " + key_a_ +
+          "' -H 'Content-Type: application/json' --data-binary @" + d + "/tls-body.json https://localhost:" +
+          std::to_string(port) + "/v1/chat/completions");
+  const size_t nl = out.rfind('\n');
+  ASSERT_NE(nl, std::string::npos) << out;
+  EXPECT_EQ(out.substr(nl + 1), "200") << out;
+  json j = json::parse(out.substr(0, nl), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["object"], "chat.completion");
+  // Plain HTTP to the TLS port gets no HTTP answer.
+  test::HttpTestClient plain(port, 5);
+  auto res = plain.Request("GET", "/healthz");
+  EXPECT_NE(res.status, 200);
 }
 
 // Runs last (gtest runs tests in order of definition): it takes the policy service down.
