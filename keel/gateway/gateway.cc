@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <random>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -65,6 +66,16 @@ std::string PromptText(const ChatRequest& r) {
   return Lower(text);
 }
 
+// "gw-<16 hex digits from the OS CSPRNG>-".
+std::string NewRequestPrefix() {
+  uint64_t r = 0;
+  std::random_device rd;
+  r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "gw-%016llx-", static_cast<unsigned long long>(r));
+  return buf;
+}
+
 bool Retryable(int http_status) { return http_status == 429 || http_status == 408 || http_status >= 500; }
 
 // An upstream's error as the client should see it. The vendor rejecting the gateway's own
@@ -96,7 +107,12 @@ struct Gateway::Impl {
   std::map<std::string, std::unique_ptr<TokenCounter>> counters;  // by virtual model
   std::unique_ptr<TokenCounter> estimator = MakeEstimator();
   std::unique_ptr<Governance> governance;
+  // Request ids must be unique across gateway processes and restarts: the policy service counts
+  // a usage record once per id (and remembers ids in Redis for days), so a per-process counter
+  // alone would make a restarted gateway's usage look like duplicates.
+  std::string request_prefix = NewRequestPrefix();
   std::atomic<uint64_t> next_request{1};
+  std::string NextRequestId() { return request_prefix + std::to_string(next_request.fetch_add(1)); }
   std::atomic<bool> stopping{false};
   std::unique_ptr<boost::asio::steady_timer> flush_timer;
 
@@ -328,7 +344,7 @@ Task<void> Gateway::Impl::HandleChat(const HttpRequest& req, AsyncResponder& res
     co_return;
   }
 
-  const std::string request_id = "gw-" + std::to_string(next_request.fetch_add(1));
+  const std::string request_id = NextRequestId();
   const HttpHeaderList id_header = {{"x-request-id", request_id}};
   GatewayError last_error{502, ErrorKind::kBadGateway, "no upstream answered"};
   ChatRequest upstream_request = request;
@@ -570,7 +586,7 @@ Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponde
     }
     co_return;
   }
-  const std::string request_id = "gw-" + std::to_string(next_request.fetch_add(1));
+  const std::string request_id = NextRequestId();
   GatewayError last_error{400, ErrorKind::kInvalidRequest, "no upstream of model \"" + model + "\" serves embeddings"};
   for (const RouteTarget& target : vm_it->second.targets) {
     const UpstreamConfig& up = upstreams.at(target.upstream);

@@ -128,6 +128,17 @@ std::vector<std::pair<std::string, std::string>> ParseSse(const std::string& bod
   return events;
 }
 
+// Team names are unique per test process: with Redis counters, spend is keyed by team and
+// window, and ctest runs the tests of this file as separate processes sharing one Redis.
+std::string Team(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
+
+// With $KEEL_REDIS_URL (scripts/test starts a redis-server) the policy service keeps spend
+// counters in Redis, as several instances would.
+std::string RedisFlag() {
+  const char* url = std::getenv("KEEL_REDIS_URL");
+  return url != nullptr && *url != '\0' ? std::string(" --redis-url ") + url : std::string();
+}
+
 class GatewayE2E : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -140,7 +151,7 @@ class GatewayE2E : public ::testing::Test {
 
     policy_ = new Process();
     policy_->Start("gateway-policy --socket " + socket_ + " --db " + d + "/gw.db --admin-key-file " + d +
-                       "/admin.key --decision-ttl-ms 300",
+                       "/admin.key --decision-ttl-ms 300" + RedisFlag(),
                    d + "/policy.log");
     ASSERT_TRUE(WaitFor([] { return Admin(socket_, admin_key_, "GET", "/healthz").first == 200; }))
         << ReadFile(d + "/policy.log");
@@ -203,15 +214,15 @@ class GatewayE2E : public ::testing::Test {
 
     // Team "alpha" may use everything except m-gemini and gets a deny rule; team "beta" has a
     // tiny token budget.
-    key_a_ = CreateKey("alice", "alpha");
-    key_b_ = CreateKey("bob", "beta");
+    key_a_ = CreateKey("alice", Team("alpha"));
+    key_b_ = CreateKey("bob", Team("beta"));
     auto [s1, b1] = Admin(socket_, admin_key_, "PUT", "/admin/policies",
-                          R"({"team":"alpha","allowed_models":["m-*","aidreams"],"max_tokens":64,
+                          R"({"team":")" + Team("alpha") + R"(","allowed_models":["m-*","aidreams"],"max_tokens":64,
                               "rewrites":{"cheap":"m-openai"},
                               "deny":[{"contains":"forbidden-topic","message":"that topic is not allowed here"}]})");
     ASSERT_EQ(s1, 200) << b1;
     auto [s2, b2] = Admin(socket_, admin_key_, "PUT", "/admin/budgets",
-                          R"({"scope":"team","subject":"beta","window":"daily","limit_tokens":120})");
+                          R"({"scope":"team","subject":")" + Team("beta") + R"(","window":"daily","limit_tokens":120})");
     ASSERT_EQ(s2, 200) << b2;
     auto [s3, b3] = Admin(socket_, admin_key_, "PUT", "/admin/prices",
                           R"({"model":"gpt-test","input_per_mtok":1.0,"output_per_mtok":2.0})");
@@ -539,7 +550,7 @@ TEST_F(GatewayE2E, BudgetExhaustionIs429NamingTheBudgetAndSpendIsRecorded) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_EQ(status, 429) << body;
-  EXPECT_NE(body.find("daily budget of team beta"), std::string::npos) << body;
+  EXPECT_NE(body.find("daily budget of team " + Team("beta")), std::string::npos) << body;
 
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // usage flush
   auto [s, spend] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=beta");
@@ -558,7 +569,7 @@ TEST_F(GatewayE2E, KeelServeUpstreamIsCountedWithTheModelsTokenizer) {
 }
 
 TEST_F(GatewayE2E, RevokedKeyIsRefusedWithinTheCacheTtl) {
-  const std::string key = CreateKey("carol", "gamma");  // beta's budget is spent by another test
+  const std::string key = CreateKey("carol", Team("gamma"));  // beta's budget is spent by another test
   ASSERT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key).status, 200);
   auto [s, b] = Admin(socket_, admin_key_, "POST", "/admin/keys/revoke", json{{"key_id", key_ids_.back()}}.dump());
   ASSERT_EQ(s, 200) << b;
@@ -567,6 +578,66 @@ TEST_F(GatewayE2E, RevokedKeyIsRefusedWithinTheCacheTtl) {
   auto r = Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key);
   EXPECT_EQ(r.status, 401) << r.body;
   EXPECT_NE(r.body.find("revoked"), std::string::npos) << r.body;
+}
+
+TEST_F(GatewayE2E, TwoGatewayInstancesShareABudgetThroughThePolicyService) {
+  const std::string d = dir_->path();
+  const int port_b = test::FreeLoopbackPort();
+  Process second;
+  second.Start("gateway --config " + d + "/gw.json --port " + std::to_string(port_b), d + "/gateway-b.log");
+  ASSERT_TRUE(WaitFor([port_b] { return test::PortAccepts(port_b); }));
+  const std::string key = CreateKey("dave", Team("delta"));
+  auto [s, b] = Admin(socket_, admin_key_, "PUT", "/admin/budgets",
+                      R"({"scope":"team","subject":")" + Team("delta") + R"(","window":"monthly","limit_tokens":100})");
+  ASSERT_EQ(s, 200) << b;
+  // Spend the whole budget through the first gateway.
+  int status = 200;
+  for (int i = 0; i < 30 && status == 200; ++i) {
+    status = Post("/v1/chat/completions", Chat("m-openai", "spend some tokens", false, 8).dump(), key).status;
+  }
+  ASSERT_EQ(status, 429);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // usage flushed, TTL passed
+  // The second instance never served this key: its first decision already carries the spend.
+  test::HttpTestClient http(port_b);
+  test::HttpTestResponse res;
+  const std::string body = Chat("m-openai", "spend some tokens", false, 8).dump();
+  ASSERT_TRUE(http.SendRaw(test::HttpTestClient::BuildRequest("POST", "/v1/chat/completions", body,
+                                                              "application/json", {{"Authorization", "Bearer " + key}})));
+  http.ReadResponse(&res);
+  EXPECT_EQ(res.status, 429) << res.body;
+  EXPECT_NE(res.body.find("budget of team " + Team("delta")), std::string::npos) << res.body;
+}
+
+TEST_F(GatewayE2E, UsageFromEveryGatewayProcessIsCountedOnce) {
+  // A second gateway process numbers its requests from scratch; its usage must still count
+  // (request ids are unique per process, so the policy service's dedupe keeps both).
+  const std::string d = dir_->path();
+  ASSERT_EQ(Post("/v1/chat/completions", Chat("m-openai", "warm up the first gateway").dump(), key_a_).status, 200);
+  const int port_b = test::FreeLoopbackPort();
+  Process second;
+  second.Start("gateway --config " + d + "/gw.json --port " + std::to_string(port_b), d + "/gateway-b2.log");
+  ASSERT_TRUE(WaitFor([port_b] { return test::PortAccepts(port_b); }));
+  const std::string team = Team("epsilon");
+  const std::string key = CreateKey("erin", team);
+  int64_t expected = 0;
+  for (int port : {gateway_port_, port_b}) {
+    test::HttpTestClient http(port);
+    test::HttpTestResponse res;
+    const std::string body = Chat("m-openai", "count me once").dump();
+    ASSERT_TRUE(http.SendRaw(test::HttpTestClient::BuildRequest("POST", "/v1/chat/completions", body,
+                                                                "application/json", {{"Authorization", "Bearer " + key}})));
+    http.ReadResponse(&res);
+    ASSERT_EQ(res.status, 200) << res.body;
+    expected += json::parse(res.body)["usage"]["total_tokens"].get<int64_t>();
+  }
+  int64_t recorded = -1;
+  for (int i = 0; i < 50 && recorded != expected; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto [s, spend] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
+    ASSERT_EQ(s, 200) << spend;
+    recorded = json::parse(spend)["daily"]["tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(recorded, expected);
 }
 
 // popen() a command and return its stdout.
