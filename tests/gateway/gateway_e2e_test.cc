@@ -640,6 +640,35 @@ TEST_F(GatewayE2E, UsageFromEveryGatewayProcessIsCountedOnce) {
   EXPECT_EQ(recorded, expected);
 }
 
+TEST_F(GatewayE2E, SigtermDeliversSettledUsageBeforeExit) {
+  // A gateway that would only report usage once a minute still reports it when stopped.
+  const std::string d = dir_->path();
+  json config = *config_;
+  config["policy"]["usage_flush_s"] = 60;
+  std::ofstream(d + "/gw-slowflush.json") << config.dump(2);
+  const int port = test::FreeLoopbackPort();
+  Process gw;
+  gw.Start("gateway --config " + d + "/gw-slowflush.json --port " + std::to_string(port), d + "/gateway-c.log");
+  ASSERT_TRUE(WaitFor([port] { return test::PortAccepts(port); }));
+  const std::string team = Team("zeta");
+  const std::string key = CreateKey("zoe", team);
+  test::HttpTestClient http(port);
+  test::HttpTestResponse res;
+  const std::string body = Chat("m-openai", "remember me").dump();
+  ASSERT_TRUE(http.SendRaw(test::HttpTestClient::BuildRequest("POST", "/v1/chat/completions", body, "application/json",
+                                                              {{"Authorization", "Bearer " + key}})));
+  http.ReadResponse(&res);
+  ASSERT_EQ(res.status, 200) << res.body;
+  const int64_t tokens = json::parse(res.body)["usage"]["total_tokens"].get<int64_t>();
+  auto [s0, before] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
+  ASSERT_EQ(s0, 200) << before;
+  EXPECT_EQ(json::parse(before)["daily"]["tokens"].get<int64_t>(), 0);  // not flushed yet
+  gw.Terminate();
+  auto [s1, after] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
+  ASSERT_EQ(s1, 200) << after;
+  EXPECT_EQ(json::parse(after)["daily"]["tokens"].get<int64_t>(), tokens);
+}
+
 // popen() a command and return its stdout.
 std::string RunCommand(const std::string& cmd) {
   std::string out;
