@@ -66,6 +66,21 @@ std::string PromptText(const ChatRequest& r) {
   return Lower(text);
 }
 
+// The model a team's policy maps `requested` to (its rewrites).
+std::string RewrittenModel(const PolicyRules& policy, const std::string& requested) {
+  auto it = policy.rewrites.find(requested);
+  return it == policy.rewrites.end() ? requested : it->second;
+}
+
+// Whether the team's allow list admits `model` (an empty list admits every model).
+bool ModelAllowed(const PolicyRules& policy, const std::string& model) {
+  if (policy.allowed_models.empty()) return true;
+  for (const std::string& glob : policy.allowed_models) {
+    if (GlobMatch(glob, model)) return true;
+  }
+  return false;
+}
+
 // "gw-<16 hex digits from the OS CSPRNG>-".
 std::string NewRequestPrefix() {
   uint64_t r = 0;
@@ -289,18 +304,11 @@ Task<void> Gateway::Impl::HandleChat(const HttpRequest& req, AsyncResponder& res
 
   // Policy: rewrite, allow list, deny rules, max_tokens cap.
   const PolicyRules& policy = decision->policy;
-  std::string model = request.model;
-  if (auto it = policy.rewrites.find(model); it != policy.rewrites.end()) model = it->second;
-  if (!policy.allowed_models.empty()) {
-    bool allowed = false;
-    for (const std::string& g : policy.allowed_models) allowed = allowed || GlobMatch(g, model);
-    if (!allowed) {
-      {
-        const GatewayError e{403, ErrorKind::kPermission, "model \"" + model + "\" is not allowed for team " + decision->team};
-        co_await SendError(resp, client_format, route, e);
-      }
-      co_return;
-    }
+  const std::string model = RewrittenModel(policy, request.model);
+  if (!ModelAllowed(policy, model)) {
+    const GatewayError e{403, ErrorKind::kPermission, "model \"" + model + "\" is not allowed for team " + decision->team};
+    co_await SendError(resp, client_format, route, e);
+    co_return;
   }
   if (!policy.deny.empty()) {
     const std::string text = PromptText(request);
@@ -549,10 +557,8 @@ Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponde
     co_return;
   }
   std::string model = body["model"].get<std::string>();
-  if (auto it = decision->policy.rewrites.find(model); it != decision->policy.rewrites.end()) model = it->second;
-  bool allowed = decision->policy.allowed_models.empty();
-  for (const std::string& g : decision->policy.allowed_models) allowed = allowed || GlobMatch(g, model);
-  if (!allowed) {
+  model = RewrittenModel(decision->policy, model);
+  if (!ModelAllowed(decision->policy, model)) {
     {
       const GatewayError e{403, ErrorKind::kPermission, "model \"" + model + "\" is not allowed for team " + decision->team};
       co_await SendError(resp, f, route, e);
@@ -614,7 +620,7 @@ Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponde
         answer["usage"]["prompt_tokens"].is_number_integer()) {
       in = answer["usage"]["prompt_tokens"].get<int64_t>();
     }
-    answer["model"] = body["model"].is_string() ? vm_it->first : vm_it->first;
+    answer["model"] = vm_it->first;  // the name the client asked for, as for chat
     governance->Settle(reservation, UsageRecord{request_id, decision->key_id, decision->team, target.model, in, 0,
                                                 CostOf(decision->prices, target.model, in, 0), UnixMillis()});
     tokens->WithLabels({"input"}).Inc(static_cast<double>(in));
@@ -637,9 +643,7 @@ Task<void> Gateway::Impl::HandleModels(const HttpRequest& req, AsyncResponder& r
   if (!decision) co_return;
   json data = json::array();
   for (const auto& [name, vm] : models) {
-    bool allowed = decision->policy.allowed_models.empty();
-    for (const std::string& g : decision->policy.allowed_models) allowed = allowed || GlobMatch(g, name);
-    if (!allowed) continue;
+    if (!ModelAllowed(decision->policy, name)) continue;
     data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "keel-gateway"}});
   }
   requests->WithLabels({route, "200"}).Inc();
