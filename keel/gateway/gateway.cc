@@ -144,7 +144,7 @@ struct Gateway::Impl {
   Task<void> HandleEmbeddings(const HttpRequest& req, AsyncResponder& resp);
   Task<void> HandleModels(const HttpRequest& req, AsyncResponder& resp);
   // Authenticates the request; on failure answers it and returns null.
-  Task<std::shared_ptr<const KeyDecision>> Authorize(const HttpRequest& req, AsyncResponder& resp,
+  Task<Governance::Lookup> Authorize(const HttpRequest& req, AsyncResponder& resp,
                                                      WireFormat format, const std::string& route);
   // Call sites pass named values: GCC 12 miscompiles temporaries (braced lists, string
   // concatenations) inside a co_await expression, so every co_await here takes lvalues.
@@ -207,7 +207,7 @@ ClientRequest Gateway::Impl::UpstreamRequest(const UpstreamConfig& up, const Rou
   return r;
 }
 
-Task<std::shared_ptr<const KeyDecision>> Gateway::Impl::Authorize(const HttpRequest& req, AsyncResponder& resp,
+Task<Governance::Lookup> Gateway::Impl::Authorize(const HttpRequest& req, AsyncResponder& resp,
                                                                   WireFormat format, const std::string& route) {
   std::string_view key = PresentedKey(req);
   if (key.empty()) {
@@ -215,14 +215,14 @@ Task<std::shared_ptr<const KeyDecision>> Gateway::Impl::Authorize(const HttpRequ
       const GatewayError e{401, ErrorKind::kAuthentication, "missing API key (send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\")"};
       co_await SendError(resp, format, route, e);
     }
-    co_return nullptr;
+    co_return Governance::Lookup{};
   }
   if (key.size() > 512) {
     {
       const GatewayError e{401, ErrorKind::kAuthentication, "invalid API key"};
       co_await SendError(resp, format, route, e);
     }
-    co_return nullptr;
+    co_return Governance::Lookup{};
   }
   const std::string key_hash = HashApiKey(key);
   Governance::Lookup lookup = co_await governance->Resolve(key_hash);
@@ -232,16 +232,16 @@ Task<std::shared_ptr<const KeyDecision>> Gateway::Impl::Authorize(const HttpRequ
       const GatewayError e{503, ErrorKind::kOverloaded, "the gateway's policy service is unavailable and this key is not cached; try again later"};
       co_await SendError(resp, format, route, e);
     }
-    co_return nullptr;
+    co_return Governance::Lookup{};
   }
   if (!lookup.decision->known || lookup.decision->revoked) {
     {
       const GatewayError e{401, ErrorKind::kAuthentication, lookup.decision->revoked ? "API key revoked" : "invalid API key"};
       co_await SendError(resp, format, route, e);
     }
-    co_return nullptr;
+    co_return Governance::Lookup{};
   }
-  co_return lookup.decision;
+  co_return lookup;
 }
 
 Task<void> Gateway::Impl::Handle(const HttpRequest& req, AsyncResponder& resp) {
@@ -288,8 +288,9 @@ Task<void> Gateway::Impl::Handle(const HttpRequest& req, AsyncResponder& resp) {
 
 Task<void> Gateway::Impl::HandleChat(const HttpRequest& req, AsyncResponder& resp, WireFormat client_format,
                                      std::string route) {
-  auto decision = co_await Authorize(req, resp, client_format, route);
-  if (!decision) co_return;
+  const Governance::Lookup auth = co_await Authorize(req, resp, client_format, route);
+  if (!auth.decision) co_return;
+  const std::shared_ptr<const KeyDecision>& decision = auth.decision;
 
   auto parsed = ParseClientRequest(client_format, req.body);
   if (!parsed.ok()) {
@@ -344,7 +345,7 @@ Task<void> Gateway::Impl::HandleChat(const HttpRequest& req, AsyncResponder& res
     reserve_cost = std::max(reserve_cost, CostOf(decision->prices, t.model, input_tokens, request.max_tokens.value_or(0)));
   }
   Reservation reservation;
-  if (Status s = governance->Reserve(*decision, reserve_tokens, reserve_cost, &reservation); !s.ok()) {
+  if (Status s = governance->Reserve(auth, reserve_tokens, reserve_cost, &reservation); !s.ok()) {
     {
       const GatewayError e{429, ErrorKind::kRateLimit, s.message()};
       co_await SendError(resp, client_format, route, e);
@@ -532,8 +533,9 @@ Task<void> Gateway::Impl::HandleChat(const HttpRequest& req, AsyncResponder& res
 Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponder& resp) {
   const std::string route = "/v1/embeddings";
   const WireFormat f = WireFormat::kOpenAIChat;
-  auto decision = co_await Authorize(req, resp, f, route);
-  if (!decision) co_return;
+  const Governance::Lookup auth = co_await Authorize(req, resp, f, route);
+  if (!auth.decision) co_return;
+  const std::shared_ptr<const KeyDecision>& decision = auth.decision;
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) {
     {
@@ -585,7 +587,7 @@ Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponde
   }
   Reservation reservation;
   double reserve_cost = CostOf(decision->prices, vm_it->second.targets.front().model, input_tokens, 0);
-  if (Status s = governance->Reserve(*decision, input_tokens, reserve_cost, &reservation); !s.ok()) {
+  if (Status s = governance->Reserve(auth, input_tokens, reserve_cost, &reservation); !s.ok()) {
     {
       const GatewayError e{429, ErrorKind::kRateLimit, s.message()};
       co_await SendError(resp, f, route, e);
@@ -639,8 +641,9 @@ Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponde
 
 Task<void> Gateway::Impl::HandleModels(const HttpRequest& req, AsyncResponder& resp) {
   const std::string route = "/v1/models";
-  auto decision = co_await Authorize(req, resp, WireFormat::kOpenAIChat, route);
-  if (!decision) co_return;
+  const Governance::Lookup auth = co_await Authorize(req, resp, WireFormat::kOpenAIChat, route);
+  if (!auth.decision) co_return;
+  const std::shared_ptr<const KeyDecision>& decision = auth.decision;
   json data = json::array();
   for (const auto& [name, vm] : models) {
     if (!ModelAllowed(decision->policy, name)) continue;

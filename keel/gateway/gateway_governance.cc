@@ -57,7 +57,12 @@ Task<Result<KeyDecision>> Governance::Fetch(const std::string& key_hash) {
   co_return KeyDecisionFromJson(resp->body);
 }
 
-void Governance::Store(const std::string& key_hash, KeyDecision decision) {
+uint64_t Governance::AckGeneration() const {
+  std::lock_guard lock(mu_);
+  return ack_generation_;
+}
+
+void Governance::Store(const std::string& key_hash, KeyDecision decision, uint64_t ack_generation) {
   const auto now = std::chrono::steady_clock::now();
   const auto ttl = std::chrono::milliseconds(std::max<int64_t>(decision.ttl_ms, 0));
   std::lock_guard lock(mu_);
@@ -72,14 +77,15 @@ void Governance::Store(const std::string& key_hash, KeyDecision decision) {
   e.decision = std::make_shared<const KeyDecision>(std::move(decision));
   e.fetched = now;
   e.expires = now + ttl;
+  e.ack_generation = ack_generation;
   e.refreshing = false;
-  e.budgets_outdated = false;
 }
 
 Task<void> Governance::Refresh(std::string key_hash) {
+  const uint64_t generation = AckGeneration();
   auto fetched = co_await Fetch(key_hash);
   if (fetched.ok()) {
-    Store(key_hash, std::move(fetched).value());
+    Store(key_hash, std::move(fetched).value(), generation);
     co_return;
   }
   policy_unavailable_.WithLabels({"refresh"}).Inc();
@@ -91,6 +97,7 @@ Task<void> Governance::Refresh(std::string key_hash) {
 Task<Governance::Lookup> Governance::Resolve(const std::string& key_hash) {
   const auto now = std::chrono::steady_clock::now();
   std::shared_ptr<const KeyDecision> cached;
+  uint64_t cached_generation = 0;
   {
     std::lock_guard lock(mu_);
     auto it = cache_.find(key_hash);
@@ -98,43 +105,52 @@ Task<Governance::Lookup> Governance::Resolve(const std::string& key_hash) {
       Entry& e = it->second;
       if (now < e.expires) {
         // Past half the TTL: refresh in the background so steady traffic never waits.
-        if (!e.refreshing && (e.budgets_outdated || now - e.fetched > (e.expires - e.fetched) / 2)) {
+        if (!e.refreshing && now - e.fetched > (e.expires - e.fetched) / 2) {
           e.refreshing = true;
           boost::asio::co_spawn(io_, Refresh(key_hash), boost::asio::detached);
         }
         cache_lookups_.WithLabels({"cache"}).Inc();
-        co_return Lookup{e.decision, Source::kCached, Status::Ok()};
+        co_return Lookup{e.decision, Source::kCached, Status::Ok(), e.ack_generation};
       }
       cached = e.decision;
+      cached_generation = e.ack_generation;
     }
   }
+  const uint64_t generation = AckGeneration();
   auto fetched = co_await Fetch(key_hash);
   if (fetched.ok()) {
-    Store(key_hash, std::move(fetched).value());
+    Store(key_hash, std::move(fetched).value(), generation);
     std::lock_guard lock(mu_);
     cache_lookups_.WithLabels({"fresh"}).Inc();
-    co_return Lookup{cache_[key_hash].decision, Source::kFresh, Status::Ok()};
+    co_return Lookup{cache_[key_hash].decision, Source::kFresh, Status::Ok(), generation};
   }
   policy_unavailable_.WithLabels({"resolve"}).Inc();
   if (cached) {
     Log().warn("gateway: policy service unavailable ({}); serving a cached decision past its TTL",
                fetched.status().ToString());
     cache_lookups_.WithLabels({"stale"}).Inc();
-    co_return Lookup{cached, Source::kStale, fetched.status()};
+    co_return Lookup{cached, Source::kStale, fetched.status(), cached_generation};
   }
   Log().warn("gateway: policy service unavailable ({}); refusing an uncached key", fetched.status().ToString());
-  co_return Lookup{nullptr, Source::kFresh, fetched.status()};
+  co_return Lookup{nullptr, Source::kFresh, fetched.status(), 0};
 }
 
-Status Governance::Reserve(const KeyDecision& decision, int64_t tokens, double cost, Reservation* out) {
+Status Governance::Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out) {
+  const KeyDecision& decision = *lookup.decision;
   const int64_t now_unix = static_cast<int64_t>(std::time(nullptr));
   std::lock_guard lock(mu_);
   for (const BudgetState& b : decision.budgets) {
     // A window that ended since the decision was made starts from zero.
     const bool rolled = b.window_end_unix > 0 && now_unix >= b.window_end_unix;
     const BudgetLocal& local = budgets_[b.budget_id];
-    const int64_t spent_tokens = (rolled ? 0 : b.spent_tokens) + local.unreported_tokens + local.pending_tokens;
-    const double spent_cost = (rolled ? 0 : b.spent_cost) + local.unreported_cost + local.pending_cost;
+    int64_t spent_tokens = (rolled ? 0 : b.spent_tokens) + local.unreported_tokens + local.pending_tokens;
+    double spent_cost = (rolled ? 0 : b.spent_cost) + local.unreported_cost + local.pending_cost;
+    for (const Acked& a : local.acked) {
+      if (a.generation > lookup.ack_generation) {
+        spent_tokens += a.tokens;
+        spent_cost += a.cost;
+      }
+    }
     if (b.limit_tokens >= 0 && spent_tokens + tokens > b.limit_tokens) {
       budget_denied_.Get().Inc();
       return Status::ResourceExhausted(BudgetLabel(b) + " exhausted: " + std::to_string(spent_tokens) + " of " +
@@ -237,18 +253,32 @@ Task<Status> Governance::Flush() {
     }
     co_return status;
   }
+  // The batch moves from "not yet acknowledged" to "acknowledged at this generation": decisions
+  // asked for before now still count it locally, later ones get it from the service.
+  const uint64_t generation = ++ack_generation_;
+  std::map<std::string, Acked> per_budget;
   for (const QueuedUsage& q : batch) {
     const int64_t tokens = q.record.input_tokens + q.record.output_tokens;
     for (const std::string& id : q.budget_ids) {
       BudgetLocal& local = budgets_[id];
       local.unreported_tokens -= tokens;
       local.unreported_cost -= q.record.cost;
+      Acked& a = per_budget.try_emplace(id, Acked{generation, 0, 0}).first->second;
+      a.tokens += tokens;
+      a.cost += q.record.cost;
     }
   }
-  // Decisions fetched before this batch landed do not include it: refresh them on next use.
-  for (auto& [hash, e] : cache_) {
-    (void)hash;
-    e.budgets_outdated = true;
+  // Keep what a cached decision may still lack: batches newer than the oldest cached decision
+  // (bounded, so a decision older than kMaxAcked batches undercounts rather than growing memory).
+  uint64_t oldest = generation;
+  for (const auto& [hash, e] : cache_) oldest = std::min(oldest, e.ack_generation);
+  constexpr size_t kMaxAcked = 1024;
+  for (auto& [id, a] : per_budget) {
+    BudgetLocal& local = budgets_[id];
+    local.acked.push_back(a);
+    while (!local.acked.empty() && (local.acked.front().generation <= oldest || local.acked.size() > kMaxAcked)) {
+      local.acked.pop_front();
+    }
   }
   usage_records_.WithLabels({"sent"}).Inc(static_cast<double>(batch.size()));
   co_return Status::Ok();

@@ -40,7 +40,8 @@ class Governance {
   struct Lookup {
     std::shared_ptr<const KeyDecision> decision;  // null: policy service unreachable, key not cached
     Source source = Source::kFresh;
-    Status error;  // why the service could not answer (when it could not)
+    Status error;      // why the service could not answer (when it could not)
+    uint64_t ack_generation = 0;  // usage batches acknowledged before the decision was asked for
   };
 
   Governance(boost::asio::io_context& io, GovernanceOptions options, MetricsRegistry& metrics);
@@ -54,7 +55,9 @@ class Governance {
   // Reserves `tokens`/`cost` against every budget of the decision. On exhaustion returns
   // ResourceExhausted naming the budget (scope, subject, window, spent/limit) and reserves
   // nothing.
-  Status Reserve(const KeyDecision& decision, int64_t tokens, double cost, Reservation* out);
+  // Spent = the decision's figure + usage acknowledged by the policy service after the decision
+  // was asked for + usage settled here but not yet acknowledged + reservations in flight.
+  Status Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out);
   // Replaces the reservation by the actual usage and queues the usage record.
   void Settle(const Reservation& reservation, UsageRecord record);
   // Drops a reservation without usage (request failed before any tokens were spent).
@@ -69,14 +72,22 @@ class Governance {
     std::shared_ptr<const KeyDecision> decision;
     std::chrono::steady_clock::time_point fetched;
     std::chrono::steady_clock::time_point expires;
+    uint64_t ack_generation = 0;  // ack_generation_ when the decision was asked for
     bool refreshing = false;
-    bool budgets_outdated = false;  // usage was acknowledged after this decision was made
+  };
+  // Usage of one acknowledged batch for one budget: a decision asked for before the batch was
+  // acknowledged does not include it yet.
+  struct Acked {
+    uint64_t generation;
+    int64_t tokens;
+    double cost;
   };
   struct BudgetLocal {
     int64_t pending_tokens = 0;  // reserved by requests in flight
     double pending_cost = 0;
     int64_t unreported_tokens = 0;  // settled, not yet acknowledged by the policy service
     double unreported_cost = 0;
+    std::deque<Acked> acked;        // recent acknowledged batches (bounded)
   };
   struct QueuedUsage {
     UsageRecord record;
@@ -85,7 +96,8 @@ class Governance {
 
   Task<Result<KeyDecision>> Fetch(const std::string& key_hash);
   Task<void> Refresh(std::string key_hash);
-  void Store(const std::string& key_hash, KeyDecision decision);
+  void Store(const std::string& key_hash, KeyDecision decision, uint64_t ack_generation);
+  uint64_t AckGeneration() const;
 
   boost::asio::io_context& io_;
   GovernanceOptions options_;
@@ -100,6 +112,7 @@ class Governance {
   std::map<std::string, BudgetLocal> budgets_;
   std::deque<QueuedUsage> queue_;
   bool flushing_ = false;
+  uint64_t ack_generation_ = 0;  // successful usage batches so far
 };
 
 }  // namespace keel::gateway
