@@ -9,8 +9,6 @@ using namespace internal;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
 
-std::string At(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
-
 // Text blocks ({type:"text",text}) or a string; anything else names the offending block.
 Status ReadTextBlocks(const json& v, const std::string& path, std::string* out) {
   if (v.is_string()) {

@@ -23,6 +23,9 @@ inline constexpr size_t kMaxMessages = 10000;
 inline constexpr size_t kMaxParts = 10000;   // content parts / blocks in one message
 inline constexpr size_t kMaxTools = 1000;
 inline constexpr size_t kMaxToolCalls = 1000;  // in one assistant turn
+
+// "path[i]": the field path of element i, for error messages.
+inline std::string At(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
 inline constexpr size_t kMaxStop = 64;
 inline constexpr int kMaxJsonDepth = 128;  // dump() recurses; deep input could overflow the stack
 

@@ -9,8 +9,6 @@ using namespace internal;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
 
-std::string At(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
-
 // Fields chat and completions requests share.
 Status ReadCommon(const json& body, ChatRequest* req) {
   KEEL_RETURN_IF_ERROR(ReadRequiredString(body, "model", "model", &req->model));
