@@ -1,18 +1,28 @@
-// The decode-attention core every codec shares. A codec supplies a row source that widens one
-// stored K or V row (one token, one KV head) into fp32 lanes; the core does the arithmetic. Two
-// codecs whose rows widen to the same fp32 values therefore produce bit-identical outputs, which
-// is how lossless codecs (ZipFusion) are held to "equal to raw".
+// The attention core every codec shares. A codec supplies a block source: for one KV head and
+// one cache block it hands the core a reader that widens 8 or 16 consecutive elements of a
+// stored K or V row into fp32 lanes; the core does all the arithmetic. Two codecs whose rows
+// widen to the same fp32 values therefore produce bit-identical outputs, which is how lossless
+// codecs (ZipFusion) are held to "equal to raw".
 //
-// Arithmetic, fixed: per (query head, token) one 8-lane FMA accumulator over the row's chunks in
-// order, reduced exactly like DotF32, times 1/sqrt(head_dim); SoftmaxF32 per query head; then
-// out += p_t * v_t per token in order (AxpyF32's FMA). GQA: each K/V row is widened once and used
-// by every query head of its group, so the stored bytes are read once per token.
+// Arithmetic, fixed: per (query head, token) one 8-lane FMA accumulator over the row's 8-element
+// chunks in order, reduced exactly like DotF32, times 1/sqrt(head_dim); SoftmaxF32 per query
+// head; then out = fma(p_t, v_t, out) per token in order, starting from zero. How the work is
+// blocked (tokens per step, output tiles kept in registers) never changes that order.
 //
-// A RowSource provides:
-//   void Begin(int kv_head);              // rows of this head follow, tokens in increasing order
-//   void K(int token, __m256* row);       // head_dim/8 chunks
-//   void V(int token, __m256* row);
-// K(t) is called for t = 0..n-1, then V(t) for t = 0..n-1, for each head.
+// Decode blocking: scores are computed for TB tokens x G query heads at a time (G*TB
+// accumulators in registers, each K chunk widened once for all of them); the weighted sum of V
+// keeps a tile of G query heads x a few output chunks in registers while it walks the tokens of
+// one cache block, so V is widened once per block and output tiles are loaded and stored once
+// per block instead of once per token.
+//
+// A block source provides:
+//   void Begin(int kv_head);
+//   template <class F> void K(int block, F&& f);  // f(reader) over that block's K rows
+//   template <class F> void V(int block, F&& f);  // (blocks are visited in increasing order)
+// and a reader:
+//   template <int CW> void Load(int slot, int c, __m256* v) const;
+//     CW = 8: v[0] = elements [8c, 8c+8) of row `slot`;
+//     CW = 16: v[0], v[1] = elements [16c, 16c+16) (only used when head_dim % 16 == 0).
 #pragma once
 
 #include <immintrin.h>
@@ -22,8 +32,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "keel/core/dtype.h"
 #include "keel/kv/attention_math.h"
 #include "keel/kv/codec.h"
+
+// Register-blocked loops have compile-time trip counts; they must be fully unrolled for their
+// accumulators to live in registers (GCC at -O2 keeps them in memory otherwise).
+#define KEEL_UNROLL _Pragma("GCC unroll 16")
 
 namespace keel::kv {
 
@@ -38,35 +53,178 @@ inline float ReduceLanes(__m256 acc) {  // the same reduction as DotF32
 
 inline constexpr int kMaxHeadDim = 512;
 
-// One KV head: its `group` query heads attend over n_tokens rows from `src`.
-template <class RowSource>
-void AttendHead(const KvShape& s, RowSource& src, int kvh, int n_tokens, const float* q, float* out, float* scores) {
-  const int hd = s.head_dim, chunks = hd / 8;
-  const int group = s.n_heads / s.n_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  alignas(32) __m256 row[kMaxHeadDim / 8];
-  src.Begin(kvh);
-  for (int t = 0; t < n_tokens; ++t) {
-    src.K(t, row);
-    for (int g = 0; g < group; ++g) {
-      const float* qh = q + static_cast<size_t>(kvh * group + g) * hd;
-      __m256 acc = _mm256_setzero_ps();
-      for (int c = 0; c < chunks; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), row[c], acc);
-      scores[static_cast<size_t>(g) * n_tokens + t] = ReduceLanes(acc) * scale;
+// 8 stored values of type T widened to fp32 lanes.
+template <DType T>
+inline __m256 Widen8(const uint8_t* p) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (T == DType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+}
+
+// Reader over plain rows of type T (row `slot` at rows + slot * head_dim values): raw blocks,
+// and ZipFusion regions that are still filling.
+template <DType T>
+struct PlainRowsReader {
+  static constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+  const uint8_t* rows;
+  int hd;
+  template <int CW>
+  [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
+    const uint8_t* p = rows + (static_cast<size_t>(slot) * hd + c * CW) * kElem;
+    KEEL_UNROLL
+    for (int u = 0; u < CW / 8; ++u) v[u] = Widen8<T>(p + u * 8 * kElem);
+  }
+};
+
+// Asks for `bytes` from p on into L1 (blocks are scattered in the arena, so the hardware
+// prefetcher cannot see the next one coming).
+inline void PrefetchBytes(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
+namespace attention_detail {
+
+
+// Scores of tokens [slot, slot+TB) of one block for G query heads (q: G rows of hd floats).
+template <int G, int TB, int CW, class Reader>
+inline void ScoreTokens(const Reader& r, int slot, int hd, const float* q, float* sc, size_t stride, float scale) {
+  constexpr int V = CW / 8;
+  __m256 acc[G][TB];
+  KEEL_UNROLL
+  for (int g = 0; g < G; ++g)
+    KEEL_UNROLL
+    for (int j = 0; j < TB; ++j) acc[g][j] = _mm256_setzero_ps();
+  for (int c = 0; c < hd / CW; ++c) {
+    __m256 k[TB][V];
+    KEEL_UNROLL
+    for (int j = 0; j < TB; ++j) r.template Load<CW>(slot + j, c, k[j]);
+    KEEL_UNROLL
+    for (int u = 0; u < V; ++u) {
+      KEEL_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + static_cast<size_t>(g) * hd + c * CW + u * 8);
+        KEEL_UNROLL
+        for (int j = 0; j < TB; ++j) acc[g][j] = _mm256_fmadd_ps(qv, k[j][u], acc[g][j]);
+      }
     }
   }
-  for (int g = 0; g < group; ++g) {
-    SoftmaxF32(scores + static_cast<size_t>(g) * n_tokens, n_tokens);
-    std::memset(out + static_cast<size_t>(kvh * group + g) * hd, 0, sizeof(float) * hd);
+  KEEL_UNROLL
+  for (int g = 0; g < G; ++g)
+    KEEL_UNROLL
+    for (int j = 0; j < TB; ++j) sc[g * stride + slot + j] = ReduceLanes(acc[g][j]) * scale;
+}
+
+// out tile [c, c + TC) (in CW-element chunks) += p_t * v_t over the m tokens of one block.
+template <int G, int TC, int CW, class Reader>
+inline void AccumulateTile(const Reader& r, int m, int c, int hd, const float* p, size_t stride, float* o) {
+  constexpr int V = CW / 8;
+  __m256 acc[G][TC * V];
+  KEEL_UNROLL
+  for (int g = 0; g < G; ++g)
+    KEEL_UNROLL
+    for (int i = 0; i < TC * V; ++i) acc[g][i] = _mm256_loadu_ps(o + static_cast<size_t>(g) * hd + c * CW + i * 8);
+  for (int slot = 0; slot < m; ++slot) {
+    __m256 w[G];
+    KEEL_UNROLL
+    for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(p + g * stride + slot);
+    KEEL_UNROLL
+    for (int i = 0; i < TC; ++i) {
+      __m256 v[V];
+      r.template Load<CW>(slot, c + i, v);
+      KEEL_UNROLL
+      for (int u = 0; u < V; ++u)
+        KEEL_UNROLL
+        for (int g = 0; g < G; ++g) acc[g][i * V + u] = _mm256_fmadd_ps(w[g], v[u], acc[g][i * V + u]);
+    }
   }
-  for (int t = 0; t < n_tokens; ++t) {
-    src.V(t, row);
-    for (int g = 0; g < group; ++g) {
-      float* oh = out + static_cast<size_t>(kvh * group + g) * hd;
-      const __m256 w = _mm256_set1_ps(scores[static_cast<size_t>(g) * n_tokens + t]);
-      for (int c = 0; c < chunks; ++c) {
-        _mm256_storeu_ps(oh + 8 * c, _mm256_fmadd_ps(w, row[c], _mm256_loadu_ps(oh + 8 * c)));
-      }
+  KEEL_UNROLL
+  for (int g = 0; g < G; ++g)
+    KEEL_UNROLL
+    for (int i = 0; i < TC * V; ++i) _mm256_storeu_ps(o + static_cast<size_t>(g) * hd + c * CW + i * 8, acc[g][i]);
+}
+
+// Register budget (16 ymm): scores keep G*TB accumulators + TB*CW/8 widened chunks + one query
+// chunk; the weighted sum keeps 8 accumulators (G heads x TC*CW/8 vectors) + G weights + CW/8.
+template <int G, int CW>
+inline constexpr int kScoreTokens = G == 1 ? 4 : G == 2 ? (CW == 8 ? 4 : 2) : G == 4 ? 2 : 1;
+template <int G, int CW>
+inline constexpr int kTileChunks = std::max(1, 8 / G / (CW / 8));
+
+// Query heads [g0, g0+G) of KV head kvh: scores, softmax, weighted sum of V.
+template <int G, int CW, class Source>
+void AttendGroup(const KvShape& s, Source& src, int kvh, int g0, int n_tokens, const float* q, float* out,
+                 float* scores) {
+  const int hd = s.head_dim, bt = s.block_tokens;
+  const int group = s.n_heads / s.n_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* qh = q + static_cast<size_t>(kvh * group + g0) * hd;
+  float* oh = out + static_cast<size_t>(kvh * group + g0) * hd;
+  float* sc = scores + static_cast<size_t>(g0) * n_tokens;
+  const size_t stride = static_cast<size_t>(n_tokens);
+  const int n_blocks = (n_tokens + bt - 1) / bt;
+  constexpr int TB = kScoreTokens<G, CW>;
+  constexpr int TC = kTileChunks<G, CW>;
+  src.Begin(kvh);
+  for (int b = 0; b < n_blocks; ++b) {
+    const int m = std::min(bt, n_tokens - b * bt);
+    src.K(b, [&](const auto& r) {
+      int slot = 0;
+      for (; slot + TB <= m; slot += TB) ScoreTokens<G, TB, CW>(r, slot, hd, qh, sc + b * bt, stride, scale);
+      for (; slot < m; ++slot) ScoreTokens<G, 1, CW>(r, slot, hd, qh, sc + b * bt, stride, scale);
+    });
+  }
+  for (int g = 0; g < G; ++g) {
+    SoftmaxF32(sc + g * stride, n_tokens);
+    std::memset(oh + static_cast<size_t>(g) * hd, 0, sizeof(float) * hd);
+  }
+  const int nc = hd / CW;
+  for (int b = 0; b < n_blocks; ++b) {
+    const int m = std::min(bt, n_tokens - b * bt);
+    src.V(b, [&](const auto& r) {
+      int c = 0;
+      for (; c + TC <= nc; c += TC) AccumulateTile<G, TC, CW>(r, m, c, hd, sc + b * bt, stride, oh);
+      for (; c < nc; ++c) AccumulateTile<G, 1, CW>(r, m, c, hd, sc + b * bt, stride, oh);
+    });
+  }
+}
+
+template <int G, class Source>
+void AttendGroupAnyWidth(const KvShape& s, Source& src, int kvh, int g0, int n_tokens, const float* q, float* out,
+                         float* scores) {
+  if (s.head_dim % 16 == 0 && G <= 4) {
+    AttendGroup<G, 16>(s, src, kvh, g0, n_tokens, q, out, scores);
+  } else {
+    AttendGroup<G, 8>(s, src, kvh, g0, n_tokens, q, out, scores);
+  }
+}
+
+}  // namespace attention_detail
+
+// One KV head: its query heads attend over n_tokens rows from `src`. A group that is not a power
+// of two runs as power-of-two pieces (each query head's arithmetic is independent of the others).
+template <class Source>
+void AttendHead(const KvShape& s, Source& src, int kvh, int n_tokens, const float* q, float* out, float* scores) {
+  using namespace attention_detail;
+  const int group = s.n_heads / s.n_kv_heads;
+  for (int g0 = 0; g0 < group;) {
+    const int left = group - g0;
+    if (left >= 8) {
+      AttendGroupAnyWidth<8>(s, src, kvh, g0, n_tokens, q, out, scores);
+      g0 += 8;
+    } else if (left >= 4) {
+      AttendGroupAnyWidth<4>(s, src, kvh, g0, n_tokens, q, out, scores);
+      g0 += 4;
+    } else if (left >= 2) {
+      AttendGroupAnyWidth<2>(s, src, kvh, g0, n_tokens, q, out, scores);
+      g0 += 2;
+    } else {
+      AttendGroupAnyWidth<1>(s, src, kvh, g0, n_tokens, q, out, scores);
+      g0 += 1;
     }
   }
 }
@@ -87,6 +245,24 @@ void AttendAllHeads(const KvShape& s, MakeSource make_source, int n_tokens, cons
     AttendHead(s, src, kvh, n_tokens, q, out, scores + static_cast<size_t>(kvh) * group * n_tokens);
   }
 }
+
+// Rows of a block source, one whole row at a time (the prompt-chunk path below).
+template <class Source>
+struct RowView {
+  Source src;
+  int bt = 16, hd = 0;
+  void Begin(int kvh) { src.Begin(kvh); }
+  void K(int t, __m256* row) {
+    src.K(t / bt, [&](const auto& r) {
+      for (int c = 0; c < hd / 8; ++c) r.template Load<8>(t % bt, c, row + c);
+    });
+  }
+  void V(int t, __m256* row) {
+    src.V(t / bt, [&](const auto& r) {
+      for (int c = 0; c < hd / 8; ++c) r.template Load<8>(t % bt, c, row + c);
+    });
+  }
+};
 
 // Several queries of one sequence (a prompt chunk): each stored row is widened once and used by
 // every query that can see it. Per (query, head) the arithmetic is exactly AttendHead's, so the
@@ -154,7 +330,7 @@ void AttendAllHeadsMany(const KvShape& s, MakeSource make_source, int n_queries,
                      static_cast<int64_t>(m) * n_tokens[q0 + m - 1] * s.head_dim * s.n_kv_heads >= (1 << 18);
 #pragma omp parallel for schedule(static) if (par)
     for (int kvh = 0; kvh < s.n_kv_heads; ++kvh) {
-      auto src = make_source();
+      RowView<decltype(make_source())> src{make_source(), s.block_tokens, s.head_dim};
       AttendHeadMany(s, src, kvh, m, n_tokens + q0, q + q0 * stride, out + q0 * stride, scores + kvh * per_head);
     }
   }

@@ -6,6 +6,15 @@
 
 namespace keel::kv {
 
+namespace {
+inline float ReduceSum8(__m256 acc) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+}  // namespace
+
 float DotF32(const float* a, const float* b, int n) {
   int i = 0;
   __m256 acc = _mm256_setzero_ps();
@@ -29,16 +38,67 @@ void AxpyF32(float w, const float* x, float* out, int n) {
   for (; i < n; ++i) out[i] += w * x[i];
 }
 
+namespace {
+
+// exp(x) for 8 lanes: Cephes' expf (range reduction by ln 2, degree-6 polynomial, ~1 ulp);
+// lanes below -87.3 give 0. Deterministic: the same inputs give the same bits on any AVX2 CPU.
+inline __m256 Exp8(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+}  // namespace
+
+float ExpF32(float x) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, Exp8(_mm256_set1_ps(x)));
+  return lanes[0];
+}
+
 void SoftmaxF32(float* x, int n) {
-  float mx = x[0];
-  for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
-  float sum = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
+  if (n <= 0) return;
+  // A partial last chunk goes through the same 8-lane code, so every element's bits depend only
+  // on its own value, the maximum and the sum.
+  const int full = n / 8 * 8;
+  alignas(32) float tail[8];
+  const int rest = n - full;
+  for (int i = 0; i < 8; ++i) tail[i] = i < rest ? x[full + i] : x[0];
+  __m256 mx = _mm256_load_ps(tail);
+  for (int i = 0; i < full; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const __m256 vmax = _mm256_broadcastss_ps(m4);
+  __m256 sum = _mm256_setzero_ps();
+  for (int i = 0; i < full; i += 8) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
   }
-  float inv = 1.0f / sum;
-  for (int i = 0; i < n; ++i) x[i] *= inv;
+  if (rest > 0) {
+    const __m256 keep = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(rest), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 e = _mm256_and_ps(keep, Exp8(_mm256_sub_ps(_mm256_load_ps(tail), vmax)));
+    _mm256_store_ps(tail, e);
+    sum = _mm256_add_ps(sum, e);
+    for (int i = 0; i < rest; ++i) x[full + i] = tail[i];
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / ReduceSum8(sum));
+  for (int i = 0; i < full; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  for (int i = full; i < n; ++i) x[i] *= _mm256_cvtss_f32(inv);
 }
 
 }  // namespace keel::kv

@@ -54,58 +54,35 @@ void RawCodec::append(int, uint8_t* block, int slot, const float* k, const float
 
 namespace {
 
-// Rows of a raw block widened to fp32 lanes, for the shared attention core.
+// Blocks of a raw codec as a block source for the shared attention core: K rows of all heads,
+// then V rows, each head's rows contiguous.
 template <DType T>
-struct RawRows {
-  const uint8_t* const* blocks;
-  int bt, kv_dim, hd;
-  size_t head_off = 0;
-  int n_kv = 0, kvh = 0;
+struct RawBlocks {
   static constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
+  const uint8_t* const* blocks;
+  int bt, hd, n_kv, n_tokens;
+  int kvh = 0;
 
   void Begin(int head) { kvh = head; }
-  const uint8_t* At(int which, int t) const {
-    return blocks[t / bt] + ((static_cast<size_t>(which) * n_kv + kvh) * bt + t % bt) * hd * kElem;
+  const uint8_t* Rows(int which, int b) const {
+    return blocks[b] + (static_cast<size_t>(which) * n_kv + kvh) * bt * hd * kElem;
   }
-  static void Load(const uint8_t* p, int hd, __m256* row) {
-    for (int c = 0; c < hd / 8; ++c) {
-      if constexpr (T == DType::kF32) {
-        row[c] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * c);
-      } else {
-        __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + c);
-        if constexpr (T == DType::kF16) {
-          row[c] = _mm256_cvtph_ps(h);
-        } else {
-          row[c] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        }
-      }
-    }
+  template <class F>
+  void Visit(int which, int b, F& f) const {
+    if ((b + 1) * bt < n_tokens) PrefetchBytes(Rows(which, b + 1), static_cast<size_t>(bt) * hd * kElem);
+    f(PlainRowsReader<T>{Rows(which, b), hd});
   }
-  // Rows of one head are contiguous inside a block, but blocks are scattered: fetch a few rows
-  // ahead so the next block's lines are on their way while this row computes.
-  void Prefetch(int which, int t) const {
-    const char* p = reinterpret_cast<const char*>(At(which, t));
-    for (size_t off = 0; off < hd * kElem; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-  }
-  void K(int t, __m256* row) const {
-    if (t + 4 < n_tokens) Prefetch(0, t + 4);
-    Load(At(0, t), hd, row);
-  }
-  void V(int t, __m256* row) const {
-    if (t + 4 < n_tokens) Prefetch(1, t + 4);
-    Load(At(1, t), hd, row);
-  }
-  int n_tokens = 0;
+  template <class F>
+  void K(int b, F&& f) const { Visit(0, b, f); }
+  template <class F>
+  void V(int b, F&& f) const { Visit(1, b, f); }
 };
 
 template <DType T>
 void AttendRawMany(const KvShape& s, const uint8_t* const* blocks, int n_queries, const int* n_tokens,
                    const float* q, float* out, AttendScratch& scratch) {
   auto make = [&] {
-    RawRows<T> r{blocks, s.block_tokens, s.kv_dim(), s.head_dim};
-    r.n_kv = s.n_kv_heads;
-    r.n_tokens = n_tokens[n_queries - 1];
-    return r;
+    return RawBlocks<T>{blocks, s.block_tokens, s.head_dim, s.n_kv_heads, n_tokens[n_queries - 1]};
   };
   AttendAllHeadsMany(s, make, n_queries, n_tokens, q, out, scratch);
 }
@@ -114,10 +91,7 @@ template <DType T>
 void AttendRaw(const KvShape& s, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
                AttendScratch& scratch) {
   auto make = [&] {
-    RawRows<T> r{blocks, s.block_tokens, s.kv_dim(), s.head_dim};
-    r.n_kv = s.n_kv_heads;
-    r.n_tokens = n_tokens;
-    return r;
+    return RawBlocks<T>{blocks, s.block_tokens, s.head_dim, s.n_kv_heads, n_tokens};
   };
   AttendAllHeads(s, make, n_tokens, q, out, scratch);
 }

@@ -1,5 +1,5 @@
 // The zipfusion codec against raw:bf16 / raw:f16: attention bit for bit, on random and real K/V,
-// every fill level, GQA ratios 1-8; and end to end through the engine.
+// every fill level, GQA ratios 1-8 (powers of two and not), odd block sizes; and end to end through the engine.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,11 +86,13 @@ void ExpectIdenticalAttention(const KvShape& s, const std::string& dtype, bool s
 
 TEST(ZipFusionCodec, BitIdenticalToRawAcrossGqaRatiosAndFillLevels) {
   for (const char* dtype : {"bf16", "f16"}) {
-    for (int group : {1, 2, 4, 8}) {
-      for (int hd : {16, 64, 128}) {
-        KvShape s{1, 2 * group, 2, hd, 16};
-        ExpectIdenticalAttention(s, dtype, false);
-        ExpectIdenticalAttention(s, dtype, true);
+    for (int group : {1, 2, 3, 4, 5, 6, 7, 8}) {
+      for (int hd : {8, 16, 24, 64, 128}) {
+        for (int bt : {16, 5}) {  // 5: blocks of 5 rows, partial register-blocking steps
+          KvShape s{1, 2 * group, 2, hd, bt};
+          ExpectIdenticalAttention(s, dtype, false);
+          ExpectIdenticalAttention(s, dtype, true);
+        }
       }
     }
   }

@@ -155,15 +155,11 @@ inline __m256 Bf16LanesF32(__m256i low, __m256i e) {
   return _mm256_castsi256_ps(_mm256_or_si256(_mm256_or_si256(sign, _mm256_slli_epi32(e, 23)), mant));
 }
 
-// Elements [start, start+8) widened to fp32, bit-exact with widening the original 16-bit values.
-inline __m256 DecodeChunkF32(const BlockView& b, int start, ExceptionCursor& cur) {
-  const __m256i e = ChunkExponents(b, start, cur);
-  uint64_t low8;
-  std::memcpy(&low8, b.low + start, 8);
-  const __m256i low = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(low8)));
-  if (b.dtype == Dtype::kBf16) return Bf16LanesF32(low, e);
-  // fp16 = sign<<15 | exp<<10 | mhi<<8 | low; widened with F16C.
-  const uint64_t hi24 = LoadLe(b.hi + 3 * (start / 8), 3);
+// 8 fp16 values rebuilt from their low bytes, their 3-bit sign/mantissa-high fields (the `hi`
+// section) and exponents, as fp32 lanes (F16C).
+inline __m256 Fp16LanesF32(const uint8_t* hi_section, int start, __m256i low, __m256i e) {
+  // fp16 = sign<<15 | exp<<10 | mhi<<8 | low
+  const uint64_t hi24 = LoadLe(hi_section + 3 * (start / 8), 3);
   const uint64_t hib = _pdep_u64(hi24, 0x0707070707070707ull);
   const __m256i hi = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(hib)));
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(4)), 13);
@@ -172,6 +168,16 @@ inline __m256 DecodeChunkF32(const BlockView& b, int start, ExceptionCursor& cur
   // Pack 8 x i32 (all < 65536) into 8 x u16 in order.
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
   return _mm256_cvtph_ps(packed);
+}
+
+// Elements [start, start+8) widened to fp32, bit-exact with widening the original 16-bit values.
+inline __m256 DecodeChunkF32(const BlockView& b, int start, ExceptionCursor& cur) {
+  const __m256i e = ChunkExponents(b, start, cur);
+  uint64_t low8;
+  std::memcpy(&low8, b.low + start, 8);
+  const __m256i low = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(low8)));
+  if (b.dtype == Dtype::kBf16) return Bf16LanesF32(low, e);
+  return Fp16LanesF32(b.hi, start, low, e);
 }
 
 }  // namespace keel::kv::zipfusion

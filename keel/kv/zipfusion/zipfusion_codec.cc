@@ -10,7 +10,10 @@ namespace keel::kv::zipfusion {
 
 namespace {
 
-constexpr uint8_t kStaging = 0x00;  // region holds plain 16-bit values after the 8-byte header
+constexpr uint8_t kStaging = 0x00;
+// Bytes after each region's largest possible block, so the decoder may load 8 code bytes at any
+// chunk without a bounds check.
+constexpr size_t kTailPadding = 8;  // region holds plain 16-bit values after the 8-byte header
 
 // Header fields and section pointers of a block this codec encoded itself (so already valid).
 BlockView ViewTrusted(const uint8_t* p) {
@@ -30,54 +33,137 @@ BlockView ViewTrusted(const uint8_t* p) {
   return b;
 }
 
-// Fast path for a row with no exceptions: the code width is a compile-time constant, so the
-// per-chunk loads have fixed sizes and no exception checks run.
-template <int W>
-void DecodeRowNoExceptions(const BlockView& v, int start, int hd, __m256* row) {
-  const uint64_t mask = 0x0101010101010101ull * ((1u << W) - 1u);
-  const __m256i base = _mm256_set1_epi32(v.base);
-  const bool bf16 = v.dtype == Dtype::kBf16;
-  for (int c = 0; c < hd / 8; ++c) {
-    const int e0 = start + 8 * c;
-    __m256i e = base;
+// Exceptions of one block as a byte per element: base ^ exponent at an exception, 0 elsewhere.
+// The decoders XOR it into (code + base) — an exception's code is 0 — so exceptions cost one
+// load and one XOR per chunk and no branch, in any decode order (the attention core walks K row
+// by row but V column tile by column tile). Only exception positions are ever non-zero: they are
+// set when a block is opened and cleared when it is closed.
+class ExceptionBytes {
+ public:
+  ExceptionBytes() : bytes_(Buffer()) {}
+  void Open(const BlockView& v) {
+    view_ = v;
+    for (int i = 0; i < v.n_exc; ++i) bytes_[ReadU16(v.exc_pos + 2 * i)] = static_cast<uint8_t>(v.base ^ v.exc_exp[i]);
+  }
+  void Close() {
+    for (int i = 0; i < view_.n_exc; ++i) bytes_[ReadU16(view_.exc_pos + 2 * i)] = 0;
+    view_.n_exc = 0;
+  }
+  const uint8_t* data() const { return bytes_; }
+
+ private:
+  // One zeroed buffer per thread, reused by every attention call on it.
+  static uint8_t* Buffer() {
+    alignas(64) thread_local uint8_t buf[kMaxElements + 16] = {};
+    return buf;
+  }
+  uint8_t* bytes_;
+  BlockView view_;
+};
+
+// Sections of a sealed block plus its exception bytes.
+struct PackedBlock {
+  const uint8_t* low;
+  const uint8_t* hi;  // fp16 only
+  const uint8_t* codes;
+  const uint8_t* exc;  // ExceptionBytes
+  int base, width, hd;
+
+  // Exponents of elements [e0, e0 + 8) as 32-bit lanes, exceptions included.
+  template <int W>
+  [[gnu::always_inline]] __m256i Exponents8(int e0) const {
+    __m128i x = _mm_setzero_si128();
     if constexpr (W > 0) {
-      const uint64_t bits = LoadLe(v.codes + static_cast<size_t>(W) * (e0 / 8), W);
-      e = _mm256_add_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(bits, mask)))), base);
+      uint64_t bits;
+      std::memcpy(&bits, codes + W * (e0 / 8), 8);  // regions carry 8 bytes of tail padding
+      const uint64_t mask = 0x0101010101010101ull * ((1u << W) - 1u);
+      x = _mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(bits, mask)));
     }
-    uint64_t low8;
-    std::memcpy(&low8, v.low + e0, 8);
-    const __m256i low = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(low8)));
-    if (bf16) {
-      row[c] = Bf16LanesF32(low, e);
+    x = _mm_add_epi8(x, _mm_set1_epi8(static_cast<char>(base)));  // code + base <= 255
+    x = _mm_xor_si128(x, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(exc + e0)));
+    return _mm256_cvtepu8_epi32(x);
+  }
+  [[gnu::always_inline]] __m256i Low8(int e0) const {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(low + e0)));
+  }
+};
+
+// 16 bytes at p + 0..15 in the order [0-3, 8-11, 4-7, 12-15] (see PackedBf16Reader).
+inline __m128i LoadInterleaved16(const uint8_t* p) {
+  return _mm_unpacklo_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+}
+
+// bf16 block with code width W, widened 16 values at a time in 16-bit lanes. The 16 values are
+// assembled in the word order [0-3, 8-11 | 4-7, 12-15] so that one unpack per half widens them
+// to fp32 in natural order.
+template <int W>
+struct PackedBf16Reader {
+  PackedBlock b;
+
+  template <int CW>
+  [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
+    const int e0 = slot * b.hd + c * CW;
+    if constexpr (CW == 8) {
+      v[0] = Bf16LanesF32(b.Low8(e0), b.Exponents8<W>(e0));
     } else {
-      ExceptionCursor none{v.n_exc};  // past every exception
-      row[c] = DecodeChunkF32(v, e0, none);
+      __m128i cb = _mm_setzero_si128();
+      if constexpr (W > 0) {
+        const uint64_t mask = 0x0101010101010101ull * ((1u << W) - 1u);
+        uint64_t lo, hi;
+        std::memcpy(&lo, b.codes + W * (e0 / 8), 8);
+        std::memcpy(&hi, b.codes + W * (e0 / 8) + W, 8);
+        cb = _mm_unpacklo_epi32(_mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(lo, mask))),
+                                _mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(hi, mask))));
+      }
+      cb = _mm_add_epi8(cb, _mm_set1_epi8(static_cast<char>(b.base)));  // code + base <= 255
+      cb = _mm_xor_si128(cb, LoadInterleaved16(b.exc + e0));
+      const __m256i e16 = _mm256_slli_epi16(_mm256_cvtepu8_epi16(cb), 7);
+      const __m128i lb = LoadInterleaved16(b.low + e0);
+      const __m256i l16 = _mm256_cvtepu8_epi16(lb);
+      // bf16 = sign<<15 | exp<<7 | mant7, from low = sign<<7 | mant7
+      const __m256i sm = _mm256_and_si256(_mm256_or_si256(l16, _mm256_slli_epi16(l16, 8)), _mm256_set1_epi16(static_cast<int16_t>(0x807F)));
+      const __m256i h = _mm256_or_si256(sm, e16);
+      const __m256i zero = _mm256_setzero_si256();
+      v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h));
+      v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h));
     }
   }
-}
+};
 
-using RowDecoder = void (*)(const BlockView&, int, int, __m256*);
-constexpr RowDecoder kNoExceptionDecoders[9] = {
-    DecodeRowNoExceptions<0>, DecodeRowNoExceptions<1>, DecodeRowNoExceptions<2>,
-    DecodeRowNoExceptions<3>, DecodeRowNoExceptions<4>, DecodeRowNoExceptions<5>,
-    DecodeRowNoExceptions<6>, DecodeRowNoExceptions<7>, DecodeRowNoExceptions<8>};
+// fp16 block (any width), 8 values at a time.
+struct PackedF16Reader {
+  PackedBlock b;
 
-inline void WidenStaged(const uint16_t* v, int hd, bool bf16, __m256* row) {
-  for (int c = 0; c < hd / 8; ++c) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v) + c);
-    row[c] = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+  __m256i Exponents8(int e0) const {
+    switch (b.width) {
+      case 0: return b.Exponents8<0>(e0);
+      case 1: return b.Exponents8<1>(e0);
+      case 2: return b.Exponents8<2>(e0);
+      case 3: return b.Exponents8<3>(e0);
+      case 4: return b.Exponents8<4>(e0);
+      default: return b.Exponents8<5>(e0);
+    }
   }
-}
+  template <int CW>
+  [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
+    KEEL_UNROLL
+    for (int u = 0; u < CW / 8; ++u) {
+      const int e0 = slot * b.hd + c * CW + 8 * u;
+      v[u] = Fp16LanesF32(b.hi, e0, b.Low8(e0), Exponents8(e0));
+    }
+  }
+};
 
 class ZipFusionCodec final : public Codec {
  public:
   ZipFusionCodec(const KvShape& shape, DType dtype)
       : shape_(shape), dtype_(dtype), n_(shape.block_tokens * shape.head_dim),
-        region_(MaxEncodedBytes(n_, Fmt())) {}
+        region_(MaxEncodedBytes(n_, Fmt()) + kTailPadding) {}
 
   std::string spec() const override { return dtype_ == DType::kBF16 ? "zipfusion:bf16" : "zipfusion:f16"; }
   std::string fingerprint() const override {
-    return spec() + ";format=1;block=" + std::to_string(shape_.block_tokens) + ";layout=kv_head_k_v;rope=interleaved";
+    return spec() + ";format=2;block=" + std::to_string(shape_.block_tokens) + ";layout=kv_head_k_v;rope=interleaved";
   }
   const KvShape& shape() const override { return shape_; }
   size_t block_bytes(int) const override { return static_cast<size_t>(shape_.n_kv_heads) * 2 * region_; }
@@ -106,102 +192,86 @@ class ZipFusionCodec final : public Codec {
 
   void attend(int, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
               AttendScratch& scratch) const override {
-    auto make = [&] {
-      Rows r{this, blocks};
-      r.n_tokens = n_tokens;
-      return r;
-    };
-    AttendAllHeads(shape_, make, n_tokens, q, out, scratch);
+    AttendAllHeads(shape_, [&] { return Blocks{this, blocks, n_tokens}; }, n_tokens, q, out, scratch);
   }
 
   void attend_many(int, const uint8_t* const* blocks, int n_queries, const int* n_tokens, const float* q,
                    float* out, AttendScratch& scratch) const override {
     if (n_queries <= 0) return;
-    auto make = [&] {
-      Rows r{this, blocks};
-      r.n_tokens = n_tokens[n_queries - 1];
-      return r;
-    };
+    auto make = [&] { return Blocks{this, blocks, n_tokens[n_queries - 1]}; };
     AttendAllHeadsMany(shape_, make, n_queries, n_tokens, q, out, scratch);
   }
 
   void read(int, const uint8_t* block, int slot, float* k, float* v) const override {
     const int hd = shape_.head_dim;
-    alignas(32) __m256 row[kMaxHeadDim / 8];
+    const uint8_t* one[2] = {block, block};  // Visit may look at the next block's address
+    Blocks src{this, one, slot + 1};
     for (int kvh = 0; kvh < shape_.n_kv_heads; ++kvh) {
+      src.Begin(kvh);
       for (int which = 0; which < 2; ++which) {
-        RowState st;
-        DecodeRow(Region(block, kvh, which), slot, st, row);
         float* dst = (which == 0 ? k : v) + static_cast<size_t>(kvh) * hd;
-        for (int c = 0; c < hd / 8; ++c) _mm256_storeu_ps(dst + 8 * c, row[c]);
+        src.Visit(which, 0, [&](const auto& r) {
+          for (int c = 0; c < hd / 8; ++c) {
+            __m256 x;
+            r.template Load<8>(slot, c, &x);
+            _mm256_storeu_ps(dst + 8 * c, x);
+          }
+        });
       }
     }
   }
 
-  // Decoding state for one region while its rows are read in order.
-  struct RowState {
-    const uint8_t* region = nullptr;
-    bool packed = false;
-    BlockView view;
-    ExceptionCursor cursor;
-  };
-
-  void DecodeRow(const uint8_t* region, int slot, RowState& st, __m256* row) const {
-    const int hd = shape_.head_dim;
-    if (region != st.region) {
-      st.region = region;
-      st.packed = region[0] == kMagic;
-      if (st.packed) st.view = ViewTrusted(region);
-      st.cursor = ExceptionCursor{};
-    }
-    if (!st.packed) {
-      WidenStaged(reinterpret_cast<const uint16_t*>(region + kHeaderBytes) + static_cast<size_t>(slot) * hd, hd,
-                  dtype_ == DType::kBF16, row);
-      return;
-    }
-    // Locals, not st's fields: __m256 stores may alias anything, so decoding straight from st
-    // would reload every header field after each chunk is written.
-    const BlockView view = st.view;
-    ExceptionCursor cursor = st.cursor;
-    const int start = slot * hd;
-    // Exceptions are rare: skip the ones before this row and, if none falls inside it, take the
-    // specialised path. Both paths produce the same bits (tested against raw).
-    while (cursor.next < view.n_exc && ReadU16(view.exc_pos + 2 * cursor.next) < start) ++cursor.next;
-    if (cursor.next >= view.n_exc || ReadU16(view.exc_pos + 2 * cursor.next) >= start + hd) {
-      kNoExceptionDecoders[view.width](view, start, hd, row);
-    } else {
-      for (int c = 0; c < hd / 8; ++c) row[c] = DecodeChunkF32(view, start + 8 * c, cursor);
-    }
-    st.cursor = cursor;
-  }
-
-  // Row source for the attention core.
-  struct Rows {
+  // Block source for the attention core: hands out a reader typed by the region's state
+  // (filling, or sealed with its code width), so the decode loops have no per-value branches.
+  struct Blocks {
     const ZipFusionCodec* codec;
     const uint8_t* const* blocks;
+    int n_tokens;
     int kvh = 0;
-    RowState k_state, v_state;
-    void Begin(int head) {
-      kvh = head;
-      k_state = RowState{};
-      v_state = RowState{};
-    }
-    void K(int t, __m256* row) { Step(0, t, k_state, row); }
-    void V(int t, __m256* row) { Step(1, t, v_state, row); }
-    int n_tokens = 0;
-    void Step(int which, int t, RowState& st, __m256* row) {
-      const int bt = codec->shape_.block_tokens;
-      const int b = t / bt, slot = t % bt;
-      // Blocks are scattered in the arena: while this block decodes, pull in the next block's
-      // region a slice per row.
-      if ((b + 1) * bt < n_tokens) {
-        const char* next = reinterpret_cast<const char*>(codec->Region(blocks[b + 1], kvh, which));
-        const size_t slice = (codec->region_ / bt + 63) & ~size_t{63};
-        for (size_t off = slot * slice; off < (slot + 1) * slice && off < codec->region_; off += 64) {
-          _mm_prefetch(next + off, _MM_HINT_T0);
+    ExceptionBytes exc{};
+
+    void Begin(int head) { kvh = head; }
+    template <class F>
+    void K(int b, F&& f) { Visit(0, b, f); }
+    template <class F>
+    void V(int b, F&& f) { Visit(1, b, f); }
+
+    template <class F>
+    void Visit(int which, int b, F&& f) {
+      const KvShape& s = codec->shape_;
+      const uint8_t* r = codec->Region(blocks[b], kvh, which);
+      const bool bf16 = codec->dtype_ == DType::kBF16;
+      if (r[0] != kMagic) {  // still filling: plain 16-bit rows after the header
+        if (bf16) {
+          f(PlainRowsReader<DType::kBF16>{r + kHeaderBytes, s.head_dim});
+        } else {
+          f(PlainRowsReader<DType::kF16>{r + kHeaderBytes, s.head_dim});
+        }
+        return;
+      }
+      const BlockView v = ViewTrusted(r);
+      // The next block sits elsewhere in the arena; ask for about as many bytes as this one has.
+      if ((b + 1) * s.block_tokens < n_tokens) {
+        PrefetchBytes(codec->Region(blocks[b + 1], kvh, which), std::min(v.bytes + 64, codec->region_));
+      }
+      exc.Open(v);
+      const PackedBlock pb{v.low, v.hi, v.codes, exc.data(), v.base, v.width, s.head_dim};
+      if (!bf16) {
+        f(PackedF16Reader{pb});
+      } else {
+        switch (v.width) {
+          case 0: f(PackedBf16Reader<0>{pb}); break;
+          case 1: f(PackedBf16Reader<1>{pb}); break;
+          case 2: f(PackedBf16Reader<2>{pb}); break;
+          case 3: f(PackedBf16Reader<3>{pb}); break;
+          case 4: f(PackedBf16Reader<4>{pb}); break;
+          case 5: f(PackedBf16Reader<5>{pb}); break;
+          case 6: f(PackedBf16Reader<6>{pb}); break;
+          case 7: f(PackedBf16Reader<7>{pb}); break;
+          default: f(PackedBf16Reader<8>{pb}); break;
         }
       }
-      codec->DecodeRow(codec->Region(blocks[b], kvh, which), slot, st, row);
+      exc.Close();
     }
   };
 
