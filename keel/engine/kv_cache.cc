@@ -32,7 +32,9 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::
   if (n_blocks > (1u << 30)) return Status::InvalidArgument("kv cache: budget too large");
   for (int l = 0; l < c.n_layers; ++l) {
     // Left uninitialised: pages are only touched when blocks are written.
-    cache->arenas_.emplace_back(new uint8_t[cache->layer_bytes_[l] * n_blocks]);
+    auto arena = PageArena::Map(cache->layer_bytes_[l] * n_blocks);
+    if (!arena.ok()) return Status::ResourceExhausted("kv cache: " + arena.status().message());
+    cache->arenas_.push_back(std::move(arena).value());
   }
   cache->blocks_.resize(n_blocks);
   cache->free_.reserve(n_blocks);

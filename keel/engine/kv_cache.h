@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "keel/core/hash.h"
+#include "keel/core/page_arena.h"
 #include "keel/core/status.h"
 #include "keel/engine/model.h"
 #include "keel/kv/codec.h"
@@ -134,10 +135,10 @@ class KvCache {
   void Unref(int32_t block);
   void Ref(int32_t block);
   void RefreshPointers(Sequence& s);
-  uint8_t* BlockData(int layer, int32_t block) { return arenas_[layer].get() + layer_bytes_[layer] * block; }
+  uint8_t* BlockData(int layer, int32_t block) { return arenas_[layer].data() + layer_bytes_[layer] * block; }
   Hash128 NextKey(const Hash128& parent, const int* chunk) const;
   const uint8_t* BlockData(int layer, int32_t block) const {
-    return arenas_[layer].get() + layer_bytes_[layer] * block;
+    return arenas_[layer].data() + layer_bytes_[layer] * block;
   }
 
   std::unique_ptr<kv::Codec> codec_;
@@ -146,7 +147,7 @@ class KvCache {
   bool prefix_sharing_ = true;
   size_t budget_bytes_ = 0;
   std::vector<size_t> layer_bytes_;
-  std::vector<std::unique_ptr<uint8_t[]>> arenas_;
+  std::vector<PageArena> arenas_;  // one per layer, huge-page advised
   std::vector<Block> blocks_;
   std::vector<int32_t> free_;       // never-registered free blocks
   std::list<int32_t> cached_;       // unreferenced registered blocks, oldest first

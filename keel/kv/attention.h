@@ -21,6 +21,7 @@
 //   template <class F> void V(int block, F&& f);  // (blocks are visited in increasing order)
 // and a reader:
 //   template <int CW> void Load(int slot, int c, __m256* v) const;
+//   void Prefetch(int i, int n) const;  // ask for the i-th of n slices of the next block
 //     CW = 8: v[0] = elements [8c, 8c+8) of row `slot`;
 //     CW = 16: v[0], v[1] = elements [16c, 16c+16) (only used when head_dim % 16 == 0).
 #pragma once
@@ -53,6 +54,19 @@ inline float ReduceLanes(__m256 acc) {  // the same reduction as DotF32
 
 inline constexpr int kMaxHeadDim = 512;
 
+// The next block's bytes for one reader, asked for a slice at a time while the current block is
+// being read: blocks are scattered in the arena, so the hardware prefetcher cannot see the next
+// one coming, and asking for a whole block at once overflows the core's miss queue.
+struct NextBlock {
+  const char* p = nullptr;  // null: no next block
+  size_t bytes = 0;
+  void Prefetch(int i, int n) const {
+    if (p == nullptr) return;
+    const size_t from = bytes * i / n & ~size_t{63}, to = bytes * (i + 1) / n;
+    for (size_t off = from; off < to; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  }
+};
+
 // 8 stored values of type T widened to fp32 lanes.
 template <DType T>
 inline __m256 Widen8(const uint8_t* p) {
@@ -72,6 +86,8 @@ struct PlainRowsReader {
   static constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
   const uint8_t* rows;
   int hd;
+  NextBlock next;
+  void Prefetch(int i, int n) const { next.Prefetch(i, n); }
   template <int CW>
   [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
     const uint8_t* p = rows + (static_cast<size_t>(slot) * hd + c * CW) * kElem;
@@ -79,13 +95,6 @@ struct PlainRowsReader {
     for (int u = 0; u < CW / 8; ++u) v[u] = Widen8<T>(p + u * 8 * kElem);
   }
 };
-
-// Asks for `bytes` from p on into L1 (blocks are scattered in the arena, so the hardware
-// prefetcher cannot see the next one coming).
-inline void PrefetchBytes(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
-}
 
 namespace attention_detail {
 
@@ -99,17 +108,21 @@ inline void ScoreTokens(const Reader& r, int slot, int hd, const float* q, float
   for (int g = 0; g < G; ++g)
     KEEL_UNROLL
     for (int j = 0; j < TB; ++j) acc[g][j] = _mm256_setzero_ps();
+  // Each widened chunk is used at once by all G heads (query chunks come from L1 as FMA
+  // operands), so only one token's chunk is live next to the accumulators: decoders that need
+  // registers of their own (ZipFusion) do not spill.
   for (int c = 0; c < hd / CW; ++c) {
-    __m256 k[TB][V];
     KEEL_UNROLL
-    for (int j = 0; j < TB; ++j) r.template Load<CW>(slot + j, c, k[j]);
-    KEEL_UNROLL
-    for (int u = 0; u < V; ++u) {
+    for (int j = 0; j < TB; ++j) {
+      __m256 k[V];
+      r.template Load<CW>(slot + j, c, k);
       KEEL_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const __m256 qv = _mm256_loadu_ps(q + static_cast<size_t>(g) * hd + c * CW + u * 8);
+      for (int u = 0; u < V; ++u) {
         KEEL_UNROLL
-        for (int j = 0; j < TB; ++j) acc[g][j] = _mm256_fmadd_ps(qv, k[j][u], acc[g][j]);
+        for (int g = 0; g < G; ++g) {
+          const __m256 qv = _mm256_loadu_ps(q + static_cast<size_t>(g) * hd + c * CW + u * 8);
+          acc[g][j] = _mm256_fmadd_ps(qv, k[u], acc[g][j]);
+        }
       }
     }
   }
@@ -129,17 +142,34 @@ inline void AccumulateTile(const Reader& r, int m, int c, int hd, const float* p
     KEEL_UNROLL
     for (int i = 0; i < TC * V; ++i) acc[g][i] = _mm256_loadu_ps(o + static_cast<size_t>(g) * hd + c * CW + i * 8);
   for (int slot = 0; slot < m; ++slot) {
-    __m256 w[G];
-    KEEL_UNROLL
-    for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(p + g * stride + slot);
-    KEEL_UNROLL
-    for (int i = 0; i < TC; ++i) {
-      __m256 v[V];
-      r.template Load<CW>(slot, c + i, v);
+    if (c == 0) r.Prefetch(slot, m);
+    const float* ps = p + slot;
+    if constexpr (TC * V <= G) {
+      // Few output vectors, many heads: keep the widened values, broadcast one weight at a time.
+      __m256 v[TC * V];
       KEEL_UNROLL
-      for (int u = 0; u < V; ++u)
+      for (int i = 0; i < TC; ++i) r.template Load<CW>(slot, c + i, v + i * V);
+      KEEL_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const __m256 w = _mm256_broadcast_ss(ps + g * stride);
         KEEL_UNROLL
-        for (int g = 0; g < G; ++g) acc[g][i * V + u] = _mm256_fmadd_ps(w[g], v[u], acc[g][i * V + u]);
+        for (int i = 0; i < TC * V; ++i) acc[g][i] = _mm256_fmadd_ps(w, v[i], acc[g][i]);
+      }
+    } else {
+      // Many output vectors, few heads: keep the weights, widen one chunk at a time.
+      __m256 w[G];
+      KEEL_UNROLL
+      for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(ps + g * stride);
+      KEEL_UNROLL
+      for (int i = 0; i < TC; ++i) {
+        __m256 v[V];
+        r.template Load<CW>(slot, c + i, v);
+        KEEL_UNROLL
+        for (int u = 0; u < V; ++u) {
+          KEEL_UNROLL
+          for (int g = 0; g < G; ++g) acc[g][i * V + u] = _mm256_fmadd_ps(w[g], v[u], acc[g][i * V + u]);
+        }
+      }
     }
   }
   KEEL_UNROLL
@@ -148,10 +178,12 @@ inline void AccumulateTile(const Reader& r, int m, int c, int hd, const float* p
     for (int i = 0; i < TC * V; ++i) _mm256_storeu_ps(o + static_cast<size_t>(g) * hd + c * CW + i * 8, acc[g][i]);
 }
 
-// Register budget (16 ymm): scores keep G*TB accumulators + TB*CW/8 widened chunks + one query
-// chunk; the weighted sum keeps 8 accumulators (G heads x TC*CW/8 vectors) + G weights + CW/8.
-template <int G, int CW>
-inline constexpr int kScoreTokens = G == 1 ? 4 : G == 2 ? (CW == 8 ? 4 : 2) : G == 4 ? 2 : 1;
+// Register budget (16 ymm): 8 accumulators in both phases (enough independent FMA chains to
+// cover the FMA latency on two pipes), leaving room for a decoder's own registers: scores keep
+// G*TB accumulators + one widened chunk; the weighted sum keeps G x TC*CW/8 accumulators + the
+// widened chunks or the G weights, whichever is fewer.
+template <int G>
+inline constexpr int kScoreTokens = std::max(1, 8 / G);
 template <int G, int CW>
 inline constexpr int kTileChunks = std::max(1, 8 / G / (CW / 8));
 
@@ -167,14 +199,17 @@ void AttendGroup(const KvShape& s, Source& src, int kvh, int g0, int n_tokens, c
   float* sc = scores + static_cast<size_t>(g0) * n_tokens;
   const size_t stride = static_cast<size_t>(n_tokens);
   const int n_blocks = (n_tokens + bt - 1) / bt;
-  constexpr int TB = kScoreTokens<G, CW>;
+  constexpr int TB = kScoreTokens<G>;
   constexpr int TC = kTileChunks<G, CW>;
   src.Begin(kvh);
   for (int b = 0; b < n_blocks; ++b) {
     const int m = std::min(bt, n_tokens - b * bt);
     src.K(b, [&](const auto& r) {
       int slot = 0;
-      for (; slot + TB <= m; slot += TB) ScoreTokens<G, TB, CW>(r, slot, hd, qh, sc + b * bt, stride, scale);
+      for (; slot + TB <= m; slot += TB) {
+        r.Prefetch(slot / TB, (m + TB - 1) / TB);
+        ScoreTokens<G, TB, CW>(r, slot, hd, qh, sc + b * bt, stride, scale);
+      }
       for (; slot < m; ++slot) ScoreTokens<G, 1, CW>(r, slot, hd, qh, sc + b * bt, stride, scale);
     });
   }

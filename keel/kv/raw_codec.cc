@@ -69,8 +69,9 @@ struct RawBlocks {
   }
   template <class F>
   void Visit(int which, int b, F& f) const {
-    if ((b + 1) * bt < n_tokens) PrefetchBytes(Rows(which, b + 1), static_cast<size_t>(bt) * hd * kElem);
-    f(PlainRowsReader<T>{Rows(which, b), hd});
+    NextBlock next;
+    if ((b + 1) * bt < n_tokens) next = {reinterpret_cast<const char*>(Rows(which, b + 1)), static_cast<size_t>(bt) * hd * kElem};
+    f(PlainRowsReader<T>{Rows(which, b), hd, next});
   }
   template <class F>
   void K(int b, F&& f) const { Visit(0, b, f); }

@@ -68,6 +68,7 @@ struct PackedBlock {
   const uint8_t* codes;
   const uint8_t* exc;  // ExceptionBytes
   int base, width, hd;
+  NextBlock next;
 
   // Exponents of elements [e0, e0 + 8) as 32-bit lanes, exceptions included.
   template <int W>
@@ -100,6 +101,7 @@ inline __m128i LoadInterleaved16(const uint8_t* p) {
 template <int W>
 struct PackedBf16Reader {
   PackedBlock b;
+  void Prefetch(int i, int n) const { b.next.Prefetch(i, n); }
 
   template <int CW>
   [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
@@ -134,6 +136,7 @@ struct PackedBf16Reader {
 // fp16 block (any width), 8 values at a time.
 struct PackedF16Reader {
   PackedBlock b;
+  void Prefetch(int i, int n) const { b.next.Prefetch(i, n); }
 
   __m256i Exponents8(int e0) const {
     switch (b.width) {
@@ -241,21 +244,25 @@ class ZipFusionCodec final : public Codec {
       const KvShape& s = codec->shape_;
       const uint8_t* r = codec->Region(blocks[b], kvh, which);
       const bool bf16 = codec->dtype_ == DType::kBF16;
+      // The next block: about as many bytes as this one (its own size is in its header, which
+      // is not in cache yet).
+      NextBlock next;
+      if ((b + 1) * s.block_tokens < n_tokens) {
+        const uint8_t* nr = codec->Region(blocks[b + 1], kvh, which);
+        next = {reinterpret_cast<const char*>(nr), r[0] == kMagic ? std::min(ViewTrusted(r).bytes + 64, codec->region_)
+                                                                    : codec->region_};
+      }
       if (r[0] != kMagic) {  // still filling: plain 16-bit rows after the header
         if (bf16) {
-          f(PlainRowsReader<DType::kBF16>{r + kHeaderBytes, s.head_dim});
+          f(PlainRowsReader<DType::kBF16>{r + kHeaderBytes, s.head_dim, next});
         } else {
-          f(PlainRowsReader<DType::kF16>{r + kHeaderBytes, s.head_dim});
+          f(PlainRowsReader<DType::kF16>{r + kHeaderBytes, s.head_dim, next});
         }
         return;
       }
       const BlockView v = ViewTrusted(r);
-      // The next block sits elsewhere in the arena; ask for about as many bytes as this one has.
-      if ((b + 1) * s.block_tokens < n_tokens) {
-        PrefetchBytes(codec->Region(blocks[b + 1], kvh, which), std::min(v.bytes + 64, codec->region_));
-      }
       exc.Open(v);
-      const PackedBlock pb{v.low, v.hi, v.codes, exc.data(), v.base, v.width, s.head_dim};
+      const PackedBlock pb{v.low, v.hi, v.codes, exc.data(), v.base, v.width, s.head_dim, next};
       if (!bf16) {
         f(PackedF16Reader{pb});
       } else {
