@@ -261,8 +261,7 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
     // for all of them); results equal attending one token at a time.
     const int n_runs = static_cast<int>(runs.size()) - 1;
     const bool par = n_runs > 1 && static_cast<int64_t>(n) * (batch.back().pos + 1) * dim >= (1 << 14);
-#pragma omp parallel for schedule(dynamic, 1) if (par)
-    for (int r = 0; r < n_runs; ++r) {
+    auto attend_run = [&](int r) {
       kv::AttendScratch& scratch = attend_scratch_[static_cast<size_t>(omp_get_thread_num())];
       const int i = runs[r], m = runs[r + 1] - runs[r];
       const size_t at = static_cast<size_t>(i) * dim;
@@ -271,6 +270,15 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
       } else {
         codec.attend_many(l, tables[i], m, &n_tokens[i], &q_[at], &att_[at], scratch);
       }
+    };
+    // Not `parallel for if (par)`: an inactive region still counts as a nesting level, and the
+    // codec's own split across KV heads would then start a second thread team next to the
+    // pool's spinning workers (three threads on two cores).
+    if (par) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int r = 0; r < n_runs; ++r) attend_run(r);
+    } else {
+      for (int r = 0; r < n_runs; ++r) attend_run(r);
     }
     MatMul(w.wo, att_.data(), n, xo_.data());
     for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xo_[j];
