@@ -4,6 +4,7 @@
 // same bits for every GQA ratio (powers of two and not), head dims with and without 16-element
 // chunks, odd block sizes and every fill level.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -66,6 +67,39 @@ TEST(AttentionCore, EqualsDotSoftmaxAxpyBitForBit) {
     }
   }
   EXPECT_GT(cases, 1000);
+}
+
+// A long context splits KV heads across threads; the result must not depend on how many.
+TEST(AttentionCore, SameBitsOnOneThreadAndMany) {
+  const KvShape s{1, 32, 8, 128, 16};
+  for (const char* spec : {"raw:bf16", "zipfusion"}) {
+    auto codec = MakeCodec(spec, s);
+    ASSERT_TRUE(codec.ok());
+    const int n = 1024;  // past the threshold where the heads are split
+    std::vector<std::vector<uint8_t>> mem(n / s.block_tokens, std::vector<uint8_t>((*codec)->block_bytes(0)));
+    std::vector<const uint8_t*> ptrs;
+    for (auto& m : mem) ptrs.push_back(m.data());
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> k(s.kv_dim()), v(s.kv_dim());
+    for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < s.kv_dim(); ++i) {
+        k[i] = nd(rng);
+        v[i] = nd(rng);
+      }
+      (*codec)->append(0, mem[t / s.block_tokens].data(), t % s.block_tokens, k.data(), v.data());
+    }
+    std::vector<float> q(static_cast<size_t>(s.n_heads) * s.head_dim), one(q.size()), many(q.size());
+    for (float& x : q) x = nd(rng);
+    AttendScratch scratch;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    (*codec)->attend(0, ptrs.data(), n, q.data(), one.data(), scratch);
+    omp_set_num_threads(std::max(2, threads));
+    (*codec)->attend(0, ptrs.data(), n, q.data(), many.data(), scratch);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * sizeof(float))) << spec;
+  }
 }
 
 TEST(AttentionCore, ExpIsAccurateAndSoftmaxNormalises) {
