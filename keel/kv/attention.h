@@ -98,7 +98,6 @@ struct PlainRowsReader {
 
 namespace attention_detail {
 
-
 // Scores of tokens [slot, slot+TB) of one block for G query heads (q: G rows of hd floats).
 template <int G, int TB, int CW, class Reader>
 inline void ScoreTokens(const Reader& r, int slot, int hd, const float* q, float* sc, size_t stride, float scale) {

@@ -188,7 +188,7 @@ const uint8_t* Region(const uint8_t* block, int kvh, int which) const {
 // Block source for the attention core: hands out a reader typed by the region's state (filling,
 // or sealed with its code width), so the decode loops have no per-value branches.
 struct Blocks {
-  const Layout* codec;
+  const Layout* layout;
   const uint8_t* const* blocks;
   int n_tokens;
   int kvh = 0;
@@ -202,18 +202,19 @@ struct Blocks {
 
   template <class F>
   void Visit(int which, int b, F&& f) {
-    const KvShape& s = codec->shape;
-    const uint8_t* r = codec->Region(blocks[b], kvh, which);
-    const bool bf16 = codec->dtype == DType::kBF16;
+    const KvShape& s = layout->shape;
+    const uint8_t* r = layout->Region(blocks[b], kvh, which);
+    const bool bf16 = layout->dtype == DType::kBF16;
+    const bool packed = r[0] == kMagic;
+    const BlockView v = packed ? ViewTrusted(r) : BlockView{};
     // The next block: about as many bytes as this one (its own size is in its header, which
     // is not in cache yet).
     NextBlock next;
     if ((b + 1) * s.block_tokens < n_tokens) {
-      const uint8_t* nr = codec->Region(blocks[b + 1], kvh, which);
-      next = {reinterpret_cast<const char*>(nr), r[0] == kMagic ? std::min(ViewTrusted(r).bytes + 64, codec->region_bytes)
-                                                                  : codec->region_bytes};
+      next = {reinterpret_cast<const char*>(layout->Region(blocks[b + 1], kvh, which)),
+              packed ? std::min(v.bytes + 64, layout->region_bytes) : layout->region_bytes};
     }
-    if (r[0] != kMagic) {  // still filling: plain 16-bit rows after the header
+    if (!packed) {  // still filling: plain 16-bit rows after the header
       if (bf16) {
         f(PlainRowsReader<DType::kBF16>{r + kHeaderBytes, s.head_dim, next});
       } else {
@@ -221,7 +222,6 @@ struct Blocks {
       }
       return;
     }
-    const BlockView v = ViewTrusted(r);
     exc.Open(v);
     const PackedBlock pb{v.low, v.hi, v.codes, exc.data(), v.base, v.width, s.head_dim, next};
     if (!bf16) {
