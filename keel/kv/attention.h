@@ -263,7 +263,7 @@ void AttendHead(const KvShape& s, Source& src, int kvh, int n_tokens, const floa
   }
 }
 
-// All heads. `make_source()` builds one RowSource per thread. Long contexts split the KV heads
+// All heads. `make_source()` builds one block source per thread. Long contexts split the KV heads
 // across threads when not already inside a parallel region (the forward pass parallelises over
 // batch rows first).
 template <class MakeSource>
@@ -302,8 +302,8 @@ struct RowView {
 // every query that can see it. Per (query, head) the arithmetic is exactly AttendHead's, so the
 // result equals attending one query at a time. n_tokens is increasing; scores holds
 // n_queries * group * n_tokens[n_queries-1] floats.
-template <class RowSource>
-void AttendHeadMany(const KvShape& s, RowSource& src, int kvh, int n_queries, const int* n_tokens, const float* q,
+template <class Rows>
+void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const int* n_tokens, const float* q,
                     float* out, float* scores) {
   const int hd = s.head_dim, chunks = hd / 8;
   const int group = s.n_heads / s.n_kv_heads;
