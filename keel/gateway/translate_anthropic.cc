@@ -94,26 +94,18 @@ Status ReadMessage(const json& m, const std::string& path, std::vector<Message>*
 }
 
 Status ReadTools(const json& body, ChatRequest* req) {
-  auto it = body.find("tools");
-  if (it != body.end() && !it->is_null()) {
-    if (!it->is_array()) return Status::InvalidArgument("tools: expected an array");
-    if (it->size() > kMaxTools)
-      return Status::InvalidArgument("tools: at most " + std::to_string(kMaxTools) + " tools");
-    for (size_t i = 0; i < it->size(); ++i) {
-      const json& t = (*it)[i];
-      const std::string path = At("tools", i);
-      if (!t.is_object()) return Status::InvalidArgument(path + ": expected an object");
-      std::string type = "custom";
-      KEEL_RETURN_IF_ERROR(ReadString(t, "type", path + ".type", &type));
-      if (type != "custom")  // server tools (web search, bash, ...) only Anthropic can run
-        return Status::InvalidArgument(path + ".type: only custom tools are supported");
-      Tool tool;
-      KEEL_RETURN_IF_ERROR(ReadRequiredString(t, "name", path + ".name", &tool.name));
-      KEEL_RETURN_IF_ERROR(ReadString(t, "description", path + ".description", &tool.description));
-      KEEL_RETURN_IF_ERROR(ReadObjectText(t, "input_schema", path + ".input_schema", &tool.parameters_json));
-      req->tools.push_back(std::move(tool));
-    }
-  }
+  KEEL_RETURN_IF_ERROR(ForEachTool(body, [&](const json& t, const std::string& path) -> Status {
+    std::string type = "custom";
+    KEEL_RETURN_IF_ERROR(ReadString(t, "type", path + ".type", &type));
+    if (type != "custom")  // server tools (web search, bash, ...) only Anthropic can run
+      return Status::InvalidArgument(path + ".type: only custom tools are supported");
+    Tool tool;
+    KEEL_RETURN_IF_ERROR(ReadRequiredString(t, "name", path + ".name", &tool.name));
+    KEEL_RETURN_IF_ERROR(ReadString(t, "description", path + ".description", &tool.description));
+    KEEL_RETURN_IF_ERROR(ReadObjectText(t, "input_schema", path + ".input_schema", &tool.parameters_json));
+    req->tools.push_back(std::move(tool));
+    return Status::Ok();
+  }));
   auto tc = body.find("tool_choice");
   if (tc == body.end() || tc->is_null()) return Status::Ok();
   if (!tc->is_object()) return Status::InvalidArgument("tool_choice: expected an object");

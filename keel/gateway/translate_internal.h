@@ -26,6 +26,23 @@ inline constexpr size_t kMaxToolCalls = 1000;  // in one assistant turn
 
 // "path[i]": the field path of element i, for error messages.
 inline std::string At(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
+
+// Calls read(tool, path) for each element of body["tools"] (absent or null: none) once the list
+// is known to be an array of at most kMaxTools objects; stops at the first error.
+template <class ReadTool>
+Status ForEachTool(const json& body, ReadTool&& read) {
+  auto it = body.find("tools");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it->is_array()) return Status::InvalidArgument("tools: expected an array");
+  if (it->size() > kMaxTools) return Status::InvalidArgument("tools: at most " + std::to_string(kMaxTools) + " tools");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& t = (*it)[i];
+    const std::string path = At("tools", i);
+    if (!t.is_object()) return Status::InvalidArgument(path + ": expected an object");
+    KEEL_RETURN_IF_ERROR(read(t, path));
+  }
+  return Status::Ok();
+}
 inline constexpr size_t kMaxStop = 64;
 inline constexpr int kMaxJsonDepth = 128;  // dump() recurses; deep input could overflow the stack
 

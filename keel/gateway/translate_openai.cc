@@ -132,31 +132,19 @@ Status ReadMessages(const json& body, ChatRequest* req) {
 }
 
 Status ReadTools(const json& body, ChatRequest* req) {
-  auto it = body.find("tools");
-  if (it != body.end() && !it->is_null()) {
-    if (!it->is_array()) return Status::InvalidArgument("tools: expected an array");
-    if (it->size() > kMaxTools)
-      return Status::InvalidArgument("tools: at most " + std::to_string(kMaxTools) + " tools");
-    for (size_t i = 0; i < it->size(); ++i) {
-      const json& t = (*it)[i];
-      const std::string path = At("tools", i);
-      if (!t.is_object()) return Status::InvalidArgument(path + ": expected an object");
-      std::string type;
-      KEEL_RETURN_IF_ERROR(ReadRequiredString(t, "type", path + ".type", &type));
-      if (type != "function")
-        return Status::InvalidArgument(path + ".type: only function tools are supported");
-      auto fn = t.find("function");
-      if (fn == t.end() || !fn->is_object())
-        return Status::InvalidArgument(path + ".function: expected an object");
-      Tool tool;
-      KEEL_RETURN_IF_ERROR(ReadRequiredString(*fn, "name", path + ".function.name", &tool.name));
-      KEEL_RETURN_IF_ERROR(
-          ReadString(*fn, "description", path + ".function.description", &tool.description));
-      KEEL_RETURN_IF_ERROR(
-          ReadObjectText(*fn, "parameters", path + ".function.parameters", &tool.parameters_json));
-      req->tools.push_back(std::move(tool));
-    }
-  }
+  KEEL_RETURN_IF_ERROR(ForEachTool(body, [&](const json& t, const std::string& path) -> Status {
+    std::string type;
+    KEEL_RETURN_IF_ERROR(ReadRequiredString(t, "type", path + ".type", &type));
+    if (type != "function") return Status::InvalidArgument(path + ".type: only function tools are supported");
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) return Status::InvalidArgument(path + ".function: expected an object");
+    Tool tool;
+    KEEL_RETURN_IF_ERROR(ReadRequiredString(*fn, "name", path + ".function.name", &tool.name));
+    KEEL_RETURN_IF_ERROR(ReadString(*fn, "description", path + ".function.description", &tool.description));
+    KEEL_RETURN_IF_ERROR(ReadObjectText(*fn, "parameters", path + ".function.parameters", &tool.parameters_json));
+    req->tools.push_back(std::move(tool));
+    return Status::Ok();
+  }));
   auto tc = body.find("tool_choice");
   if (tc == body.end() || tc->is_null()) return Status::Ok();
   if (tc->is_string()) {
