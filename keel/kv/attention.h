@@ -43,15 +43,6 @@
 
 namespace keel::kv {
 
-inline float ReduceLanes(__m256 acc) {  // the same reduction as DotF32
-  __m128 lo = _mm256_castps256_ps128(acc);
-  __m128 hi = _mm256_extractf128_ps(acc, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
-
 inline constexpr int kMaxHeadDim = 512;
 
 // The next block's bytes for one reader, asked for a slice at a time while the current block is

@@ -6,25 +6,11 @@
 
 namespace keel::kv {
 
-namespace {
-inline float ReduceSum8(__m256 acc) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
-}  // namespace
-
 float DotF32(const float* a, const float* b, int n) {
   int i = 0;
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  __m128 lo = _mm256_castps256_ps128(acc);
-  __m128 hi = _mm256_extractf128_ps(acc, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  float s = _mm_cvtss_f32(lo);
+  float s = ReduceLanes(acc);
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -96,7 +82,7 @@ void SoftmaxF32(float* x, int n) {
     sum = _mm256_add_ps(sum, e);
     for (int i = 0; i < rest; ++i) x[full + i] = tail[i];
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / ReduceSum8(sum));
+  const __m256 inv = _mm256_set1_ps(1.0f / ReduceLanes(sum));
   for (int i = 0; i < full; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
   for (int i = full; i < n; ++i) x[i] *= _mm256_cvtss_f32(inv);
 }

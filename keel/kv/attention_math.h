@@ -3,9 +3,20 @@
 // to the raw codec's.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstddef>
 
 namespace keel::kv {
+
+// Sum of 8 lanes: (lo half + hi half), then two horizontal adds. Every reduction in attention
+// (DotF32, the core's scores, the softmax sum) uses this order.
+inline float ReduceLanes(__m256 acc) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
 
 // Dot product with a fixed 8-lane AVX2 accumulation order (deterministic for a given n).
 float DotF32(const float* a, const float* b, int n);
