@@ -48,11 +48,19 @@ inline constexpr int kMaxHeadDim = 512;
 // The next block's bytes for one reader, asked for a slice at a time while the current block is
 // being read: blocks are scattered in the arena, so the hardware prefetcher cannot see the next
 // one coming, and asking for a whole block at once overflows the core's miss queue.
+// tail_first: the block is read from its end first (ZipFusion opens a block by reading its
+// exception list, the last section), so slices go from the end, and the first also asks for the
+// header line.
 struct NextBlock {
   const char* p = nullptr;  // null: no next block
   size_t bytes = 0;
+  bool tail_first = false;
   void Prefetch(int i, int n) const {
     if (p == nullptr) return;
+    if (tail_first) {
+      if (i == 0) _mm_prefetch(p, _MM_HINT_T0);
+      i = n - 1 - i;
+    }
     const size_t from = bytes * i / n & ~size_t{63}, to = bytes * (i + 1) / n;
     for (size_t off = from; off < to; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
   }

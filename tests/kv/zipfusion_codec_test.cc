@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "../engine/test_util.h"
@@ -21,8 +22,10 @@ struct Pair {
   std::vector<const uint8_t*> raw_ptrs, zf_ptrs;
 };
 
-// Fills n_tokens tokens of K/V into both codecs' blocks.
-Pair Fill(const KvShape& s, const std::string& dtype, int n_tokens, std::mt19937& rng, bool specials) {
+using TokenFn = std::function<void(int t, float* k, float* v)>;
+
+// Fills n_tokens tokens of K/V (from gen) into both codecs' blocks.
+Pair FillWith(const KvShape& s, const std::string& dtype, int n_tokens, const TokenFn& gen) {
   Pair p;
   auto raw = MakeCodec("raw:" + dtype, s);
   auto zf = MakeCodec("zipfusion:" + dtype, s);
@@ -38,9 +41,20 @@ Pair Fill(const KvShape& s, const std::string& dtype, int n_tokens, std::mt19937
     p.raw_ptrs.push_back(p.raw_mem[b].data());
     p.zf_ptrs.push_back(p.zf_mem[b].data());
   }
-  std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> k(s.kv_dim()), v(s.kv_dim());
   for (int t = 0; t < n_tokens; ++t) {
+    gen(t, k.data(), v.data());
+    int slot = t % s.block_tokens;
+    p.raw->append(0, p.raw_mem[t / s.block_tokens].data(), slot, k.data(), v.data());
+    p.zf->append(0, p.zf_mem[t / s.block_tokens].data(), slot, k.data(), v.data());
+  }
+  return p;
+}
+
+// Normal K/V (K with larger channels every 7th), optionally with zeros, subnormals and outliers.
+Pair Fill(const KvShape& s, const std::string& dtype, int n_tokens, std::mt19937& rng, bool specials) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  return FillWith(s, dtype, n_tokens, [&](int t, float* k, float* v) {
     for (int i = 0; i < s.kv_dim(); ++i) {
       k[i] = nd(rng) * (i % 7 == 0 ? 8.0f : 1.0f);
       v[i] = nd(rng) * 0.5f;
@@ -52,17 +66,11 @@ Pair Fill(const KvShape& s, const std::string& dtype, int n_tokens, std::mt19937
       v[3] = 3.0e4f;  // far outlier exponent
       v[4] = -1e-30f;
     }
-    int slot = t % s.block_tokens;
-    p.raw->append(0, p.raw_mem[t / s.block_tokens].data(), slot, k.data(), v.data());
-    p.zf->append(0, p.zf_mem[t / s.block_tokens].data(), slot, k.data(), v.data());
-  }
-  return p;
+  });
 }
 
-void ExpectIdenticalAttention(const KvShape& s, const std::string& dtype, bool specials) {
-  std::mt19937 rng(s.n_heads * 131 + s.head_dim);
-  const int max_tokens = 3 * s.block_tokens + 5;
-  Pair p = Fill(s, dtype, max_tokens, rng, specials);
+// Attention of both codecs over `p` (max_tokens stored) at every fill level, and read-back.
+void ExpectIdentical(const KvShape& s, const std::string& dtype, Pair& p, int max_tokens, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(static_cast<size_t>(s.n_heads) * s.head_dim);
   for (float& x : q) x = nd(rng);
@@ -84,6 +92,13 @@ void ExpectIdenticalAttention(const KvShape& s, const std::string& dtype, bool s
   }
 }
 
+void ExpectIdenticalAttention(const KvShape& s, const std::string& dtype, bool specials) {
+  std::mt19937 rng(s.n_heads * 131 + s.head_dim);
+  const int max_tokens = 3 * s.block_tokens + 5;
+  Pair p = Fill(s, dtype, max_tokens, rng, specials);
+  ExpectIdentical(s, dtype, p, max_tokens, rng);
+}
+
 TEST(ZipFusionCodec, BitIdenticalToRawAcrossGqaRatiosAndFillLevels) {
   for (const char* dtype : {"bf16", "f16"}) {
     for (int group : {1, 2, 3, 4, 5, 6, 7, 8}) {
@@ -92,6 +107,46 @@ TEST(ZipFusionCodec, BitIdenticalToRawAcrossGqaRatiosAndFillLevels) {
           KvShape s{1, 2 * group, 2, hd, bt};
           ExpectIdenticalAttention(s, dtype, false);
           ExpectIdenticalAttention(s, dtype, true);
+        }
+      }
+    }
+  }
+}
+
+// Every bf16 code width 0..8, through both decoders (16 values at a time for GQA <= 4 and
+// head_dim % 16 == 0, 8 at a time otherwise): exponents uniform over exactly 2^W values (checked
+// through the stored size: no exceptions), then the same with exceptions at random positions.
+TEST(ZipFusionCodec, EveryCodeWidthBothDecoders) {
+  for (int group : {1, 2, 4, 8}) {
+    for (int hd : {16, 64, 24}) {
+      for (int w = 0; w <= 8; ++w) {
+        for (bool exceptions : {false, true}) {
+          const KvShape s{1, 2 * group, 2, hd, 16};
+          std::mt19937 rng(w * 1000 + group * 10 + hd + exceptions);
+          // 2^W exponents centred on 127 (W = 8: 160 of them, more than a 7-bit window holds).
+          const int span = w == 8 ? 160 : 1 << w, lo = 127 - span / 2;
+          auto value = [&](bool outlier) {
+            const uint32_t e = outlier ? 1 + rng() % 8 : static_cast<uint32_t>(lo) + rng() % span;
+            uint32_t bits = (rng() & 1u) << 31 | e << 23 | (rng() & 0x7Fu) << 16;
+            float f;
+            std::memcpy(&f, &bits, 4);
+            return f;
+          };
+          const int tokens = 3 * s.block_tokens;
+          Pair p = FillWith(s, "bf16", tokens, [&](int, float* k, float* v) {
+            for (int i = 0; i < s.kv_dim(); ++i) {
+              k[i] = value(exceptions && w < 8 && rng() % 50 == 0);
+              v[i] = value(exceptions && w < 8 && rng() % 50 == 0);
+            }
+          });
+          if (!exceptions) {
+            const size_t n = static_cast<size_t>(s.block_tokens) * hd;
+            const size_t region = 8 + n + w * n / 8;
+            ASSERT_EQ(zipfusion::StoredBytes(*p.zf, p.zf_ptrs.data(), tokens), 3 * s.n_kv_heads * 2 * region)
+                << "width " << w << " hd " << hd;
+          }
+          ExpectIdentical(s, "bf16", p, tokens, rng);
+          if (HasFailure()) return;
         }
       }
     }

@@ -35,69 +35,91 @@ inline BlockView ViewTrusted(const uint8_t* p) {
   return b;
 }
 
-// Exceptions of one block as a byte per element: base ^ exponent at an exception, 0 elsewhere.
-// The decoders XOR it into (code + base) — an exception's code is 0 — so exceptions cost one
-// load and one XOR per chunk and no branch, in any decode order (the attention core walks K row
-// by row but V column tile by column tile). Only exception positions are ever non-zero: they are
-// set when a block is opened and cleared when it is closed.
-// Loading 16 bytes at kOneHot8 + 16 - i gives 0xFF in byte i only.
-alignas(64) inline constexpr uint8_t kOneHot8[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                     0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+// Word (16-bit lane) of a 256-bit register that element e of a 16-value chunk occupies in the
+// bf16 decoder: elements 0-7 in the even words, 8-15 in the odd ones, so that shifting each
+// dword left by 16 widens elements 0-7 and masking its high half widens 8-15, both in order.
+constexpr int Bf16WordOf(int e) { return e < 8 ? 2 * e : 2 * (e - 8) + 1; }
+inline constexpr uint8_t kBf16WordOf[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
 
-class ExceptionBytes {
+// Exceptions of the open block, as one value per element that the decoders fold in without a
+// branch (the attention core walks K row by row but V column tile by column tile, so a cursor
+// over the sorted exception list would not do):
+//  * bf16: a word per element, (exponent - base) << 7 mod 2^16 at an exception and 0 elsewhere,
+//    added to the bf16 word built from code + base (an exception's code is 0); each 16-element
+//    chunk in the 16-value decoder's word order (Bf16WordOf);
+//  * fp16: a byte per element, base ^ exponent at an exception, XORed into code + base.
+// Only exception positions are ever non-zero: they are set when a block is opened and cleared
+// when it is closed, with plain scalar stores (a few integer instructions per exception, which
+// run beside the vector decode; ~1-3 % of values are exceptions on real K/V).
+class Exceptions {
  public:
-  ExceptionBytes() : bytes_(Buffer()) {}
-  // Each exception rewrites its 16-byte chunk with one 16-byte load and store (no branches on
-  // the data): the decoders read the bytes with 16- and 8-byte loads right away, and a wide load
-  // overlapping recent single-byte stores cannot be forwarded from the store buffer.
+  Exceptions() : bytes_(Bytes()), words_(Words()) {}
   void Open(const BlockView& v) {
     view_ = v;
-    for (int i = 0; i < v.n_exc; ++i) {
-      const int pos = ReadU16(v.exc_pos + 2 * i);
-      const uint8_t val = static_cast<uint8_t>(v.base ^ v.exc_exp[i]);
-      __m128i* chunk = reinterpret_cast<__m128i*>(bytes_ + (pos & ~15));
-      const __m128i lane = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kOneHot8 + 16 - (pos & 15)));
-      _mm_store_si128(chunk, _mm_blendv_epi8(_mm_load_si128(chunk), _mm_set1_epi8(static_cast<char>(val)), lane));
+    if (v.dtype == Dtype::kBf16) {
+      for (int i = 0; i < v.n_exc; ++i) {
+        const int pos = ReadU16(v.exc_pos + 2 * i);
+        words_[(pos & ~15) + kBf16WordOf[pos & 15]] = static_cast<int16_t>(static_cast<uint16_t>((v.exc_exp[i] - v.base) << 7));
+      }
+    } else {
+      for (int i = 0; i < v.n_exc; ++i) bytes_[ReadU16(v.exc_pos + 2 * i)] = static_cast<uint8_t>(v.base ^ v.exc_exp[i]);
     }
   }
   void Close() {
-    for (int i = 0; i < view_.n_exc; ++i) {
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes_ + (ReadU16(view_.exc_pos + 2 * i) & ~15)), _mm_setzero_si128());
+    if (view_.dtype == Dtype::kBf16) {
+      for (int i = 0; i < view_.n_exc; ++i) {
+        const int pos = ReadU16(view_.exc_pos + 2 * i);
+        words_[(pos & ~15) + kBf16WordOf[pos & 15]] = 0;
+      }
+    } else {
+      for (int i = 0; i < view_.n_exc; ++i) bytes_[ReadU16(view_.exc_pos + 2 * i)] = 0;
     }
     view_.n_exc = 0;
   }
-  const uint8_t* data() const { return bytes_; }
+  const uint8_t* bytes() const { return bytes_; }
+  const int16_t* words() const { return words_; }
 
  private:
-  // One zeroed buffer per thread, reused by every attention call on it.
-  static uint8_t* Buffer() {
+  // One zeroed buffer of each kind per thread, reused by every attention call on it.
+  static uint8_t* Bytes() {
     alignas(64) thread_local uint8_t buf[kMaxElements + 16] = {};
     return buf;
   }
+  static int16_t* Words() {
+    alignas(64) thread_local int16_t buf[kMaxElements + 16] = {};
+    return buf;
+  }
   uint8_t* bytes_;
+  int16_t* words_;
   BlockView view_;
 };
 
-// Sections of a sealed block plus its exception bytes.
+// Sections of a sealed block plus its exceptions.
 struct PackedBlock {
   const uint8_t* low;
   const uint8_t* hi;  // fp16 only
   const uint8_t* codes;
-  const uint8_t* exc;  // ExceptionBytes
+  const uint8_t* exc;         // Exceptions::bytes() (fp16)
+  const int16_t* exc_words;   // Exceptions::words() (bf16)
   int base, width, hd;
   NextBlock next;
 
-  // Exponents of elements [e0, e0 + 8) as 32-bit lanes, exceptions included.
+  // Codes of elements [e0, e0 + 8) as bytes.
   template <int W>
-  [[gnu::always_inline]] __m256i Exponents8(int e0) const {
-    __m128i x = _mm_setzero_si128();
-    if constexpr (W > 0) {
+  [[gnu::always_inline]] __m128i Codes8(int e0) const {
+    if constexpr (W == 0) {
+      return _mm_setzero_si128();
+    } else {
       uint64_t bits;
       std::memcpy(&bits, codes + W * (e0 / 8), 8);  // regions carry 8 bytes of tail padding
       const uint64_t mask = 0x0101010101010101ull * ((1u << W) - 1u);
-      x = _mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(bits, mask)));
+      return _mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(bits, mask)));
     }
-    x = _mm_add_epi8(x, _mm_set1_epi8(static_cast<char>(base)));  // code + base <= 255
+  }
+  // Exponents of elements [e0, e0 + 8) as 32-bit lanes, exceptions (bytes) included.
+  template <int W>
+  [[gnu::always_inline]] __m256i Exponents8(int e0) const {
+    __m128i x = _mm_add_epi8(Codes8<W>(e0), _mm_set1_epi8(static_cast<char>(base)));  // code + base <= 255
     x = _mm_xor_si128(x, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(exc + e0)));
     return _mm256_cvtepu8_epi32(x);
   }
@@ -106,15 +128,34 @@ struct PackedBlock {
   }
 };
 
-// 16 bytes at p + 0..15 in the order [0-3, 8-11, 4-7, 12-15] (see PackedBf16Reader).
-inline __m128i LoadInterleaved16(const uint8_t* p) {
-  return _mm_unpacklo_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
-                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-}
+// Shuffle and multiplier constants of the 16-value bf16 decoder for code width W (see
+// PackedBf16Reader); word w of its output holds the element e with Bf16WordOf(e) == w.
+template <int W>
+struct Bf16Consts {
+  alignas(32) uint8_t low_idx[32];   // both bytes of word w <- low byte of element e
+  alignas(32) uint8_t code_idx[32];  // word w <- the two code bytes holding element e's code
+  alignas(32) uint16_t mul[16];      // 2^(7 - bit offset of e's code in those bytes)
+  constexpr Bf16Consts() : low_idx{}, code_idx{}, mul{} {
+    for (int w = 0; w < 16; ++w) {
+      const int e = w % 2 == 0 ? w / 2 : 8 + w / 2;  // inverse of Bf16WordOf
+      const int bit = W * e, byte = bit / 8;
+      low_idx[2 * w] = low_idx[2 * w + 1] = static_cast<uint8_t>(e);
+      code_idx[2 * w] = static_cast<uint8_t>(byte);
+      // Bytes past the 2W code bytes of the chunk hold no bits of this code: zero them.
+      code_idx[2 * w + 1] = byte + 1 < 16 ? static_cast<uint8_t>(byte + 1) : 0x80;
+      mul[w] = static_cast<uint16_t>(1u << (7 - bit % 8));
+    }
+  }
+};
+template <int W>
+inline constexpr Bf16Consts<W> kBf16Consts{};
 
-// bf16 block with code width W, widened 16 values at a time in 16-bit lanes. The 16 values are
-// assembled in the word order [0-3, 8-11 | 4-7, 12-15] so that one unpack per half widens them
-// to fp32 in natural order.
+// bf16 block with code width W. 8 values: the bf16 words built in 32-bit lanes. 16 values
+// (the hot path, ~10 vector instructions): build the 16 bf16 words in 16-bit lanes as
+//   ((low | low << 8) & 0x807F)  +  ((code bytes * 2^(7-offset)) & mask) + base << 7  +  exception
+// — one byte shuffle places each element's low byte, another the two bytes holding its code, a
+// 16-bit multiply moves each code to bits 7.. whatever its offset — then widen them with one
+// shift and one mask (the word order makes both halves come out in element order).
 template <int W>
 struct PackedBf16Reader {
   PackedBlock b;
@@ -124,28 +165,40 @@ struct PackedBf16Reader {
   [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
     const int e0 = slot * b.hd + c * CW;
     if constexpr (CW == 8) {
-      v[0] = Bf16LanesF32(b.Low8(e0), b.Exponents8<W>(e0));
+      const __m256i low = b.Low8(e0);
+      const __m256i code = _mm256_cvtepu8_epi32(b.Codes8<W>(e0));
+      // This half's exception words: the low (elements 0-7) or high (8-15) word of each dword of
+      // its 16-element chunk; bits above the low word vanish in the final shift.
+      const __m256i exc = _mm256_srl_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(b.exc_words + (e0 & ~15))),
+                                           _mm_cvtsi32_si128(e0 & 8 ? 16 : 0));
+      __m256i h = _mm256_and_si256(_mm256_or_si256(low, _mm256_slli_epi32(low, 8)), _mm256_set1_epi32(0x807F));
+      h = _mm256_add_epi32(h, _mm256_slli_epi32(_mm256_add_epi32(code, _mm256_set1_epi32(b.base)), 7));
+      v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, exc), 16));
     } else {
-      __m128i cb = _mm_setzero_si128();
+      const Bf16Consts<W>& k = kBf16Consts<W>;
+      const __m256i low = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.low + e0)));
+      __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(k.low_idx))),
+                                   _mm256_set1_epi16(static_cast<int16_t>(0x807F)));
       if constexpr (W > 0) {
-        const uint64_t mask = 0x0101010101010101ull * ((1u << W) - 1u);
-        uint64_t lo, hi;
-        std::memcpy(&lo, b.codes + W * (e0 / 8), 8);
-        std::memcpy(&hi, b.codes + W * (e0 / 8) + W, 8);
-        cb = _mm_unpacklo_epi32(_mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(lo, mask))),
-                                _mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(hi, mask))));
+        // The chunk's codes are 2W bytes at codes + 2W * (e0 / 16); regions carry 8 bytes of tail
+        // padding, so 8 bytes (W <= 4) or 16 bytes (W >= 5) may be loaded there.
+        const uint8_t* cp = b.codes + 2 * W * (e0 / 16);
+        __m256i codes;
+        if constexpr (W <= 4) {
+          uint64_t bits;
+          std::memcpy(&bits, cp, 8);
+          codes = _mm256_set1_epi64x(static_cast<long long>(bits));
+        } else {
+          codes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(cp)));
+        }
+        __m256i cw = _mm256_shuffle_epi8(codes, _mm256_load_si256(reinterpret_cast<const __m256i*>(k.code_idx)));
+        cw = _mm256_mullo_epi16(cw, _mm256_load_si256(reinterpret_cast<const __m256i*>(k.mul)));
+        h = _mm256_add_epi16(h, _mm256_and_si256(cw, _mm256_set1_epi16(static_cast<int16_t>(((1 << W) - 1) << 7))));
       }
-      cb = _mm_add_epi8(cb, _mm_set1_epi8(static_cast<char>(b.base)));  // code + base <= 255
-      cb = _mm_xor_si128(cb, LoadInterleaved16(b.exc + e0));
-      const __m256i e16 = _mm256_slli_epi16(_mm256_cvtepu8_epi16(cb), 7);
-      const __m128i lb = LoadInterleaved16(b.low + e0);
-      const __m256i l16 = _mm256_cvtepu8_epi16(lb);
-      // bf16 = sign<<15 | exp<<7 | mant7, from low = sign<<7 | mant7
-      const __m256i sm = _mm256_and_si256(_mm256_or_si256(l16, _mm256_slli_epi16(l16, 8)), _mm256_set1_epi16(static_cast<int16_t>(0x807F)));
-      const __m256i h = _mm256_or_si256(sm, e16);
-      const __m256i zero = _mm256_setzero_si256();
-      v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h));
-      v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h));
+      const __m256i exc = _mm256_load_si256(reinterpret_cast<const __m256i*>(b.exc_words + e0));
+      h = _mm256_add_epi16(h, _mm256_add_epi16(exc, _mm256_set1_epi16(static_cast<int16_t>(b.base << 7))));
+      v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+      v[1] = _mm256_castsi256_ps(_mm256_and_si256(h, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
     }
   }
 };
@@ -192,7 +245,7 @@ struct Blocks {
   const uint8_t* const* blocks;
   int n_tokens;
   int kvh = 0;
-  ExceptionBytes exc{};
+  Exceptions exc{};
 
   void Begin(int head) { kvh = head; }
   template <class F>
@@ -212,7 +265,7 @@ struct Blocks {
     NextBlock next;
     if ((b + 1) * s.block_tokens < n_tokens) {
       next = {reinterpret_cast<const char*>(layout->Region(blocks[b + 1], kvh, which)),
-              packed ? std::min(v.bytes + 64, layout->region_bytes) : layout->region_bytes};
+              packed ? std::min(v.bytes + 64, layout->region_bytes) : layout->region_bytes, packed};
     }
     if (!packed) {  // still filling: plain 16-bit rows after the header
       if (bf16) {
@@ -223,7 +276,7 @@ struct Blocks {
       return;
     }
     exc.Open(v);
-    const PackedBlock pb{v.low, v.hi, v.codes, exc.data(), v.base, v.width, s.head_dim, next};
+    const PackedBlock pb{v.low, v.hi, v.codes, exc.bytes(), exc.words(), v.base, v.width, s.head_dim, next};
     if (!bf16) {
       f(PackedF16Reader{pb});
     } else {
