@@ -45,9 +45,13 @@ namespace keel::kv {
 
 inline constexpr int kMaxHeadDim = 512;
 
-// The next block's bytes for one reader, asked for a slice at a time while the current block is
-// being read: blocks are scattered in the arena, so the hardware prefetcher cannot see the next
-// one coming, and asking for a whole block at once overflows the core's miss queue.
+// A later block's bytes for one reader, asked for a slice at a time while the current block is
+// being read: blocks are scattered in the arena, so the hardware prefetcher cannot see them
+// coming, and asking for a whole block at once overflows the core's miss queue. Readers ask for
+// the block kPrefetchBlocks ahead: the last slices of the very next block, asked for at the end
+// of the current one, arrived too late.
+inline constexpr int kPrefetchBlocks = 2;
+
 // tail_first: the block is read from its end first (ZipFusion opens a block by reading its
 // exception list, the last section), so slices go from the end, and the first also asks for the
 // header line.

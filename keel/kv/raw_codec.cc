@@ -70,7 +70,8 @@ struct RawBlocks {
   template <class F>
   void Visit(int which, int b, F& f) const {
     NextBlock next;
-    if ((b + 1) * bt < n_tokens) next = {reinterpret_cast<const char*>(Rows(which, b + 1)), static_cast<size_t>(bt) * hd * kElem};
+    const int nb = b + kPrefetchBlocks;
+    if (nb * bt < n_tokens) next = {reinterpret_cast<const char*>(Rows(which, nb)), static_cast<size_t>(bt) * hd * kElem};
     f(PlainRowsReader<T>{Rows(which, b), hd, next});
   }
   template <class F>

@@ -260,11 +260,11 @@ struct Blocks {
     const bool bf16 = layout->dtype == DType::kBF16;
     const bool packed = r[0] == kMagic;
     const BlockView v = packed ? ViewTrusted(r) : BlockView{};
-    // The next block: about as many bytes as this one (its own size is in its header, which
-    // is not in cache yet).
+    // The block kPrefetchBlocks ahead: about as many bytes as this one (its own size is in its
+    // header, which is not in cache yet).
     NextBlock next;
-    if ((b + 1) * s.block_tokens < n_tokens) {
-      next = {reinterpret_cast<const char*>(layout->Region(blocks[b + 1], kvh, which)),
+    if ((b + kPrefetchBlocks) * s.block_tokens < n_tokens) {
+      next = {reinterpret_cast<const char*>(layout->Region(blocks[b + kPrefetchBlocks], kvh, which)),
               packed ? std::min(v.bytes + 64, layout->region_bytes) : layout->region_bytes, packed};
     }
     if (!packed) {  // still filling: plain 16-bit rows after the header
