@@ -163,8 +163,8 @@ struct PackedBf16Reader {
 
   template <int CW>
   [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
-    const int e0 = slot * b.hd + c * CW;
     if constexpr (CW == 8) {
+      const int e0 = slot * b.hd + c * CW;
       const __m256i low = b.Low8(e0);
       const __m256i code = _mm256_cvtepu8_epi32(b.Codes8<W>(e0));
       // This half's exception words: the low (elements 0-7) or high (8-15) word of each dword of
@@ -175,6 +175,8 @@ struct PackedBf16Reader {
       h = _mm256_add_epi32(h, _mm256_slli_epi32(_mm256_add_epi32(code, _mm256_set1_epi32(b.base)), 7));
       v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, exc), 16));
     } else {
+      // Unsigned, so that e0 / 16 is a shift and the compiler can step addresses along c.
+      const size_t e0 = static_cast<size_t>(static_cast<unsigned>(slot) * static_cast<unsigned>(b.hd)) + static_cast<unsigned>(c) * CW;
       const Bf16Consts<W>& k = kBf16Consts<W>;
       const __m256i low = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.low + e0)));
       __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(low, _mm256_load_si256(reinterpret_cast<const __m256i*>(k.low_idx))),
