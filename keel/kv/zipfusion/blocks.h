@@ -53,34 +53,40 @@ inline constexpr uint8_t kBf16WordOf[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 
 // run beside the vector decode; ~1-3 % of values are exceptions on real K/V).
 class Exceptions {
  public:
-  Exceptions() : bytes_(Bytes()), words_(Words()) {}
+  Exceptions() : bytes_(Bytes()), words_(Words()), offsets_(Offsets()) {}
   void Open(const BlockView& v) {
-    view_ = v;
+    n_ = v.n_exc;
     if (v.dtype == Dtype::kBf16) {
-      for (int i = 0; i < v.n_exc; ++i) {
+      for (int i = 0; i < n_; ++i) {
         const int pos = ReadU16(v.exc_pos + 2 * i);
-        words_[(pos & ~15) + kBf16WordOf[pos & 15]] = static_cast<int16_t>(static_cast<uint16_t>((v.exc_exp[i] - v.base) << 7));
+        const int off = (pos & ~15) + kBf16WordOf[pos & 15];
+        words_[off] = static_cast<int16_t>(static_cast<uint16_t>((v.exc_exp[i] - v.base) << 7));
+        offsets_[i] = static_cast<uint16_t>(off);  // Close() clears these without recomputing
       }
+      words_open_ = true;
     } else {
-      for (int i = 0; i < v.n_exc; ++i) bytes_[ReadU16(v.exc_pos + 2 * i)] = static_cast<uint8_t>(v.base ^ v.exc_exp[i]);
+      for (int i = 0; i < n_; ++i) {
+        const int pos = ReadU16(v.exc_pos + 2 * i);
+        bytes_[pos] = static_cast<uint8_t>(v.base ^ v.exc_exp[i]);
+        offsets_[i] = static_cast<uint16_t>(pos);
+      }
+      words_open_ = false;
     }
   }
   void Close() {
-    if (view_.dtype == Dtype::kBf16) {
-      for (int i = 0; i < view_.n_exc; ++i) {
-        const int pos = ReadU16(view_.exc_pos + 2 * i);
-        words_[(pos & ~15) + kBf16WordOf[pos & 15]] = 0;
-      }
+    if (words_open_) {
+      for (int i = 0; i < n_; ++i) words_[offsets_[i]] = 0;
     } else {
-      for (int i = 0; i < view_.n_exc; ++i) bytes_[ReadU16(view_.exc_pos + 2 * i)] = 0;
+      for (int i = 0; i < n_; ++i) bytes_[offsets_[i]] = 0;
     }
-    view_.n_exc = 0;
+    n_ = 0;
   }
   const uint8_t* bytes() const { return bytes_; }
   const int16_t* words() const { return words_; }
 
  private:
-  // One zeroed buffer of each kind per thread, reused by every attention call on it.
+  // One zeroed buffer of each kind per thread, reused by every attention call on it, and the
+  // offsets the open block has set.
   static uint8_t* Bytes() {
     alignas(64) thread_local uint8_t buf[kMaxElements + 16] = {};
     return buf;
@@ -89,9 +95,15 @@ class Exceptions {
     alignas(64) thread_local int16_t buf[kMaxElements + 16] = {};
     return buf;
   }
+  static uint16_t* Offsets() {
+    alignas(64) thread_local uint16_t buf[kMaxElements];
+    return buf;
+  }
   uint8_t* bytes_;
   int16_t* words_;
-  BlockView view_;
+  uint16_t* offsets_;
+  int n_ = 0;
+  bool words_open_ = false;
 };
 
 // Sections of a sealed block plus its exceptions.
