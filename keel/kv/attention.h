@@ -49,7 +49,8 @@ inline constexpr int kMaxHeadDim = 512;
 // being read: blocks are scattered in the arena, so the hardware prefetcher cannot see them
 // coming, and asking for a whole block at once overflows the core's miss queue. Readers ask for
 // the block kPrefetchBlocks ahead: the last slices of the very next block, asked for at the end
-// of the current one, arrived too late.
+// of the current one, arrived too late. Lines go to L2, not L1: a block ahead in L1 evicted what
+// the current one works with (ZipFusion went 10-15 % faster at 8 K, bf16 unchanged).
 inline constexpr int kPrefetchBlocks = 2;
 
 // tail_first: the block is read from its end first (ZipFusion opens a block by reading its
@@ -62,11 +63,11 @@ struct NextBlock {
   void Prefetch(int i, int n) const {
     if (p == nullptr) return;
     if (tail_first) {
-      if (i == 0) _mm_prefetch(p, _MM_HINT_T0);
+      if (i == 0) _mm_prefetch(p, _MM_HINT_T1);
       i = n - 1 - i;
     }
     const size_t from = bytes * i / n & ~size_t{63}, to = bytes * (i + 1) / n;
-    for (size_t off = from; off < to; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    for (size_t off = from; off < to; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
   }
 };
 
