@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "keel/kv/attention.h"
@@ -39,7 +40,12 @@ inline BlockView ViewTrusted(const uint8_t* p) {
 // bf16 decoder: elements 0-7 in the even words, 8-15 in the odd ones, so that shifting each
 // dword left by 16 widens elements 0-7 and masking its high half widens 8-15, both in order.
 constexpr int Bf16WordOf(int e) { return e < 8 ? 2 * e : 2 * (e - 8) + 1; }
-inline constexpr uint8_t kBf16WordOf[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
+// The same as a table, for opening blocks.
+inline constexpr std::array<uint8_t, 16> kBf16WordOf = [] {
+  std::array<uint8_t, 16> t{};
+  for (int e = 0; e < 16; ++e) t[e] = static_cast<uint8_t>(Bf16WordOf(e));
+  return t;
+}();
 
 // Exceptions of the open block, as one value per element that the decoders fold in without a
 // branch (the attention core walks K row by row but V column tile by column tile, so a cursor
@@ -148,8 +154,8 @@ struct Bf16Consts {
   alignas(32) uint8_t code_idx[32];  // word w <- the two code bytes holding element e's code
   alignas(32) uint16_t mul[16];      // 2^(7 - bit offset of e's code in those bytes)
   constexpr Bf16Consts() : low_idx{}, code_idx{}, mul{} {
-    for (int w = 0; w < 16; ++w) {
-      const int e = w % 2 == 0 ? w / 2 : 8 + w / 2;  // inverse of Bf16WordOf
+    for (int e = 0; e < 16; ++e) {
+      const int w = Bf16WordOf(e);
       const int bit = W * e, byte = bit / 8;
       low_idx[2 * w] = low_idx[2 * w + 1] = static_cast<uint8_t>(e);
       code_idx[2 * w] = static_cast<uint8_t>(byte);
