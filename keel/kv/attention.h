@@ -68,8 +68,10 @@ struct NextBlock {
       if (i == 0) PrefetchL2(p);
       i = n - 1 - i;
     }
-    const size_t from = bytes * i / n & ~size_t{63}, to = bytes * (i + 1) / n;
-    for (size_t off = from; off < to; off += 64) PrefetchL2(p + off);
+    // Whole lines, 32-bit: two 64-bit divisions per call cost more than the prefetches.
+    const unsigned lines = static_cast<unsigned>((bytes + 63) / 64), un = static_cast<unsigned>(n);
+    const unsigned from = lines * static_cast<unsigned>(i) / un, to = lines * static_cast<unsigned>(i + 1) / un;
+    for (unsigned l = from; l < to; ++l) PrefetchL2(p + static_cast<size_t>(l) * 64);
   }
 };
 

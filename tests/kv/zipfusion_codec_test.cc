@@ -2,6 +2,7 @@
 // every fill level, GQA ratios 1-8 (powers of two and not), odd block sizes; and end to end through the engine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -150,6 +151,47 @@ TEST(ZipFusionCodec, EveryCodeWidthBothDecoders) {
         }
       }
     }
+  }
+}
+
+// Exact exception counts per block around the bf16 decoder's groups of 16 (the open path turns
+// 16 exceptions at a time into words, then the rest one by one): 0, 1, 15, 16, 17, 31, 32, 33, 100.
+// The count is checked through the stored size.
+TEST(ZipFusionCodec, ExceptionCountsAroundVectorGroups) {
+  const KvShape s{1, 8, 2, 64, 16};  // GQA 4, head_dim 64: the 16-value decoder
+  const int n = s.block_tokens * s.head_dim, blocks = 3, tokens = blocks * s.block_tokens;
+  for (int count : {0, 1, 15, 16, 17, 31, 32, 33, 100}) {
+    std::mt19937 rng(count + 1);
+    // outlier[(b * n_kv + h) * 2 + which][i]: element i of that block's K or V is an exception.
+    std::vector<std::vector<bool>> outlier(blocks * s.n_kv_heads * 2, std::vector<bool>(n, false));
+    for (auto& o : outlier) {
+      std::vector<int> idx(n);
+      for (int i = 0; i < n; ++i) idx[i] = i;
+      std::shuffle(idx.begin(), idx.end(), rng);
+      for (int i = 0; i < count; ++i) o[idx[i]] = true;
+    }
+    auto value = [&](bool is_outlier) {  // exponents 124..127 (width 2), outliers at 1..8
+      const uint32_t e = is_outlier ? 1 + rng() % 8 : 124 + rng() % 4;
+      const uint32_t bits = (rng() & 1u) << 31 | e << 23 | (rng() & 0x7Fu) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    };
+    Pair p = FillWith(s, "bf16", tokens, [&](int t, float* k, float* v) {
+      const int b = t / s.block_tokens, slot = t % s.block_tokens;
+      for (int h = 0; h < s.n_kv_heads; ++h) {
+        for (int d = 0; d < s.head_dim; ++d) {
+          const int i = slot * s.head_dim + d;
+          k[h * s.head_dim + d] = value(outlier[(b * s.n_kv_heads + h) * 2][i]);
+          v[h * s.head_dim + d] = value(outlier[(b * s.n_kv_heads + h) * 2 + 1][i]);
+        }
+      }
+    });
+    const size_t region = 8 + n + 2 * n / 8 + 3 * static_cast<size_t>(count);
+    ASSERT_EQ(zipfusion::StoredBytes(*p.zf, p.zf_ptrs.data(), tokens), blocks * s.n_kv_heads * 2 * region)
+        << count << " exceptions per block";
+    ExpectIdentical(s, "bf16", p, tokens, rng);
+    if (HasFailure()) return;
   }
 }
 

@@ -63,11 +63,27 @@ class Exceptions {
   void Open(const BlockView& v) {
     n_ = v.n_exc;
     if (v.dtype == Dtype::kBf16) {
-      for (int i = 0; i < n_; ++i) {
+      // 16 exceptions at a time: offsets and words in vector lanes, then 16 scalar stores (AVX2
+      // has no scatter); ~4 instructions per exception instead of ~11.
+      const __m256i word_of = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kBf16WordOf.data())));
+      const __m256i base = _mm256_set1_epi16(static_cast<int16_t>(v.base));
+      int i = 0;
+      for (; i + 16 <= n_; i += 16) {
+        const __m256i pos = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v.exc_pos + 2 * i));
+        // Bf16WordOf(pos & 15) by a byte shuffle: the high byte of each lane indexes entry 0 = 0.
+        const __m256i word = _mm256_shuffle_epi8(word_of, _mm256_and_si256(pos, _mm256_set1_epi16(15)));
+        const __m256i off = _mm256_or_si256(_mm256_andnot_si256(_mm256_set1_epi16(15), pos), word);
+        const __m256i exp = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v.exc_exp + i)));
+        alignas(32) int16_t vals[16];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(vals), _mm256_slli_epi16(_mm256_sub_epi16(exp, base), 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(offsets_ + i), off);  // Close() clears these
+        for (int j = 0; j < 16; ++j) words_[offsets_[i + j]] = vals[j];
+      }
+      for (; i < n_; ++i) {
         const int pos = ReadU16(v.exc_pos + 2 * i);
         const int off = (pos & ~15) + kBf16WordOf[pos & 15];
         words_[off] = static_cast<int16_t>(static_cast<uint16_t>((v.exc_exp[i] - v.base) << 7));
-        offsets_[i] = static_cast<uint16_t>(off);  // Close() clears these without recomputing
+        offsets_[i] = static_cast<uint16_t>(off);
       }
       words_open_ = true;
     } else {
