@@ -32,7 +32,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
+#include "keel/core/aligned.h"
 #include "keel/core/dtype.h"
 #include "keel/core/prefetch.h"
 #include "keel/kv/attention_math.h"
@@ -296,22 +298,54 @@ void AttendAllHeads(const KvShape& s, MakeSource make_source, int n_tokens, cons
   }
 }
 
-// Rows of a block source, one whole row at a time (the prompt-chunk path below).
+// Rows of a block source for the prompt-chunk path below, a whole block at a time: a block is
+// visited once and its rows widened into a buffer (block_tokens x head_dim floats, L1-sized for
+// usual shapes), so a ZipFusion block's exceptions are set up once per block instead of once per
+// row, and the next blocks are prefetched while it is read.
 template <class Source>
-struct RowView {
-  Source src;
-  int bt = 16, hd = 0;
-  void Begin(int kvh) { src.Begin(kvh); }
-  void K(int t, __m256* row) {
-    src.K(t / bt, [&](const auto& r) {
-      for (int c = 0; c < hd / 8; ++c) r.template Load<8>(t % bt, c, row + c);
-    });
+class RowView {
+ public:
+  RowView(Source src, int block_tokens, int head_dim, int n_tokens)
+      : src_(std::move(src)), bt_(block_tokens), chunks_(head_dim / 8), n_tokens_(n_tokens),
+        rows_(static_cast<size_t>(block_tokens) * head_dim) {}
+  void Begin(int kvh) {
+    src_.Begin(kvh);
+    block_ = -1;
   }
-  void V(int t, __m256* row) {
-    src.V(t / bt, [&](const auto& r) {
-      for (int c = 0; c < hd / 8; ++c) r.template Load<8>(t % bt, c, row + c);
-    });
+  // Row t (t < n_tokens) of K or V as head_dim / 8 vectors; valid until the next call.
+  const __m256* K(int t) { return Row(0, t); }
+  const __m256* V(int t) { return Row(1, t); }
+
+ private:
+  const __m256* Row(int which, int t) {
+    const int b = t / bt_;
+    if (b != block_ || which != which_) Fill(which, b);
+    return Rows() + static_cast<size_t>(t % bt_) * chunks_;
   }
+  void Fill(int which, int b) {
+    const int m = std::min(bt_, n_tokens_ - b * bt_);
+    auto widen = [&](const auto& r) {
+      for (int slot = 0; slot < m; ++slot) {
+        r.Prefetch(slot, m);
+        __m256* row = Rows() + static_cast<size_t>(slot) * chunks_;
+        for (int c = 0; c < chunks_; ++c) r.template Load<8>(slot, c, row + c);
+      }
+    };
+    if (which == 0) {
+      src_.K(b, widen);
+    } else {
+      src_.V(b, widen);
+    }
+    block_ = b;
+    which_ = which;
+  }
+
+  __m256* Rows() { return reinterpret_cast<__m256*>(rows_.data()); }
+
+  Source src_;
+  int bt_, chunks_, n_tokens_;
+  AlignedFloats rows_;
+  int block_ = -1, which_ = 0;
 };
 
 // Several queries of one sequence (a prompt chunk): each stored row is widened once and used by
@@ -327,12 +361,11 @@ void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const i
   const int max_n = n_tokens[n_queries - 1];
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   auto score = [&](int i, int g) { return scores + (static_cast<size_t>(i) * group + g) * max_n; };
-  alignas(32) __m256 row[kMaxHeadDim / 8];
   src.Begin(kvh);
   int first = 0;  // first query that sees token t
   for (int t = 0; t < max_n; ++t) {
     while (n_tokens[first] <= t) ++first;
-    src.K(t, row);
+    const __m256* row = src.K(t);
     for (int i = first; i < n_queries; ++i) {
       for (int g = 0; g < group; ++g) {
         const float* qh = q + i * stride + static_cast<size_t>(kvh * group + g) * hd;
@@ -351,7 +384,7 @@ void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const i
   first = 0;
   for (int t = 0; t < max_n; ++t) {
     while (n_tokens[first] <= t) ++first;
-    src.V(t, row);
+    const __m256* row = src.V(t);
     for (int i = first; i < n_queries; ++i) {
       for (int g = 0; g < group; ++g) {
         float* oh = out + i * stride + static_cast<size_t>(kvh * group + g) * hd;
@@ -380,7 +413,7 @@ void AttendAllHeadsMany(const KvShape& s, MakeSource make_source, int n_queries,
                      static_cast<int64_t>(m) * n_tokens[q0 + m - 1] * s.head_dim * s.n_kv_heads >= (1 << 18);
 #pragma omp parallel for schedule(static) if (par)
     for (int kvh = 0; kvh < s.n_kv_heads; ++kvh) {
-      RowView<decltype(make_source())> src{make_source(), s.block_tokens, s.head_dim};
+      RowView<decltype(make_source())> src(make_source(), s.block_tokens, s.head_dim, n_tokens[q0 + m - 1]);
       AttendHeadMany(s, src, kvh, m, n_tokens + q0, q + q0 * stride, out + q0 * stride, scores + kvh * per_head);
     }
   }
