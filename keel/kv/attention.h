@@ -312,15 +312,15 @@ class RowView {
     src_.Begin(kvh);
     block_ = -1;
   }
-  // Row t (t < n_tokens) of K or V as head_dim / 8 vectors; valid until the next call.
-  const __m256* K(int t) { return Row(0, t); }
-  const __m256* V(int t) { return Row(1, t); }
+  // Rows of K or V block b (tokens [b * block_tokens, ...) below n_tokens): row j is head_dim / 8
+  // vectors at + j * head_dim / 8. Valid until the next call.
+  const __m256* K(int b) { return Block(0, b); }
+  const __m256* V(int b) { return Block(1, b); }
 
  private:
-  const __m256* Row(int which, int t) {
-    const int b = t / bt_;
+  const __m256* Block(int which, int b) {
     if (b != block_ || which != which_) Fill(which, b);
-    return Rows() + static_cast<size_t>(t % bt_) * chunks_;
+    return Rows();
   }
   void Fill(int which, int b) {
     const int m = std::min(bt_, n_tokens_ - b * bt_);
@@ -348,50 +348,92 @@ class RowView {
   int block_ = -1, which_ = 0;
 };
 
-// Several queries of one sequence (a prompt chunk): each stored row is widened once and used by
+// out chunks [c, c + TC) += w[j] * rows[j] over the m rows of one block, in row order, with the
+// output tile in registers (the prompt-chunk path's weighted sum).
+template <int TC>
+inline void ManyTile(const __m256* rows, int chunks, int c, int m, const float* w, float* o) {
+  __m256 acc[TC];
+  KEEL_UNROLL
+  for (int k = 0; k < TC; ++k) acc[k] = _mm256_loadu_ps(o + 8 * (c + k));
+  for (int j = 0; j < m; ++j) {
+    const __m256 wj = _mm256_broadcast_ss(w + j);
+    const __m256* r = rows + static_cast<size_t>(j) * chunks + c;
+    KEEL_UNROLL
+    for (int k = 0; k < TC; ++k) acc[k] = _mm256_fmadd_ps(wj, r[k], acc[k]);
+  }
+  KEEL_UNROLL
+  for (int k = 0; k < TC; ++k) _mm256_storeu_ps(o + 8 * (c + k), acc[k]);
+}
+
+// Several queries of one sequence (a prompt chunk): each stored block is widened once and used by
 // every query that can see it. Per (query, head) the arithmetic is exactly AttendHead's, so the
-// result equals attending one query at a time. n_tokens is increasing; scores holds
-// n_queries * group * n_tokens[n_queries-1] floats.
+// result equals attending one query at a time. Work goes block by block: scores for four tokens
+// at a time per (query, head) (four independent FMA chains sharing the query loads), and the
+// weighted sum keeps a tile of up to eight output chunks in registers over the block's tokens
+// (before, every token loaded and stored the whole output row). n_tokens is increasing; scores
+// holds n_queries * group * n_tokens[n_queries-1] floats.
 template <class Rows>
 void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const int* n_tokens, const float* q,
                     float* out, float* scores) {
-  const int hd = s.head_dim, chunks = hd / 8;
+  const int hd = s.head_dim, chunks = hd / 8, bt = s.block_tokens;
   const int group = s.n_heads / s.n_kv_heads;
   const size_t stride = static_cast<size_t>(s.n_heads) * hd;
   const int max_n = n_tokens[n_queries - 1];
+  const int n_blocks = (max_n + bt - 1) / bt;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   auto score = [&](int i, int g) { return scores + (static_cast<size_t>(i) * group + g) * max_n; };
+  auto head = [&](int i, int g) { return static_cast<size_t>(i) * stride + static_cast<size_t>(kvh * group + g) * hd; };
   src.Begin(kvh);
-  int first = 0;  // first query that sees token t
-  for (int t = 0; t < max_n; ++t) {
-    while (n_tokens[first] <= t) ++first;
-    const __m256* row = src.K(t);
+  int first = 0;  // first query that sees the block's first token
+  for (int b = 0; b < n_blocks; ++b) {
+    const int t0 = b * bt;
+    while (n_tokens[first] <= t0) ++first;
+    const __m256* rows = src.K(b);
     for (int i = first; i < n_queries; ++i) {
+      const int m = std::min(bt, n_tokens[i] - t0);  // tokens of this block query i sees
       for (int g = 0; g < group; ++g) {
-        const float* qh = q + i * stride + static_cast<size_t>(kvh * group + g) * hd;
-        __m256 acc = _mm256_setzero_ps();
-        for (int c = 0; c < chunks; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), row[c], acc);
-        score(i, g)[t] = ReduceLanes(acc) * scale;
+        const float* qh = q + head(i, g);
+        float* sc = score(i, g) + t0;
+        int j = 0;
+        for (; j + 4 <= m; j += 4) {
+          __m256 acc[4];
+          KEEL_UNROLL
+          for (int u = 0; u < 4; ++u) acc[u] = _mm256_setzero_ps();
+          for (int c = 0; c < chunks; ++c) {
+            const __m256 qv = _mm256_loadu_ps(qh + 8 * c);
+            KEEL_UNROLL
+            for (int u = 0; u < 4; ++u) acc[u] = _mm256_fmadd_ps(qv, rows[static_cast<size_t>(j + u) * chunks + c], acc[u]);
+          }
+          KEEL_UNROLL
+          for (int u = 0; u < 4; ++u) sc[j + u] = ReduceLanes(acc[u]) * scale;
+        }
+        for (; j < m; ++j) {
+          __m256 acc = _mm256_setzero_ps();
+          for (int c = 0; c < chunks; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), rows[static_cast<size_t>(j) * chunks + c], acc);
+          sc[j] = ReduceLanes(acc) * scale;
+        }
       }
     }
   }
   for (int i = 0; i < n_queries; ++i) {
     for (int g = 0; g < group; ++g) {
       SoftmaxF32(score(i, g), n_tokens[i]);
-      std::memset(out + i * stride + static_cast<size_t>(kvh * group + g) * hd, 0, sizeof(float) * hd);
+      std::memset(out + head(i, g), 0, sizeof(float) * hd);
     }
   }
   first = 0;
-  for (int t = 0; t < max_n; ++t) {
-    while (n_tokens[first] <= t) ++first;
-    const __m256* row = src.V(t);
+  for (int b = 0; b < n_blocks; ++b) {
+    const int t0 = b * bt;
+    while (n_tokens[first] <= t0) ++first;
+    const __m256* rows = src.V(b);
     for (int i = first; i < n_queries; ++i) {
+      const int m = std::min(bt, n_tokens[i] - t0);
       for (int g = 0; g < group; ++g) {
-        float* oh = out + i * stride + static_cast<size_t>(kvh * group + g) * hd;
-        const __m256 w = _mm256_set1_ps(score(i, g)[t]);
-        for (int c = 0; c < chunks; ++c) {
-          _mm256_storeu_ps(oh + 8 * c, _mm256_fmadd_ps(w, row[c], _mm256_loadu_ps(oh + 8 * c)));
-        }
+        float* oh = out + head(i, g);
+        const float* w = score(i, g) + t0;
+        int c = 0;
+        for (; c + 8 <= chunks; c += 8) ManyTile<8>(rows, chunks, c, m, w, oh);
+        for (; c < chunks; ++c) ManyTile<1>(rows, chunks, c, m, w, oh);
       }
     }
   }

@@ -195,27 +195,39 @@ TEST(ZipFusionCodec, ExceptionCountsAroundVectorGroups) {
   }
 }
 
-// A prompt chunk attending together (attend_many) equals its tokens attending one at a time.
+// A prompt chunk attending together (attend_many) equals its tokens attending one at a time, for
+// raw and zipfusion: head_dim 64 / 128 / 24 (whole output tiles of 8 chunks, two of them, none),
+// blocks of 16 and 5 tokens (score groups of 4 with and without a remainder).
+void ExpectManyEqualsOne(const char* dtype, const KvShape& s) {
+  std::mt19937 rng(s.n_heads * 1000 + s.head_dim * 10 + s.block_tokens);
+  const int n = 3 * 16 + 7;
+  Pair p = Fill(s, dtype, n, rng, true);
+  const int m = 40;  // queries at positions n-m .. n-1 (more than one slice of kManyQueries)
+  const size_t stride = static_cast<size_t>(s.n_heads) * s.head_dim;
+  std::vector<float> q(m * stride), many(m * stride), one(m * stride);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& x : q) x = nd(rng);
+  std::vector<int> counts(m);
+  for (int i = 0; i < m; ++i) counts[i] = n - m + 1 + i;
+  AttendScratch scratch;
+  for (Codec* c : {p.raw.get(), p.zf.get()}) {
+    const auto& ptrs = c == p.raw.get() ? p.raw_ptrs : p.zf_ptrs;
+    c->attend_many(0, ptrs.data(), m, counts.data(), q.data(), many.data(), scratch);
+    for (int i = 0; i < m; ++i) c->attend(0, ptrs.data(), counts[i], q.data() + i * stride, one.data() + i * stride, scratch);
+    ASSERT_EQ(0, std::memcmp(many.data(), one.data(), many.size() * 4))
+        << c->spec() << " heads " << s.n_heads << "/" << s.n_kv_heads << " hd " << s.head_dim << " block "
+        << s.block_tokens;
+  }
+}
+
 TEST(ZipFusionCodec, AttendManyEqualsAttendPerQuery) {
   for (const char* dtype : {"bf16", "f16"}) {
     for (int group : {1, 4, 8}) {
-      KvShape s{1, 2 * group, 2, 64, 16};
-      std::mt19937 rng(group);
-      const int n = 3 * 16 + 7;
-      Pair p = Fill(s, dtype, n, rng, true);
-      const int m = 40;  // queries at positions n-m .. n-1 (more than one slice of kManyQueries)
-      const size_t stride = static_cast<size_t>(s.n_heads) * s.head_dim;
-      std::vector<float> q(m * stride), many(m * stride), one(m * stride);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (float& x : q) x = nd(rng);
-      std::vector<int> counts(m);
-      for (int i = 0; i < m; ++i) counts[i] = n - m + 1 + i;
-      AttendScratch scratch;
-      for (Codec* c : {p.raw.get(), p.zf.get()}) {
-        const auto& ptrs = c == p.raw.get() ? p.raw_ptrs : p.zf_ptrs;
-        c->attend_many(0, ptrs.data(), m, counts.data(), q.data(), many.data(), scratch);
-        for (int i = 0; i < m; ++i) c->attend(0, ptrs.data(), counts[i], q.data() + i * stride, one.data() + i * stride, scratch);
-        ASSERT_EQ(0, std::memcmp(many.data(), one.data(), many.size() * 4)) << c->spec() << " group " << group;
+      for (int hd : {64, 128, 24}) {
+        for (int bt : {16, 5}) {
+          ExpectManyEqualsOne(dtype, KvShape{1, 2 * group, 2, hd, bt});
+          if (HasFailure()) return;
+        }
       }
     }
   }
