@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "keel/core/aligned.h"
@@ -195,6 +196,36 @@ inline constexpr int kScoreTokens = std::max(1, 8 / G);
 template <int G, int CW>
 inline constexpr int kTileChunks = std::max(1, 8 / G / (CW / 8));
 
+// Scores of the m tokens of one block (sc: the block's first token) for G query heads.
+template <int G, int CW, class Reader>
+inline void ScoreBlock(const Reader& r, int m, int hd, const float* q, float* sc, size_t stride, float scale) {
+  constexpr int TB = kScoreTokens<G>;
+  int slot = 0;
+  for (; slot + TB <= m; slot += TB) {
+    r.Prefetch(slot / TB, (m + TB - 1) / TB);
+    ScoreTokens<G, TB, CW>(r, slot, hd, q, sc, stride, scale);
+  }
+  for (; slot < m; ++slot) ScoreTokens<G, 1, CW>(r, slot, hd, q, sc, stride, scale);
+}
+
+// out += p_t * v_t over the m tokens of one block (p: the block's first token) for G query heads,
+// a column tile at a time. One prefetch slice per tile: the requests spread over the whole block
+// (asking for all of it during the first tile made V 10-30 % slower).
+template <int G, int CW, class Reader>
+inline void AccumulateBlock(const Reader& r, int m, int hd, const float* p, size_t stride, float* o) {
+  constexpr int TC = kTileChunks<G, CW>;
+  const int nc = hd / CW, tiles = nc / TC + nc % TC;
+  int c = 0, tile = 0;
+  for (; c + TC <= nc; c += TC) {
+    r.Prefetch(tile++, tiles);
+    AccumulateTile<G, TC, CW>(r, m, c, hd, p, stride, o);
+  }
+  for (; c < nc; ++c) {
+    r.Prefetch(tile++, tiles);
+    AccumulateTile<G, 1, CW>(r, m, c, hd, p, stride, o);
+  }
+}
+
 // Query heads [g0, g0+G) of KV head kvh: scores, softmax, weighted sum of V.
 template <int G, int CW, class Source>
 void AttendGroup(const KvShape& s, Source& src, int kvh, int g0, int n_tokens, const float* q, float* out,
@@ -207,78 +238,61 @@ void AttendGroup(const KvShape& s, Source& src, int kvh, int g0, int n_tokens, c
   float* sc = scores + static_cast<size_t>(g0) * n_tokens;
   const size_t stride = static_cast<size_t>(n_tokens);
   const int n_blocks = (n_tokens + bt - 1) / bt;
-  constexpr int TB = kScoreTokens<G>;
-  constexpr int TC = kTileChunks<G, CW>;
   src.Begin(kvh);
   for (int b = 0; b < n_blocks; ++b) {
     const int m = std::min(bt, n_tokens - b * bt);
-    src.K(b, [&](const auto& r) {
-      int slot = 0;
-      for (; slot + TB <= m; slot += TB) {
-        r.Prefetch(slot / TB, (m + TB - 1) / TB);
-        ScoreTokens<G, TB, CW>(r, slot, hd, qh, sc + b * bt, stride, scale);
-      }
-      for (; slot < m; ++slot) ScoreTokens<G, 1, CW>(r, slot, hd, qh, sc + b * bt, stride, scale);
-    });
+    src.K(b, [&](const auto& r) { ScoreBlock<G, CW>(r, m, hd, qh, sc + b * bt, stride, scale); });
   }
   for (int g = 0; g < G; ++g) {
     SoftmaxF32(sc + g * stride, n_tokens);
     std::memset(oh + static_cast<size_t>(g) * hd, 0, sizeof(float) * hd);
   }
-  const int nc = hd / CW;
   for (int b = 0; b < n_blocks; ++b) {
     const int m = std::min(bt, n_tokens - b * bt);
-    src.V(b, [&](const auto& r) {
-      // One prefetch slice per column tile: the requests spread over the whole block (asking for
-      // all of it during the first tile made V 10-30 % slower).
-      const int tiles = nc / TC + nc % TC;
-      int c = 0, tile = 0;
-      for (; c + TC <= nc; c += TC) {
-        r.Prefetch(tile++, tiles);
-        AccumulateTile<G, TC, CW>(r, m, c, hd, sc + b * bt, stride, oh);
-      }
-      for (; c < nc; ++c) {
-        r.Prefetch(tile++, tiles);
-        AccumulateTile<G, 1, CW>(r, m, c, hd, sc + b * bt, stride, oh);
-      }
-    });
+    src.V(b, [&](const auto& r) { AccumulateBlock<G, CW>(r, m, hd, sc + b * bt, stride, oh); });
   }
 }
 
-template <int G, class Source>
-void AttendGroupAnyWidth(const KvShape& s, Source& src, int kvh, int g0, int n_tokens, const float* q, float* out,
-                         float* scores) {
-  if (s.head_dim % 16 == 0 && G <= 4) {
-    AttendGroup<G, 16>(s, src, kvh, g0, n_tokens, q, out, scores);
-  } else {
-    AttendGroup<G, 8>(s, src, kvh, g0, n_tokens, q, out, scores);
+// Calls f(G, CW, g0) (G and CW as std::integral_constant) for the query heads of one KV head in
+// power-of-two pieces [g0, g0 + G) (each query head's arithmetic is independent of the others);
+// CW = 16 when head_dim allows and G <= 4 (register budget), else 8.
+template <class F>
+inline void ForEachGroupPiece(int group, int hd, F&& f) {
+  auto with_width = [&](auto g, int g0) {
+    if constexpr (decltype(g)::value <= 4) {
+      if (hd % 16 == 0) {
+        f(g, std::integral_constant<int, 16>{}, g0);
+        return;
+      }
+    }
+    f(g, std::integral_constant<int, 8>{}, g0);
+  };
+  for (int g0 = 0; g0 < group;) {
+    const int left = group - g0;
+    if (left >= 8) {
+      with_width(std::integral_constant<int, 8>{}, g0);
+      g0 += 8;
+    } else if (left >= 4) {
+      with_width(std::integral_constant<int, 4>{}, g0);
+      g0 += 4;
+    } else if (left >= 2) {
+      with_width(std::integral_constant<int, 2>{}, g0);
+      g0 += 2;
+    } else {
+      with_width(std::integral_constant<int, 1>{}, g0);
+      g0 += 1;
+    }
   }
 }
 
 }  // namespace attention_detail
 
-// One KV head: its query heads attend over n_tokens rows from `src`. A group that is not a power
-// of two runs as power-of-two pieces (each query head's arithmetic is independent of the others).
+// One KV head: its query heads attend over n_tokens rows from `src`.
 template <class Source>
 void AttendHead(const KvShape& s, Source& src, int kvh, int n_tokens, const float* q, float* out, float* scores) {
-  using namespace attention_detail;
-  const int group = s.n_heads / s.n_kv_heads;
-  for (int g0 = 0; g0 < group;) {
-    const int left = group - g0;
-    if (left >= 8) {
-      AttendGroupAnyWidth<8>(s, src, kvh, g0, n_tokens, q, out, scores);
-      g0 += 8;
-    } else if (left >= 4) {
-      AttendGroupAnyWidth<4>(s, src, kvh, g0, n_tokens, q, out, scores);
-      g0 += 4;
-    } else if (left >= 2) {
-      AttendGroupAnyWidth<2>(s, src, kvh, g0, n_tokens, q, out, scores);
-      g0 += 2;
-    } else {
-      AttendGroupAnyWidth<1>(s, src, kvh, g0, n_tokens, q, out, scores);
-      g0 += 1;
-    }
-  }
+  attention_detail::ForEachGroupPiece(s.n_heads / s.n_kv_heads, s.head_dim, [&](auto g, auto cw, int g0) {
+    attention_detail::AttendGroup<decltype(g)::value, decltype(cw)::value>(s, src, kvh, g0, n_tokens, q, out, scores);
+  });
 }
 
 // All heads. `make_source()` builds one block source per thread. Long contexts split the KV heads
@@ -348,34 +362,16 @@ class RowView {
   int block_ = -1, which_ = 0;
 };
 
-// out chunks [c, c + TC) += w[j] * rows[j] over the m rows of one block, in row order, with the
-// output tile in registers (the prompt-chunk path's weighted sum).
-template <int TC>
-inline void ManyTile(const __m256* rows, int chunks, int c, int m, const float* w, float* o) {
-  __m256 acc[TC];
-  KEEL_UNROLL
-  for (int k = 0; k < TC; ++k) acc[k] = _mm256_loadu_ps(o + 8 * (c + k));
-  for (int j = 0; j < m; ++j) {
-    const __m256 wj = _mm256_broadcast_ss(w + j);
-    const __m256* r = rows + static_cast<size_t>(j) * chunks + c;
-    KEEL_UNROLL
-    for (int k = 0; k < TC; ++k) acc[k] = _mm256_fmadd_ps(wj, r[k], acc[k]);
-  }
-  KEEL_UNROLL
-  for (int k = 0; k < TC; ++k) _mm256_storeu_ps(o + 8 * (c + k), acc[k]);
-}
-
-// Several queries of one sequence (a prompt chunk): each stored block is widened once and used by
-// every query that can see it. Per (query, head) the arithmetic is exactly AttendHead's, so the
-// result equals attending one query at a time. Work goes block by block: scores for four tokens
-// at a time per (query, head) (four independent FMA chains sharing the query loads), and the
-// weighted sum keeps a tile of up to eight output chunks in registers over the block's tokens
-// (before, every token loaded and stored the whole output row). n_tokens is increasing; scores
-// holds n_queries * group * n_tokens[n_queries-1] floats.
+// Several queries of one sequence (a prompt chunk): each stored block is widened once into fp32
+// rows and used by every query that can see it, through the decode loops (ScoreBlock,
+// AccumulateBlock) over those rows. Per (query, head) the arithmetic is exactly AttendHead's, so
+// the result equals attending one query at a time. n_tokens is increasing; scores holds
+// n_queries * group * n_tokens[n_queries-1] floats.
 template <class Rows>
 void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const int* n_tokens, const float* q,
                     float* out, float* scores) {
-  const int hd = s.head_dim, chunks = hd / 8, bt = s.block_tokens;
+  using namespace attention_detail;
+  const int hd = s.head_dim, bt = s.block_tokens;
   const int group = s.n_heads / s.n_kv_heads;
   const size_t stride = static_cast<size_t>(s.n_heads) * hd;
   const int max_n = n_tokens[n_queries - 1];
@@ -383,36 +379,21 @@ void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const i
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   auto score = [&](int i, int g) { return scores + (static_cast<size_t>(i) * group + g) * max_n; };
   auto head = [&](int i, int g) { return static_cast<size_t>(i) * stride + static_cast<size_t>(kvh * group + g) * hd; };
+  // Widened rows of one block, read like plain fp32 rows (nothing to prefetch: they are in L1).
+  auto reader = [&](const __m256* rows) {
+    return PlainRowsReader<DType::kF32>{reinterpret_cast<const uint8_t*>(rows), hd, NextBlock{}};
+  };
   src.Begin(kvh);
   int first = 0;  // first query that sees the block's first token
   for (int b = 0; b < n_blocks; ++b) {
     const int t0 = b * bt;
     while (n_tokens[first] <= t0) ++first;
-    const __m256* rows = src.K(b);
+    const auto r = reader(src.K(b));
     for (int i = first; i < n_queries; ++i) {
       const int m = std::min(bt, n_tokens[i] - t0);  // tokens of this block query i sees
-      for (int g = 0; g < group; ++g) {
-        const float* qh = q + head(i, g);
-        float* sc = score(i, g) + t0;
-        int j = 0;
-        for (; j + 4 <= m; j += 4) {
-          __m256 acc[4];
-          KEEL_UNROLL
-          for (int u = 0; u < 4; ++u) acc[u] = _mm256_setzero_ps();
-          for (int c = 0; c < chunks; ++c) {
-            const __m256 qv = _mm256_loadu_ps(qh + 8 * c);
-            KEEL_UNROLL
-            for (int u = 0; u < 4; ++u) acc[u] = _mm256_fmadd_ps(qv, rows[static_cast<size_t>(j + u) * chunks + c], acc[u]);
-          }
-          KEEL_UNROLL
-          for (int u = 0; u < 4; ++u) sc[j + u] = ReduceLanes(acc[u]) * scale;
-        }
-        for (; j < m; ++j) {
-          __m256 acc = _mm256_setzero_ps();
-          for (int c = 0; c < chunks; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), rows[static_cast<size_t>(j) * chunks + c], acc);
-          sc[j] = ReduceLanes(acc) * scale;
-        }
-      }
+      ForEachGroupPiece(group, hd, [&](auto g, auto cw, int g0) {
+        ScoreBlock<decltype(g)::value, decltype(cw)::value>(r, m, hd, q + head(i, g0), score(i, g0) + t0, max_n, scale);
+      });
     }
   }
   for (int i = 0; i < n_queries; ++i) {
@@ -425,16 +406,12 @@ void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const i
   for (int b = 0; b < n_blocks; ++b) {
     const int t0 = b * bt;
     while (n_tokens[first] <= t0) ++first;
-    const __m256* rows = src.V(b);
+    const auto r = reader(src.V(b));
     for (int i = first; i < n_queries; ++i) {
       const int m = std::min(bt, n_tokens[i] - t0);
-      for (int g = 0; g < group; ++g) {
-        float* oh = out + head(i, g);
-        const float* w = score(i, g) + t0;
-        int c = 0;
-        for (; c + 8 <= chunks; c += 8) ManyTile<8>(rows, chunks, c, m, w, oh);
-        for (; c < chunks; ++c) ManyTile<1>(rows, chunks, c, m, w, oh);
-      }
+      ForEachGroupPiece(group, hd, [&](auto g, auto cw, int g0) {
+        AccumulateBlock<decltype(g)::value, decltype(cw)::value>(r, m, hd, score(i, g0) + t0, max_n, out + head(i, g0));
+      });
     }
   }
 }
