@@ -312,14 +312,14 @@ void AttendAllHeads(const KvShape& s, MakeSource make_source, int n_tokens, cons
   }
 }
 
-// Rows of a block source for the prompt-chunk path below, a whole block at a time: a block is
-// visited once and its rows widened into a buffer (block_tokens x head_dim floats, L1-sized for
-// usual shapes), so a ZipFusion block's exceptions are set up once per block instead of once per
-// row, and the next blocks are prefetched while it is read.
+// A block source's blocks widened to fp32 rows, one block at a time, for the prompt-chunk path
+// below: a block is visited once and its rows widened into a buffer (block_tokens x head_dim
+// floats, L1-sized for usual shapes), so a ZipFusion block's exceptions are set up once per block
+// instead of once per row, and the next blocks are prefetched while it is read.
 template <class Source>
-class RowView {
+class WidenedBlocks {
  public:
-  RowView(Source src, int block_tokens, int head_dim, int n_tokens)
+  WidenedBlocks(Source src, int block_tokens, int head_dim, int n_tokens)
       : src_(std::move(src)), bt_(block_tokens), chunks_(head_dim / 8), n_tokens_(n_tokens),
         rows_(static_cast<size_t>(block_tokens) * head_dim) {}
   void Begin(int kvh) {
@@ -432,7 +432,7 @@ void AttendAllHeadsMany(const KvShape& s, MakeSource make_source, int n_queries,
                      static_cast<int64_t>(m) * n_tokens[q0 + m - 1] * s.head_dim * s.n_kv_heads >= (1 << 18);
 #pragma omp parallel for schedule(static) if (par)
     for (int kvh = 0; kvh < s.n_kv_heads; ++kvh) {
-      RowView<decltype(make_source())> src(make_source(), s.block_tokens, s.head_dim, n_tokens[q0 + m - 1]);
+      WidenedBlocks<decltype(make_source())> src(make_source(), s.block_tokens, s.head_dim, n_tokens[q0 + m - 1]);
       AttendHeadMany(s, src, kvh, m, n_tokens + q0, q + q0 * stride, out + q0 * stride, scores + kvh * per_head);
     }
   }
