@@ -56,6 +56,8 @@
 
 #include <cuda_runtime.h>
 
+#include "keel/kv/zipfusion/cuda/launch.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -421,7 +423,7 @@ struct KernelArgs {
 template <class Rows, int G>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(KernelArgs a, typename Rows::Source k_src,
                                                                   typename Rows::Source v_src) {
-  extern __shared__ __align__(16) float smem[];
+  KEEL_DYNAMIC_SHARED(float, smem);
   __shared__ __align__(16) uint8_t stage_mem[Rows::kStageBytes > 0 ? kWarps * Rows::kStageBytes : 16];
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -654,14 +656,16 @@ int Launch(const ZfAttnShape& s, const ZfPlan& plan, const float* q, const typen
   const size_t S = static_cast<size_t>(plan.blocks_per_split) * kBlockTokens;
   const size_t smem = std::max<size_t>(g * S, static_cast<size_t>(kHalfWarps) * g * kHeadDim) * sizeof(float);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  using keel::cuda::LaunchKernel;
   switch (g) {
-    case 1: DecodeAttentionKernel<Rows, 1><<<grid, kThreads, smem, st>>>(a, k_src, v_src); break;
-    case 2: DecodeAttentionKernel<Rows, 2><<<grid, kThreads, smem, st>>>(a, k_src, v_src); break;
-    case 4: DecodeAttentionKernel<Rows, 4><<<grid, kThreads, smem, st>>>(a, k_src, v_src); break;
-    default: DecodeAttentionKernel<Rows, 8><<<grid, kThreads, smem, st>>>(a, k_src, v_src); break;
+    case 1: LaunchKernel(DecodeAttentionKernel<Rows, 1>, grid, kThreads, smem, st, a, k_src, v_src); break;
+    case 2: LaunchKernel(DecodeAttentionKernel<Rows, 2>, grid, kThreads, smem, st, a, k_src, v_src); break;
+    case 4: LaunchKernel(DecodeAttentionKernel<Rows, 4>, grid, kThreads, smem, st, a, k_src, v_src); break;
+    default: LaunchKernel(DecodeAttentionKernel<Rows, 8>, grid, kThreads, smem, st, a, k_src, v_src); break;
   }
   ZF_CUDA(cudaGetLastError());
-  CombineSplitsKernel<<<static_cast<unsigned>(rows), kHeadDim, 0, st>>>(a.part_out, a.part_ml, out, plan.n_splits);
+  LaunchKernel(CombineSplitsKernel, dim3(static_cast<unsigned>(rows)), dim3(kHeadDim), 0, st,
+               static_cast<const float*>(a.part_out), static_cast<const float*>(a.part_ml), out, plan.n_splits);
   ZF_CUDA(cudaGetLastError());
   return Ok();
 }
@@ -743,8 +747,8 @@ int zf_decode_blocks(const ZfAttnShape& s, const uint8_t* blocks, const uint64_t
   if (!Aligned(blocks, 8) || !Aligned(offsets, 8) || !Aligned(out, 16))
     return Fail(kZfInvalidArgument, "misaligned pointer");
   const dim3 grid(plan.n_blocks, s.n_kv_heads, s.batch);
-  DecodeBlocksKernel<<<grid, 32, 0, static_cast<cudaStream_t>(stream)>>>({blocks, offsets, bcap}, s.n_kv_heads,
-                                                                          s.n_tokens, out, tcap, error_flag);
+  keel::cuda::LaunchKernel(DecodeBlocksKernel, grid, dim3(32), 0, static_cast<cudaStream_t>(stream),
+                           ZfRows::Source{blocks, offsets, bcap}, s.n_kv_heads, s.n_tokens, out, tcap, error_flag);
   ZF_CUDA(cudaGetLastError());
   return Ok();
 }
