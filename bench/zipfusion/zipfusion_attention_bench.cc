@@ -1,7 +1,8 @@
 // Decode attention: ZipFusion blocks versus uncompressed bf16 blocks, same shared attention core,
 // same run. head_dim 128, 8 KV heads, 32 query heads, batch 1 and 8, contexts 1K..128K. K/V are
 // synthetic with the exponent statistics of real KV (normal values, per-channel scales spread
-// log-normally like K's outlier channels). Prints a Markdown table with the speed ratio.
+// log-normally like K's outlier channels). Full ZipFusion blocks are compacted as in the engine's
+// cache. Prints a Markdown table with the speed ratio.
 //
 //   zipfusion_attention_bench [--max-context 131072] [--reps 11]   (minimum steps per kernel)
 #include <omp.h>
@@ -40,10 +41,13 @@ struct FastNormal {
   }
 };
 
-// Blocks live in one huge-page-advised arena, one after another, as in a fresh engine KV cache.
+// Blocks live in one huge-page-advised arena, one after another, as in a fresh engine KV cache;
+// full blocks of a codec that compacts (zipfusion) are then moved to a second arena at their
+// compact size, 64-byte aligned, as the engine's cache moves them when they fill.
 struct Cache {
   std::unique_ptr<Codec> codec;
   keel::PageArena arena;
+  keel::PageArena compact;
   std::vector<const uint8_t*> ptrs;
 };
 
@@ -69,6 +73,16 @@ Cache Build(const std::string& spec, const KvShape& s, int tokens, uint64_t seed
       v[i] = vscale[i] * fast();
     }
     c.codec->append(0, const_cast<uint8_t*>(c.ptrs[t / s.block_tokens]), t % s.block_tokens, k.data(), v.data());
+  }
+  if (c.codec->compacts()) {
+    const int full = tokens / s.block_tokens;
+    std::vector<size_t> at(full + 1, 0);
+    for (int b = 0; b < full; ++b) at[b + 1] = at[b] + (c.codec->compact_bytes(0, c.ptrs[b]) + 63) / 64 * 64;
+    c.compact = std::move(keel::PageArena::Map(std::max<size_t>(at[full], 64))).value();
+    for (int b = 0; b < full; ++b) {
+      c.codec->compact(0, c.ptrs[b], c.compact.data() + at[b]);
+      c.ptrs[b] = c.compact.data() + at[b];
+    }
   }
   return c;
 }

@@ -5,6 +5,12 @@
 
 namespace keel::engine {
 
+namespace {
+constexpr uint64_t kBlockAlign = 64;  // blocks start on cache lines
+uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+uint64_t RoundUp16(uint64_t x) { return RoundUp(x, 16); }
+}  // namespace
+
 Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::string& codec_spec,
                                                  const KvCacheOptions& options) {
   const ModelConfig& c = model.config;
@@ -18,29 +24,31 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::
   cache->n_layers_ = c.n_layers;
   cache->block_tokens_ = options.block_tokens;
   cache->prefix_sharing_ = options.prefix_sharing;
-  size_t per_block = 0;
+  uint64_t per_block = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     cache->layer_bytes_.push_back(codec->block_bytes(l));
-    per_block += codec->block_bytes(l);
+    cache->open_offsets_.push_back(static_cast<uint32_t>(per_block));
+    per_block += RoundUp16(codec->block_bytes(l));
   }
-  const size_t n_blocks = per_block == 0 ? 0 : options.budget_bytes / per_block;
+  if (per_block > UINT32_MAX) return Status::InvalidArgument("kv cache: a block of all layers exceeds 4 GiB");
+  const uint64_t slot = RoundUp(per_block, kBlockAlign);
+  const uint64_t n_blocks = slot == 0 ? 0 : options.budget_bytes / slot;
   if (n_blocks == 0) {
     return Status::ResourceExhausted("kv cache: budget of " + std::to_string(options.budget_bytes) +
                                      " bytes cannot hold one block (" + std::to_string(per_block) +
                                      " bytes for " + std::to_string(options.block_tokens) + " tokens)");
   }
   if (n_blocks > (1u << 30)) return Status::InvalidArgument("kv cache: budget too large");
-  for (int l = 0; l < c.n_layers; ++l) {
-    // Left uninitialised: pages are only touched when blocks are written.
-    auto arena = PageArena::Map(cache->layer_bytes_[l] * n_blocks);
-    if (!arena.ok()) return Status::ResourceExhausted("kv cache: " + arena.status().message());
-    cache->arenas_.push_back(std::move(arena).value());
-  }
-  cache->blocks_.resize(n_blocks);
-  cache->free_.reserve(n_blocks);
-  for (size_t b = n_blocks; b-- > 0;) cache->free_.push_back(static_cast<int32_t>(b));
-  cache->budget_bytes_ = per_block * n_blocks;
+  // Left uninitialised: pages are only touched when blocks are written.
+  auto arena = PageArena::Map(n_blocks * slot);
+  if (!arena.ok()) return Status::ResourceExhausted("kv cache: " + arena.status().message());
+  cache->arena_ = std::move(arena).value();
+  cache->ranges_ = RangeAllocator(n_blocks * slot, kBlockAlign);
+  cache->open_bytes_ = per_block;
+  cache->total_blocks_ = static_cast<int64_t>(n_blocks);
+  cache->budget_bytes_ = n_blocks * slot;
   cache->chunk_value_bytes_ = per_block;
+  cache->codec_compacts_ = codec->compacts();
   cache->fingerprint_ = "model=" + model.checksum.hex() + ";codec=" + codec->fingerprint() + ";tp=0/1";
   cache->fingerprint_hash_ = Xxh3_128(cache->fingerprint_);
   cache->codec_ = std::move(codec);
@@ -67,30 +75,62 @@ std::vector<Hash128> KvCache::ChunkKeys(const int* tokens, int n) const {
   return keys;
 }
 
-Result<int32_t> KvCache::Allocate() {
-  int32_t b;
-  if (!free_.empty()) {
-    b = free_.back();
-    free_.pop_back();
-  } else if (!cached_.empty()) {
-    b = cached_.front();  // least recently released prefix goes first
+Result<uint64_t> KvCache::AllocateRange(uint64_t bytes) {
+  for (;;) {
+    if (std::optional<uint64_t> off = ranges_.Allocate(bytes)) return *off;
+    if (cached_.empty()) {
+      return Status::ResourceExhausted(
+          "kv cache: no room for a block of " + std::to_string(bytes) + " bytes: " +
+          std::to_string(ranges_.size() - ranges_.free_bytes()) + " of " + std::to_string(budget_bytes_) +
+          " bytes are held by sequences (largest free range " + std::to_string(ranges_.largest_free()) + ")");
+    }
+    const int32_t victim = cached_.front();  // least recently released prefix goes first
     cached_.pop_front();
-    std::lock_guard<std::mutex> lock(keys_mu_);
-    by_key_.erase(blocks_[b].key);
-    blocks_[b].has_key = false;
-  } else {
-    return Status::ResourceExhausted("kv cache: all " + std::to_string(blocks_.size()) + " blocks (" +
-                                     std::to_string(budget_bytes_) + " bytes) are in use");
+    {
+      std::lock_guard<std::mutex> lock(keys_mu_);
+      by_key_.erase(blocks_[victim].key);
+    }
+    blocks_[victim].has_key = false;
+    cached_bytes_ -= blocks_[victim].bytes;
+    FreeBlock(victim);
   }
-  blocks_[b].refcount = 1;
+}
+
+Result<int32_t> KvCache::Allocate(uint64_t bytes, bool open_layout) {
+  KEEL_ASSIGN_OR_RETURN(uint64_t off, AllocateRange(bytes));
+  int32_t b;
+  if (!free_ids_.empty()) {
+    b = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    b = static_cast<int32_t>(blocks_.size());
+    std::lock_guard<std::mutex> lock(keys_mu_);  // ChunkPieces reads blocks_ from other threads
+    blocks_.emplace_back();
+    layer_offsets_.resize(blocks_.size() * n_layers_);
+  }
+  Block& blk = blocks_[b];
+  blk = Block{};
+  blk.offset = off;
+  blk.bytes = bytes;
+  blk.refcount = 1;
+  if (open_layout) std::copy(open_offsets_.begin(), open_offsets_.end(), layer_offsets_.begin() + static_cast<size_t>(b) * n_layers_);
   ++used_;
   return b;
+}
+
+void KvCache::FreeBlock(int32_t b) {
+  Block& blk = blocks_[b];
+  ranges_.Free(blk.offset, blk.bytes);
+  if (blk.compact) --compacted_;
+  blk = Block{};
+  free_ids_.push_back(b);
 }
 
 void KvCache::Ref(int32_t b) {
   Block& blk = blocks_[b];
   if (blk.refcount == 0) {
     cached_.erase(blk.lru);
+    cached_bytes_ -= blk.bytes;
     ++used_;
   }
   ++blk.refcount;
@@ -103,9 +143,36 @@ void KvCache::Unref(int32_t b) {
   if (blk.has_key) {
     cached_.push_back(b);
     blk.lru = std::prev(cached_.end());
+    cached_bytes_ += blk.bytes;
   } else {
-    free_.push_back(b);
+    FreeBlock(b);
   }
+}
+
+void KvCache::Compact(int32_t b) {
+  if (!codec_compacts_ || blocks_[b].compact) return;
+  // Compact every layer into a scratch buffer, release the open range, then take a range of the
+  // compact size: that cannot fail, since the range just released is at least as large.
+  thread_local std::vector<uint8_t> scratch;
+  std::vector<uint32_t> offsets(n_layers_);
+  uint64_t total = 0;
+  for (int l = 0; l < n_layers_; ++l) {
+    offsets[l] = static_cast<uint32_t>(total);
+    const size_t bytes = codec_->compact_bytes(l, BlockData(l, b));
+    if (bytes == 0 || bytes > layer_bytes_[l]) return;  // keep the block as it is
+    total += RoundUp16(bytes);
+  }
+  if (scratch.size() < total) scratch.resize(total);
+  for (int l = 0; l < n_layers_; ++l) codec_->compact(l, BlockData(l, b), scratch.data() + offsets[l]);
+  Block& blk = blocks_[b];
+  ranges_.Free(blk.offset, blk.bytes);
+  std::optional<uint64_t> off = ranges_.Allocate(total);
+  blk.offset = *off;
+  blk.bytes = total;
+  blk.compact = true;
+  ++compacted_;
+  std::memcpy(arena_.data() + blk.offset, scratch.data(), total);
+  std::copy(offsets.begin(), offsets.end(), layer_offsets_.begin() + static_cast<size_t>(b) * n_layers_);
 }
 
 void KvCache::RefreshPointers(Sequence& s) {
@@ -136,6 +203,7 @@ Result<int> KvCache::BeginSequence(SeqId seq, const std::vector<int>& prompt) {
     }
     s.last_key = parent;
     s.registered = static_cast<int>(s.blocks.size());
+    s.sealed = s.registered;
     s.tokens.assign(prompt.begin(), prompt.begin() + s.registered * block_tokens_);
   }
   hit_tokens_ += static_cast<int64_t>(s.tokens.size());
@@ -157,12 +225,17 @@ Status KvCache::Reserve(SeqId seq, int n_tokens) {
                                      std::to_string(AvailableBlocks()) + " of " + std::to_string(blocks_.size()) +
                                      " are available (budget " + std::to_string(budget_bytes_) + " bytes)");
   }
-  for (int64_t i = 0; i < need; ++i) {
-    KEEL_ASSIGN_OR_RETURN(int32_t b, Allocate());
-    s.blocks.push_back(b);
+  Status st;
+  for (int64_t i = 0; i < need && st.ok(); ++i) {
+    Result<int32_t> b = Allocate(open_bytes_, /*open_layout=*/true);
+    if (b.ok()) {
+      s.blocks.push_back(*b);
+    } else {
+      st = b.status();  // fragmentation: the blocks allocated so far stay with the sequence
+    }
   }
   RefreshPointers(s);
-  return Status::Ok();
+  return st;
 }
 
 void KvCache::Commit(SeqId seq, const int* tokens, int n) {
@@ -170,6 +243,16 @@ void KvCache::Commit(SeqId seq, const int* tokens, int n) {
   if (it == seqs_.end()) return;
   Sequence& s = it->second;
   s.tokens.insert(s.tokens.end(), tokens, tokens + n);
+  bool moved = false;
+  while ((s.sealed + 1) * block_tokens_ <= static_cast<int>(s.tokens.size()) &&
+         s.sealed < static_cast<int>(s.blocks.size())) {
+    if (codec_compacts_ && !blocks_[s.blocks[s.sealed]].compact) {
+      Compact(s.blocks[s.sealed]);
+      moved = true;
+    }
+    ++s.sealed;
+  }
+  if (moved) RefreshPointers(s);
   if (!prefix_sharing_) return;
   while ((s.registered + 1) * block_tokens_ <= static_cast<int>(s.tokens.size()) &&
          s.registered < static_cast<int>(s.blocks.size())) {
@@ -217,7 +300,7 @@ int KvCache::Capacity(SeqId seq) const {
 }
 
 int64_t KvCache::AvailableBlocks() const {
-  return static_cast<int64_t>(free_.size() + cached_.size());
+  return static_cast<int64_t>((ranges_.free_bytes() + cached_bytes_) / RoundUp(open_bytes_, kBlockAlign));
 }
 
 bool KvCache::HasChunk(const Hash128& key) const {
@@ -233,25 +316,55 @@ Result<int> KvCache::AdoptChunks(SeqId seq, const std::vector<int>& prompt, int 
   const int have = static_cast<int>(s.blocks.size());
   if (!prefix_sharing_ || s.registered != have || have < first_chunk) return 0;
   const int shareable = prompt.empty() ? 0 : static_cast<int>(prompt.size() - 1) / block_tokens_;
-  const int end = std::min(first_chunk + static_cast<int>(values.size()), shareable);
+  int end = std::min(first_chunk + static_cast<int>(values.size()), shareable);
   if (end <= have) return 0;
+  // Validate every value before touching the cache: each layer must be a block the codec wrote,
+  // and the layers must fill the value exactly.
+  std::vector<std::vector<uint32_t>> offsets(end - have, std::vector<uint32_t>(n_layers_));
   for (int c = have; c < end; ++c) {
-    if (values[c - first_chunk].size() != chunk_value_bytes_) {
-      return Status::InvalidArgument("kv cache: fetched chunk " + std::to_string(c) + " has " +
-                                     std::to_string(values[c - first_chunk].size()) + " bytes, expected " +
-                                     std::to_string(chunk_value_bytes_));
+    const std::string_view v = values[c - first_chunk];
+    const auto* data = reinterpret_cast<const uint8_t*>(v.data());
+    auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument("kv cache: fetched chunk " + std::to_string(c) + " (" + std::to_string(v.size()) +
+                                     " bytes): " + why);
+    };
+    if (v.empty() || v.size() > chunk_value_bytes_) {
+      return bad("expected 1.." + std::to_string(chunk_value_bytes_) + " bytes");
     }
+    size_t at = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      if (at >= v.size()) return bad("ends before layer " + std::to_string(l));
+      Result<size_t> size = codec_->validate_stored(l, data + at, v.size() - at);
+      if (!size.ok()) return bad(size.status().message());
+      offsets[c - have][l] = static_cast<uint32_t>(at);
+      at += RoundUp16(*size);
+    }
+    if (at != v.size()) return bad("layers end at byte " + std::to_string(at));
   }
-  if (end - have > AvailableBlocks()) {
+  const uint64_t need = [&] {
+    uint64_t bytes = 0;
+    for (int c = have; c < end; ++c) bytes += RoundUp(values[c - first_chunk].size(), kBlockAlign);
+    return bytes;
+  }();
+  if (need > ranges_.free_bytes() + cached_bytes_) {
     return Status::ResourceExhausted("kv cache: no room to adopt " + std::to_string(end - have) + " fetched blocks");
   }
   for (int c = have; c < end; ++c) {
+    const std::string_view v = values[c - first_chunk];
     Hash128 key = NextKey(s.last_key, prompt.data() + c * block_tokens_);
-    KEEL_ASSIGN_OR_RETURN(int32_t b, Allocate());
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(values[c - first_chunk].data());
-    for (int l = 0; l < n_layers_; ++l) {
-      std::memcpy(BlockData(l, b), src, layer_bytes_[l]);
-      src += layer_bytes_[l];
+    Result<int32_t> got = Allocate(v.size(), /*open_layout=*/false);
+    if (!got.ok()) {  // fragmentation: keep what was adopted so far
+      if (c == have) return got.status();
+      end = c;
+      break;
+    }
+    const int32_t b = *got;
+    std::memcpy(arena_.data() + blocks_[b].offset, v.data(), v.size());
+    std::copy(offsets[c - have].begin(), offsets[c - have].end(),
+              layer_offsets_.begin() + static_cast<size_t>(b) * n_layers_);
+    if (codec_compacts_) {
+      blocks_[b].compact = true;
+      ++compacted_;
     }
     s.blocks.push_back(b);
     s.tokens.insert(s.tokens.end(), prompt.begin() + c * block_tokens_, prompt.begin() + (c + 1) * block_tokens_);
@@ -266,6 +379,7 @@ Result<int> KvCache::AdoptChunks(SeqId seq, const std::vector<int>& prompt, int 
     }
     s.last_key = key;
     ++s.registered;
+    ++s.sealed;
   }
   RefreshPointers(s);
   const int adopted = (end - have) * block_tokens_;
@@ -282,6 +396,8 @@ std::vector<std::pair<Hash128, int32_t>> KvCache::PinChunks(SeqId seq, int first
   if (first >= last) return out;
   std::vector<Hash128> keys = ChunkKeys(s.tokens.data(), last * block_tokens_);
   for (int c = std::max(first, 0); c < last; ++c) {
+    // A full block the codec could not compact is not in the chunk format peers expect.
+    if (codec_compacts_ && !blocks_[s.blocks[c]].compact) break;
     Ref(s.blocks[c]);
     out.emplace_back(keys[c], s.blocks[c]);
   }
@@ -289,15 +405,19 @@ std::vector<std::pair<Hash128, int32_t>> KvCache::PinChunks(SeqId seq, int first
 }
 
 std::vector<std::pair<const uint8_t*, size_t>> KvCache::ChunkPieces(int32_t block) const {
-  std::vector<std::pair<const uint8_t*, size_t>> pieces;
-  pieces.reserve(n_layers_);
-  for (int l = 0; l < n_layers_; ++l) pieces.emplace_back(BlockData(l, block), layer_bytes_[l]);
-  return pieces;
+  // blocks_ may grow (and move) on the cache's thread meanwhile: read the pinned block's range
+  // under keys_mu_, which Allocate holds while it grows blocks_.
+  std::lock_guard<std::mutex> lock(keys_mu_);
+  const Block& blk = blocks_[block];
+  return {{arena_.data() + blk.offset, blk.bytes}};
 }
 
 KvCacheStats KvCache::Stats() const {
   KvCacheStats st;
-  st.blocks_total = static_cast<int64_t>(blocks_.size());
+  st.blocks_total = total_blocks_;
+  st.bytes_total = static_cast<int64_t>(budget_bytes_);
+  st.bytes_used = static_cast<int64_t>(ranges_.size() - ranges_.free_bytes());
+  st.blocks_compacted = compacted_;
   st.blocks_used = used_;
   st.blocks_cached = static_cast<int64_t>(cached_.size());
   st.prefix_hit_tokens = hit_tokens_;

@@ -1,7 +1,10 @@
 // KvCache: paged K/V storage for every sequence of one engine instance.
 //
-// Memory is one arena per layer cut into fixed-size blocks (block_tokens tokens each); a block id
-// means the same token range in every layer. Each sequence has a block table. Blocks are
+// Memory is one arena holding blocks (block_tokens tokens each, all layers of a block in one
+// range: layer 0, layer 1, ...); a block id means the same token range in every layer. A block
+// is allocated at the codec's worst-case size; when its last token is committed and the codec
+// has a compact form (zipfusion), the block moves to a range of its stored size, so the budget
+// holds as many more tokens as the data compresses. Each sequence has a block table. Blocks are
 // refcounted: a full block is registered under its chunk key, a hash chain over token chunks
 //   key_i = XXH3-128(key_{i-1} || token ids of chunk i || fingerprint)
 // where the fingerprint covers the model checksum, the codec and its parameters and the block
@@ -9,8 +12,8 @@
 // of recomputing them. Blocks whose refcount drops to zero stay cached (and findable) until the
 // allocator needs them, least recently released first.
 //
-// The byte budget is fixed at creation; allocation beyond it fails with ResourceExhausted and a
-// message giving the numbers. Not thread-safe: one scheduler thread owns the cache; the block
+// The byte budget is fixed at creation; allocation beyond it (after evicting cached prefixes)
+// fails with ResourceExhausted and a message giving the numbers. Not thread-safe: one scheduler thread owns the cache; the block
 // pointers it hands out may be read by worker threads during a forward step.
 #pragma once
 
@@ -26,6 +29,7 @@
 
 #include "keel/core/hash.h"
 #include "keel/core/page_arena.h"
+#include "keel/core/range_allocator.h"
 #include "keel/core/status.h"
 #include "keel/engine/model.h"
 #include "keel/kv/codec.h"
@@ -41,11 +45,14 @@ struct KvCacheOptions {
 };
 
 struct KvCacheStats {
-  int64_t blocks_total = 0;
+  int64_t blocks_total = 0;     // blocks the budget holds at the worst-case (uncompacted) size
   int64_t blocks_used = 0;      // referenced by at least one sequence
   int64_t blocks_cached = 0;    // unreferenced but still holding a registered prefix
   int64_t prefix_hit_tokens = 0;    // prompt tokens served from shared blocks, cumulative
   int64_t prefix_lookup_tokens = 0; // prompt tokens looked up, cumulative
+  int64_t bytes_total = 0;      // the arena
+  int64_t bytes_used = 0;       // held by used and cached blocks
+  int64_t blocks_compacted = 0; // used or cached blocks stored in a codec's compact form
 };
 
 class KvCache {
@@ -64,13 +71,15 @@ class KvCache {
   // Ensures blocks exist for positions [0, n_tokens). ResourceExhausted if the budget is spent;
   // the sequence keeps what it had.
   Status Reserve(SeqId seq, int n_tokens);
-  // Records that tokens (their K/V now stored) occupy positions [len, len + n); registers any
-  // block that became full under its chunk key.
+  // Records that tokens (their K/V now stored) occupy positions [len, len + n); compacts (see
+  // above) and registers under its chunk key any block that became full. Block pointers of
+  // `seq` change.
   void Commit(SeqId seq, const int* tokens, int n);
   // Drops the sequence; its blocks' refcounts fall and unreferenced blocks become cached/free.
   void Release(SeqId seq);
 
-  // Block pointers of `seq` for `layer`, in position order (valid until the next Reserve/Release).
+  // Block pointers of `seq` for `layer`, in position order (valid until the next Reserve, Commit
+  // or Release of `seq`).
   const uint8_t* const* LayerBlocks(SeqId seq, int layer);
   // Block holding position `pos` of `seq` in `layer`, and the slot inside it.
   uint8_t* BlockFor(SeqId seq, int layer, int pos, int* slot);
@@ -80,9 +89,11 @@ class KvCache {
   int Capacity(SeqId seq) const;
   // Blocks a sequence of n tokens needs.
   int64_t BlocksFor(int n_tokens) const { return (n_tokens + block_tokens_ - 1) / block_tokens_; }
-  // Blocks in the budget; fixed at creation, so safe to read from any thread.
-  int64_t TotalBlocks() const { return static_cast<int64_t>(blocks_.size()); }
-  // Blocks that could be handed out now (free + cached).
+  // Blocks the budget holds at their worst-case size: what admission can promise. Fixed at
+  // creation, so safe to read from any thread.
+  int64_t TotalBlocks() const { return total_blocks_; }
+  // Worst-case blocks that could be handed out now (free bytes + cached blocks' bytes); an
+  // allocation may still fail when free space is fragmented.
   int64_t AvailableBlocks() const;
   KvCacheStats Stats() const;
 
@@ -96,7 +107,8 @@ class KvCache {
   std::vector<Hash128> ChunkKeys(const int* tokens, int n) const;
 
   // ---- Sharing chunks with a kvstore (kvstore_link.h) ----
-  // A chunk value is every layer's block of one chunk, in layer order: ChunkValueBytes() bytes.
+  // A chunk value is every layer's block of one chunk as stored (compacted where the codec
+  // compacts), in layer order, each layer's bytes rounded up to 16: at most ChunkValueBytes().
   size_t ChunkValueBytes() const { return chunk_value_bytes_; }
   // Thread-safe hint: whether `key` is registered now (it may be evicted by the next step).
   bool HasChunk(const Hash128& key) const;
@@ -105,7 +117,8 @@ class KvCache {
   // what the sequence already has are used, and at least the last prompt token is left to
   // compute. Each adopted block is registered under its chunk key. Returns the tokens adopted
   // (0 when nothing fits or the chunks do not continue the sequence); InvalidArgument when a
-  // value has the wrong size; ResourceExhausted leaves the sequence as it was.
+  // value is not a valid chunk (wrong size, or a layer the codec rejects: validate_stored), and
+  // then nothing is adopted; ResourceExhausted leaves the sequence as it was.
   Result<int> AdoptChunks(SeqId seq, const std::vector<int>& prompt, int first_chunk,
                           const std::vector<std::string_view>& values);
   // Pins the full blocks of chunks [first, last) of `seq` so that another thread may read them
@@ -113,7 +126,8 @@ class KvCache {
   // the cache's thread. Returns (chunk key, block) pairs.
   std::vector<std::pair<Hash128, int32_t>> PinChunks(SeqId seq, int first, int last);
   void Unpin(int32_t block) { Unref(block); }
-  // The bytes of a block, one piece per layer (arena memory never moves). Thread-safe.
+  // The bytes of a pinned block (its chunk value), in pieces. A full block never moves, so this
+  // is safe from any thread while the block is pinned.
   std::vector<std::pair<const uint8_t*, size_t>> ChunkPieces(int32_t block) const;
 
  private:
@@ -124,33 +138,52 @@ class KvCache {
     std::vector<int> tokens;
     Hash128 last_key;   // key of the last registered full chunk
     int registered = 0; // full chunks registered
+    int sealed = 0;     // leading full blocks already compacted (or found compacted)
   };
   struct Block {
     int refcount = 0;
     bool has_key = false;
+    bool compact = false;
     Hash128 key;
     std::list<int32_t>::iterator lru;  // position in cached_ when refcount == 0 && has_key
+    uint64_t offset = 0;  // range in arena_
+    uint64_t bytes = 0;   // 0: the id is free
   };
-  Result<int32_t> Allocate();
+  // A block id holding `bytes` of arena, evicting cached prefixes (oldest first) for room.
+  Result<int32_t> Allocate(uint64_t bytes, bool open_layout);
+  Result<uint64_t> AllocateRange(uint64_t bytes);
+  void FreeBlock(int32_t block);
   void Unref(int32_t block);
   void Ref(int32_t block);
+  // Moves a full block to its codec's compact form (no-op when the codec has none).
+  void Compact(int32_t block);
   void RefreshPointers(Sequence& s);
-  uint8_t* BlockData(int layer, int32_t block) { return arenas_[layer].data() + layer_bytes_[layer] * block; }
-  Hash128 NextKey(const Hash128& parent, const int* chunk) const;
-  const uint8_t* BlockData(int layer, int32_t block) const {
-    return arenas_[layer].data() + layer_bytes_[layer] * block;
+  uint8_t* BlockData(int layer, int32_t block) {
+    return arena_.data() + blocks_[block].offset + layer_offsets_[static_cast<size_t>(block) * n_layers_ + layer];
   }
+  const uint8_t* BlockData(int layer, int32_t block) const {
+    return arena_.data() + blocks_[block].offset + layer_offsets_[static_cast<size_t>(block) * n_layers_ + layer];
+  }
+  Hash128 NextKey(const Hash128& parent, const int* chunk) const;
 
   std::unique_ptr<kv::Codec> codec_;
   int n_layers_ = 0;
   int block_tokens_ = 16;
   bool prefix_sharing_ = true;
   size_t budget_bytes_ = 0;
+  int64_t total_blocks_ = 0;
+  bool codec_compacts_ = false;
   std::vector<size_t> layer_bytes_;
-  std::vector<PageArena> arenas_;  // one per layer, huge-page advised
+  std::vector<uint32_t> open_offsets_;   // layer offsets inside a block of the open layout
+  uint64_t open_bytes_ = 0;              // a block of the open layout, all layers
+  PageArena arena_;                      // huge-page advised
+  RangeAllocator ranges_{0, 64};
   std::vector<Block> blocks_;
-  std::vector<int32_t> free_;       // never-registered free blocks
-  std::list<int32_t> cached_;       // unreferenced registered blocks, oldest first
+  std::vector<uint32_t> layer_offsets_;  // [block][layer]
+  std::vector<int32_t> free_ids_;        // block ids holding no memory
+  std::list<int32_t> cached_;            // unreferenced registered blocks, oldest first
+  uint64_t cached_bytes_ = 0;
+  int64_t compacted_ = 0;
   // Written only on the cache's thread; keys_mu_ guards those writes against HasChunk readers.
   std::unordered_map<Hash128, int32_t, Hash128Hasher> by_key_;
   mutable std::mutex keys_mu_;

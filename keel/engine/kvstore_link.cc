@@ -94,10 +94,10 @@ std::shared_ptr<const FetchedPrefix> KvStoreLink::Fetch(const std::vector<int>& 
       client->set_timeout_ms(left_ms());
       Result<std::vector<kvstore::BlobPtr>> values = client->GetMany(key_views);
       if (values.ok()) {
-        // Keep the leading run that arrived whole and has the right size; an entry evicted
-        // between PREFIX and MGET ends the run.
+        // Keep the leading run that arrived whole and is not oversized (AdoptChunks validates
+        // each value fully); an entry evicted between PREFIX and MGET ends the run.
         for (kvstore::BlobPtr& v : *values) {
-          if (v == nullptr || v->size() != cache_.ChunkValueBytes()) break;
+          if (v == nullptr || v->size() == 0 || v->size() > cache_.ChunkValueBytes()) break;
           fetched_bytes_.fetch_add(static_cast<int64_t>(v->size()), std::memory_order_relaxed);
           out->values.push_back(std::move(v));
         }

@@ -74,6 +74,26 @@ class Codec {
 
   // Reads back K and V of one stored token as fp32 (tests, export to other tiers).
   virtual void read(int layer, const uint8_t* block, int slot, float* k, float* v) const = 0;
+
+  // ---- Compaction (optional). The cache allocates a block at block_bytes(), the worst case.
+  // Once its last token is appended, a codec whose stored size depends on the data may offer a
+  // smaller copy, and the cache moves the block there: compacts() says the codec does,
+  // compact_bytes() is that copy's size (a multiple of 16, at most block_bytes()), compact()
+  // writes it; attend() and read() accept both forms.
+  virtual bool compacts() const { return false; }
+  virtual size_t compact_bytes(int /*layer*/, const uint8_t* /*full_block*/) const { return 0; }
+  virtual void compact(int /*layer*/, const uint8_t* /*full_block*/, uint8_t* /*out*/) const {}
+  // Checks that `data` starts with a full block of `layer` as this codec stores full blocks
+  // (compacted where it compacts), e.g. one fetched from a KV store, and returns the bytes it
+  // spans (a multiple of 16). Corruption when it is not one: attention trusts stored blocks, so
+  // untrusted bytes must pass here first. The default: any block_bytes() bytes are valid.
+  virtual Result<size_t> validate_stored(int layer, const uint8_t* /*data*/, size_t size) const {
+    if (size < block_bytes(layer)) {
+      return Status::Corruption("kv block of layer " + std::to_string(layer) + ": " + std::to_string(size) +
+                                " bytes, expected " + std::to_string(block_bytes(layer)));
+    }
+    return block_bytes(layer);
+  }
 };
 
 // Builds a codec from its spec: "raw" (= "raw:f32"), "raw:f32", "raw:bf16".

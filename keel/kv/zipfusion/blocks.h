@@ -264,14 +264,22 @@ struct PackedF16Reader {
   }
 };
 
-// Where a codec's regions are: one per (block, KV head, K or V), region_bytes apart.
+// Where a codec's regions are. A block (one layer) starts with a directory: one u32 byte
+// offset per (KV head, K or V) region, padded to dir_bytes. A block being filled has its regions
+// region_bytes apart (room for the worst case); a full block the cache compacted has them packed
+// back to back, each at its stored size rounded up to 16, with kTailPadding after the last.
 struct Layout {
-KvShape shape;
-DType dtype;
-size_t region_bytes;
-const uint8_t* Region(const uint8_t* block, int kvh, int which) const {
-  return block + (static_cast<size_t>(kvh) * 2 + which) * region_bytes;
-}
+  KvShape shape;
+  DType dtype;
+  size_t region_bytes;  // worst-case region + kTailPadding, a multiple of 16
+  size_t dir_bytes;     // 4 bytes per region, rounded up to 64
+  static size_t DirBytes(const KvShape& s) { return (static_cast<size_t>(s.n_kv_heads) * 2 * 4 + 63) & ~size_t{63}; }
+  size_t OpenOffset(int r) const { return dir_bytes + static_cast<size_t>(r) * region_bytes; }
+  const uint8_t* Region(const uint8_t* block, int kvh, int which) const {
+    uint32_t off;
+    std::memcpy(&off, block + 4 * (2 * static_cast<size_t>(kvh) + which), 4);
+    return block + off;
+  }
 };
 
 // Block source for the attention core: hands out a reader typed by the region's state (filling,
@@ -299,6 +307,9 @@ struct Blocks {
     // The block kPrefetchBlocks ahead: about as many bytes as this one (its own size is in its
     // header, which is not in cache yet).
     NextBlock next;
+    // The directory of the block after that one, so that its region address is in cache when
+    // that block's turn comes to be prefetched.
+    if ((b + 2 * kPrefetchBlocks) * s.block_tokens < n_tokens) PrefetchL2(blocks[b + 2 * kPrefetchBlocks]);
     if ((b + kPrefetchBlocks) * s.block_tokens < n_tokens) {
       next = {reinterpret_cast<const char*>(layout->Region(blocks[b + kPrefetchBlocks], kvh, which)),
               packed ? std::min(v.bytes + 64, layout->region_bytes) : layout->region_bytes, packed};

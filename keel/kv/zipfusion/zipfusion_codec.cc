@@ -17,15 +17,18 @@ using internal::Blocks;
 class ZipFusionCodec final : public Codec {
  public:
   ZipFusionCodec(const KvShape& shape, DType dtype)
-      : layout_{shape, dtype, MaxEncodedBytes(shape.block_tokens * shape.head_dim, Fmt(dtype)) + internal::kTailPadding},
-        n_(shape.block_tokens * shape.head_dim) {}
+      : layout_{shape, dtype, MaxEncodedBytes(shape.block_tokens * shape.head_dim, Fmt(dtype)) + internal::kTailPadding,
+                Layout::DirBytes(shape)},
+        n_(shape.block_tokens * shape.head_dim),
+        n_regions_(2 * shape.n_kv_heads) {}
 
   std::string spec() const override { return dtype() == DType::kBF16 ? "zipfusion:bf16" : "zipfusion:f16"; }
   std::string fingerprint() const override {
-    return spec() + ";format=2;block=" + std::to_string(shape().block_tokens) + ";layout=kv_head_k_v;rope=interleaved";
+    return spec() + ";format=2;block=" + std::to_string(shape().block_tokens) +
+           ";layout=dir_kv_head_k_v;compact=16;rope=interleaved";
   }
   const KvShape& shape() const override { return layout_.shape; }
-  size_t block_bytes(int) const override { return static_cast<size_t>(shape().n_kv_heads) * 2 * layout_.region_bytes; }
+  size_t block_bytes(int) const override { return layout_.OpenOffset(n_regions_); }
 
   uint8_t* Region(uint8_t* block, int kvh, int which) const {
     return const_cast<uint8_t*>(layout_.Region(block, kvh, which));
@@ -35,6 +38,12 @@ class ZipFusionCodec final : public Codec {
   void append(int, uint8_t* block, int slot, const float* k, const float* v) const override {
     const int hd = shape().head_dim;
     const bool bf = dtype() == DType::kBF16;
+    if (slot == 0) {  // a new (or reused) block: the open layout's directory
+      for (int r = 0; r < n_regions_; ++r) {
+        const uint32_t off = static_cast<uint32_t>(layout_.OpenOffset(r));
+        std::memcpy(block + 4 * r, &off, 4);
+      }
+    }
     for (int kvh = 0; kvh < shape().n_kv_heads; ++kvh) {
       for (int which = 0; which < 2; ++which) {
         uint8_t* r = Region(block, kvh, which);
@@ -83,6 +92,59 @@ class ZipFusionCodec final : public Codec {
     return kHeaderBytes + static_cast<size_t>(tokens) * shape().head_dim * 2;
   }
 
+  // Compact form of a full block: the directory, then each region at its stored size rounded up
+  // to 16, back to back, then kTailPadding (the decoders may load 8 code bytes past a region's
+  // end; inside the block that reads the next region, harmlessly).
+  bool compacts() const override { return true; }
+  size_t compact_bytes(int, const uint8_t* block) const override {
+    size_t end = layout_.dir_bytes;
+    for (int r = 0; r < n_regions_; ++r) end += Round16(RegionStoredBytes(RegionAt(block, r), shape().block_tokens));
+    return Extent(end);
+  }
+  void compact(int, const uint8_t* block, uint8_t* out) const override {
+    size_t at = layout_.dir_bytes;
+    std::memset(out + 4 * n_regions_, 0, layout_.dir_bytes - 4 * n_regions_);
+    for (int r = 0; r < n_regions_; ++r) {
+      const uint8_t* src = RegionAt(block, r);
+      const size_t bytes = RegionStoredBytes(src, shape().block_tokens);
+      const uint32_t off = static_cast<uint32_t>(at);
+      std::memcpy(out + 4 * r, &off, 4);
+      std::memcpy(out + at, src, bytes);
+      std::memset(out + at + bytes, 0, Round16(bytes) - bytes);
+      at += Round16(bytes);
+    }
+    std::memset(out + at, 0, Extent(at) - at);
+  }
+  Result<size_t> validate_stored(int layer, const uint8_t* data, size_t size) const override {
+    auto bad = [&](const std::string& why) {
+      return Status::Corruption("zipfusion block of layer " + std::to_string(layer) + ": " + why);
+    };
+    if (size < layout_.dir_bytes) return bad("shorter than its directory");
+    const size_t staged = kHeaderBytes + static_cast<size_t>(n_) * 2;
+    size_t end = 0;
+    for (int r = 0; r < n_regions_; ++r) {
+      uint32_t off;
+      std::memcpy(&off, data + 4 * r, 4);
+      if (off < layout_.dir_bytes || off % 16 != 0 || off >= size) {
+        return bad("region " + std::to_string(r) + " at offset " + std::to_string(off) + " outside the block");
+      }
+      const size_t avail = size - off;
+      size_t bytes;
+      if (data[off] == kMagic) {
+        KEEL_ASSIGN_OR_RETURN(BlockView v, ParseBlock(data + off, avail));
+        if (v.dtype != Fmt(dtype()) || v.n != n_) return bad("region " + std::to_string(r) + " has the wrong dtype or size");
+        bytes = v.bytes;
+      } else if (data[off] == internal::kStaging) {
+        bytes = staged;
+      } else {
+        return bad("region " + std::to_string(r) + " has an unknown state byte");
+      }
+      if (bytes + internal::kTailPadding > avail) return bad("region " + std::to_string(r) + " runs past the block");
+      end = std::max(end, off + bytes);
+    }
+    return Extent(end);
+  }
+
  private:
   DType dtype() const { return layout_.dtype; }
   static Dtype Fmt(DType t) { return t == DType::kBF16 ? Dtype::kBf16 : Dtype::kFp16; }
@@ -100,8 +162,14 @@ class ZipFusionCodec final : public Codec {
     if (r.ok()) std::memcpy(region, enc.data(), *r);
   }
 
+  static size_t Round16(size_t x) { return (x + 15) & ~size_t{15}; }
+  // Bytes a compact block spans whose last region ends at `end`: tail padding included.
+  static size_t Extent(size_t end) { return Round16(Round16(end) + internal::kTailPadding); }
+  const uint8_t* RegionAt(const uint8_t* block, int r) const { return layout_.Region(block, r / 2, r % 2); }
+
   Layout layout_;
   int n_;
+  int n_regions_;
 };
 
 }  // namespace
