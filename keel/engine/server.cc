@@ -69,6 +69,10 @@ EngineMetrics::EngineMetrics()
       kv_blocks_total(registry.AddGauge("keel_kv_blocks_total", "KV blocks in the cache budget.").Get()),
       kv_blocks_cached(registry.AddGauge("keel_kv_blocks_cached",
                                          "Unreferenced KV blocks still holding a reusable prefix.").Get()),
+      kv_blocks_compacted(registry.AddGauge("keel_kv_blocks_compacted",
+                                            "KV blocks stored in the codec's compact form.").Get()),
+      kv_bytes_used(registry.AddGauge("keel_kv_bytes_used", "KV cache bytes held by used and cached blocks.").Get()),
+      kv_bytes_total(registry.AddGauge("keel_kv_bytes_total", "KV cache budget in bytes.").Get()),
       open_connections(registry.AddGauge("keel_http_open_connections", "Open HTTP connections.").Get()),
       time_to_first_token(registry.AddHistogram("keel_time_to_first_token_seconds",
                                                 "Time from submission to the first generated token.",
@@ -136,6 +140,9 @@ Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, ServerOptions o
   metrics_->kv_blocks_used.SetCallback([s] { return static_cast<double>(s->Stats().kv.blocks_used); });
   metrics_->kv_blocks_total.SetCallback([s] { return static_cast<double>(s->Stats().kv.blocks_total); });
   metrics_->kv_blocks_cached.SetCallback([s] { return static_cast<double>(s->Stats().kv.blocks_cached); });
+  metrics_->kv_blocks_compacted.SetCallback([s] { return static_cast<double>(s->Stats().kv.blocks_compacted); });
+  metrics_->kv_bytes_used.SetCallback([s] { return static_cast<double>(s->Stats().kv.bytes_used); });
+  metrics_->kv_bytes_total.SetCallback([s] { return static_cast<double>(s->Stats().kv.bytes_total); });
   metrics_->prefix_hit_tokens.SetCallback([s] { return static_cast<double>(s->Stats().kv.prefix_hit_tokens); });
   metrics_->prompt_tokens_computed.SetCallback([s] { return static_cast<double>(s->Stats().prompt_tokens); });
   if (KvStoreLink* link = scheduler_.kvstore_link()) link->RegisterMetrics(metrics_->registry);
@@ -169,6 +176,9 @@ Server::~Server() {
   metrics_->kv_blocks_used.SetCallback(nullptr);
   metrics_->kv_blocks_total.SetCallback(nullptr);
   metrics_->kv_blocks_cached.SetCallback(nullptr);
+  metrics_->kv_blocks_compacted.SetCallback(nullptr);
+  metrics_->kv_bytes_used.SetCallback(nullptr);
+  metrics_->kv_bytes_total.SetCallback(nullptr);
   metrics_->prefix_hit_tokens.SetCallback(nullptr);
   metrics_->prompt_tokens_computed.SetCallback(nullptr);
   metrics_->open_connections.SetCallback(nullptr);

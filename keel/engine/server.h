@@ -63,6 +63,9 @@ struct EngineMetrics {
   Gauge& kv_blocks_used;             // keel_kv_blocks_used
   Gauge& kv_blocks_total;            // keel_kv_blocks_total
   Gauge& kv_blocks_cached;           // keel_kv_blocks_cached
+  Gauge& kv_blocks_compacted;        // keel_kv_blocks_compacted
+  Gauge& kv_bytes_used;              // keel_kv_bytes_used
+  Gauge& kv_bytes_total;             // keel_kv_bytes_total
   Gauge& open_connections;           // keel_http_open_connections
   Histogram& time_to_first_token;    // keel_time_to_first_token_seconds
   Histogram& inter_token_latency;    // keel_inter_token_latency_seconds

@@ -465,6 +465,7 @@ TEST_F(ServerTest, MetricsExposeEngineCounters) {
   for (const char* name :
        {"keel_requests_total", "keel_prompt_tokens_total", "keel_generation_tokens_total", "keel_queue_depth",
         "keel_running_sequences", "keel_kv_blocks_used", "keel_kv_blocks_total", "keel_kv_blocks_cached",
+        "keel_kv_blocks_compacted", "keel_kv_bytes_used", "keel_kv_bytes_total",
         "keel_prefix_cache_hit_tokens_total", "keel_time_to_first_token_seconds_bucket",
         "keel_inter_token_latency_seconds_count", "keel_request_duration_seconds_sum"}) {
     EXPECT_NE(r.body.find(std::string("\n") + name), std::string::npos) << name << "\n" << r.body;
@@ -477,6 +478,7 @@ TEST_F(ServerTest, MetricsExposeEngineCounters) {
   EXPECT_EQ(MetricValue("keel_inter_token_latency_seconds_count"), 18);
   EXPECT_EQ(MetricValue("keel_request_duration_seconds_count"), 2);
   EXPECT_GT(MetricValue("keel_kv_blocks_total"), 0);
+  EXPECT_GT(MetricValue("keel_kv_bytes_total"), MetricValue("keel_kv_bytes_used"));
   EXPECT_GE(MetricValue(R"(keel_requests_total{route="/healthz",code="200"})"), -1);
   Get("/nope");
   EXPECT_EQ(MetricValue(R"(keel_requests_total{route="other",code="404"})"), 1);

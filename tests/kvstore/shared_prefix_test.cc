@@ -61,8 +61,12 @@ nlohmann::json Complete(int port, const std::string& prompt) {
   return res.status == 200 ? nlohmann::json::parse(res.body) : nlohmann::json{};
 }
 
-TEST(SharedPrefix, InstanceBReusesInstanceAsPrefixAndMatchesARunWithoutAStore) {
-  const std::string model = test::ModelsDir() + "/aidreams260K.bin";
+// Per KV codec: raw f32 chunks have a fixed size; zipfusion chunks are compacted blocks of
+// varying size that the receiving instance validates before adopting.
+class SharedPrefix : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SharedPrefix, InstanceBReusesInstanceAsPrefixAndMatchesARunWithoutAStore) {
+  const std::string model = test::ModelsDir() + "/aidreams260K.bin" + " --kv-codec " + GetParam();
   const int store_port = test::FreeLoopbackPort();
   const int a_port = test::FreeLoopbackPort(), b_port = test::FreeLoopbackPort(), c_port = test::FreeLoopbackPort();
   Process store("kvstore --port " + std::to_string(store_port) + " --http-port -1 --dram-mb 64", store_port);
@@ -97,7 +101,6 @@ TEST(SharedPrefix, InstanceBReusesInstanceAsPrefixAndMatchesARunWithoutAStore) {
   EXPECT_GT(hit, 0);
   EXPECT_EQ(hit + computed, prompt_tokens) << "every prompt token is either fetched or computed";
   EXPECT_LT(computed, prompt_tokens / 2) << "B computes only the suffix (and the partial last chunk)";
-  
 
   // The store goes away: B falls back to recomputing and keeps answering correctly.
   store.Kill();
@@ -108,6 +111,9 @@ TEST(SharedPrefix, InstanceBReusesInstanceAsPrefixAndMatchesARunWithoutAStore) {
   EXPECT_EQ(rd["choices"][0]["text"], rd_ref["choices"][0]["text"]);
   EXPECT_GE(Metric(b_port, "keel_kvstore_link_failures_total"), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Codecs, SharedPrefix, ::testing::Values("raw", "zipfusion"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace keel::kvstore
