@@ -21,8 +21,28 @@ void RangeAllocator::Erase(std::map<uint64_t, uint64_t>::iterator it) {
   by_offset_.erase(it);
 }
 
-std::optional<uint64_t> RangeAllocator::Allocate(uint64_t bytes) {
+std::optional<uint64_t> RangeAllocator::Allocate(uint64_t bytes, End end) {
   bytes = RoundUp(bytes == 0 ? 1 : bytes);
+  if (end == End::kHighest) {
+    for (auto it = by_offset_.rbegin(); it != by_offset_.rend(); ++it) {
+      if (it->second < bytes) continue;
+      const uint64_t offset = it->first, have = it->second;
+      Erase(std::prev(it.base()));
+      if (have > bytes) Insert(offset, have - bytes);
+      return offset + have - bytes;
+    }
+    return std::nullopt;
+  }
+  if (end == End::kLowest) {
+    for (auto it = by_offset_.begin(); it != by_offset_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const uint64_t offset = it->first, have = it->second;
+      Erase(it);
+      if (have > bytes) Insert(offset + bytes, have - bytes);
+      return offset;
+    }
+    return std::nullopt;
+  }
   auto fit = by_size_.lower_bound({bytes, 0});
   if (fit == by_size_.end()) return std::nullopt;
   const uint64_t offset = fit->second, have = fit->first;

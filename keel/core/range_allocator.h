@@ -20,8 +20,14 @@ class RangeAllocator {
   RangeAllocator(uint64_t size, uint64_t alignment);
 
   // Offset of a free range of at least `bytes` (rounded up), or nullopt when no free range is
-  // that large (free_bytes() may still exceed it: fragmentation).
-  std::optional<uint64_t> Allocate(uint64_t bytes);
+  // that large (free_bytes() may still exceed it: fragmentation). kBestFit: the smallest free
+  // range that fits, lowest offset among equals. kLowest / kHighest: the lowest (highest) free
+  // range that fits, carved from its low (high) end: keeping long-lived ranges low and
+  // short-lived ones high keeps their holes apart, so freed short-lived ranges merge back into
+  // large ones (best fit would put long-lived ranges into short-lived ones' holes, leaving
+  // slivers). O(free ranges) for those two.
+  enum class End { kBestFit, kLowest, kHighest };
+  std::optional<uint64_t> Allocate(uint64_t bytes, End end = End::kBestFit);
   // Returns a range from Allocate(offset, same bytes).
   void Free(uint64_t offset, uint64_t bytes);
 

@@ -1,8 +1,8 @@
 // KvCache: paged K/V storage for every sequence of one engine instance.
 //
-// Memory is one arena holding blocks (block_tokens tokens each, all layers of a block in one
-// range: layer 0, layer 1, ...); a block id means the same token range in every layer. A block
-// is allocated at the codec's worst-case size; when its last token is committed and the codec
+// Memory is one arena holding blocks (block_tokens tokens each; each layer of a block in a range
+// of its own); a block id means the same token range in every layer. A block is allocated at
+// the codec's worst-case size; when its last token is committed and the codec
 // has a compact form (zipfusion), the block moves to a range of its stored size, so the budget
 // holds as many more tokens as the data compresses. Each sequence has a block table. Blocks are
 // refcounted: a full block is registered under its chunk key, a hash chain over token chunks
@@ -146,24 +146,21 @@ class KvCache {
     bool compact = false;
     Hash128 key;
     std::list<int32_t>::iterator lru;  // position in cached_ when refcount == 0 && has_key
-    uint64_t offset = 0;  // range in arena_
-    uint64_t bytes = 0;   // 0: the id is free
+    uint64_t bytes = 0;   // arena bytes of all its layers; 0: the id is free
   };
-  // A block id holding `bytes` of arena, evicting cached prefixes (oldest first) for room.
-  Result<int32_t> Allocate(uint64_t bytes, bool open_layout);
-  Result<uint64_t> AllocateRange(uint64_t bytes);
+  // A block id whose layer l holds layer_sizes[l] bytes of arena, evicting cached prefixes
+  // (oldest first) for room. `open`: the worst-case layout of a block being filled.
+  Result<int32_t> Allocate(const std::vector<uint64_t>& layer_sizes, bool open);
+  Result<uint64_t> AllocateRange(uint64_t bytes, bool transient);
   void FreeBlock(int32_t block);
   void Unref(int32_t block);
   void Ref(int32_t block);
   // Moves a full block to its codec's compact form (no-op when the codec has none).
   void Compact(int32_t block);
   void RefreshPointers(Sequence& s);
-  uint8_t* BlockData(int layer, int32_t block) {
-    return arena_.data() + blocks_[block].offset + layer_offsets_[static_cast<size_t>(block) * n_layers_ + layer];
-  }
-  const uint8_t* BlockData(int layer, int32_t block) const {
-    return arena_.data() + blocks_[block].offset + layer_offsets_[static_cast<size_t>(block) * n_layers_ + layer];
-  }
+  size_t Slot(int32_t block, int layer) const { return static_cast<size_t>(block) * n_layers_ + layer; }
+  uint8_t* BlockData(int layer, int32_t block) { return arena_.data() + layer_offset_[Slot(block, layer)]; }
+  const uint8_t* BlockData(int layer, int32_t block) const { return arena_.data() + layer_offset_[Slot(block, layer)]; }
   Hash128 NextKey(const Hash128& parent, const int* chunk) const;
 
   std::unique_ptr<kv::Codec> codec_;
@@ -174,12 +171,13 @@ class KvCache {
   int64_t total_blocks_ = 0;
   bool codec_compacts_ = false;
   std::vector<size_t> layer_bytes_;
-  std::vector<uint32_t> open_offsets_;   // layer offsets inside a block of the open layout
-  uint64_t open_bytes_ = 0;              // a block of the open layout, all layers
+  std::vector<uint64_t> open_sizes_;     // per layer, a block of the open layout
+  uint64_t open_bytes_ = 0;              // arena bytes of a block of the open layout, all layers
   PageArena arena_;                      // huge-page advised
   RangeAllocator ranges_{0, 64};
   std::vector<Block> blocks_;
-  std::vector<uint32_t> layer_offsets_;  // [block][layer]
+  std::vector<uint64_t> layer_offset_;   // [block][layer]: its range in arena_
+  std::vector<uint32_t> layer_size_;     // [block][layer]: that range's bytes
   std::vector<int32_t> free_ids_;        // block ids holding no memory
   std::list<int32_t> cached_;            // unreferenced registered blocks, oldest first
   uint64_t cached_bytes_ = 0;

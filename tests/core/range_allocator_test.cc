@@ -35,6 +35,25 @@ TEST(RangeAllocator, BestFitSplitAndMerge) {
   EXPECT_FALSE(a.Allocate(1).has_value());
 }
 
+TEST(RangeAllocator, EndsKeepLongAndShortLivedRangesApart) {
+  RangeAllocator a(64 * 100, 64);
+  const uint64_t top = *a.Allocate(64 * 3, RangeAllocator::End::kHighest);
+  EXPECT_EQ(top, 64u * 97);  // carved from the top end
+  const uint64_t low = *a.Allocate(64 * 2, RangeAllocator::End::kLowest);
+  EXPECT_EQ(low, 0u);
+  const uint64_t low2 = *a.Allocate(64, RangeAllocator::End::kLowest);
+  EXPECT_EQ(low2, 128u);
+  a.Free(low, 64 * 2);  // a 2-unit hole at 0, the big middle range, the top block
+  // kLowest takes the lowest range that fits (the hole), best fit the same here; a 3-unit
+  // request skips the hole.
+  EXPECT_EQ(*a.Allocate(64 * 3, RangeAllocator::End::kLowest), 192u);
+  EXPECT_EQ(*a.Allocate(64, RangeAllocator::End::kLowest), 0u);
+  // kHighest takes the highest range that fits: below the top block.
+  EXPECT_EQ(*a.Allocate(64, RangeAllocator::End::kHighest), 64u * 96);
+  EXPECT_FALSE(a.Allocate(64 * 200, RangeAllocator::End::kHighest).has_value());
+  EXPECT_FALSE(a.Allocate(64 * 200, RangeAllocator::End::kLowest).has_value());
+}
+
 TEST(RangeAllocator, FragmentationIsVisible) {
   RangeAllocator a(64 * 10, 64);
   std::vector<uint64_t> offs;
@@ -61,7 +80,8 @@ TEST(RangeAllocator, RandomAgainstByteMap) {
   for (int step = 0; step < 20000; ++step) {
     if (live.empty() || rng() % 3 != 0) {
       const uint64_t want = 1 + rng() % 3000;
-      auto off = a.Allocate(want);
+      const auto end = static_cast<RangeAllocator::End>(rng() % 3);
+      auto off = a.Allocate(want, end);
       if (!off) {
         EXPECT_LT(a.largest_free(), a.RoundUp(want));
         continue;
