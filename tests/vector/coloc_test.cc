@@ -296,7 +296,7 @@ TEST(TieredStore, FetchNeverFailsWhileThePlacerMigratesEverything) {
   for (const auto& q : SplittingLog(kItems)) log.Append(q);
   uint64_t placer_moves = 0;
   for (PlacementPolicy p : {PlacementPolicy::kCoLoc, PlacementPolicy::kFrequency}) {
-    Placer placer(&s, &log, PlacerOptions{.policy = p, .batch = 16});
+    Placer placer(&s, &log, PlacerOptions{.policy = p, .batch = 16, .measure_tiers = false});
     auto moved = placer.RunOnce();
     ASSERT_TRUE(moved.ok()) << moved.status().ToString();
     EXPECT_EQ(placer.stats().move_errors, 0u);
@@ -482,7 +482,7 @@ TEST(ColocPlacer, RunOnceMovesPairsIntoOneTier) {
   ASSERT_TRUE(s.Fetch(pair, &out, &trace).ok());
   EXPECT_EQ(trace.tiers_touched, 2);
 
-  Placer placer(&s, &log, PlacerOptions{.policy = PlacementPolicy::kCoLoc, .batch = 4});
+  Placer placer(&s, &log, PlacerOptions{.policy = PlacementPolicy::kCoLoc, .batch = 4, .measure_tiers = false});
   auto moved = placer.RunOnce();
   ASSERT_TRUE(moved.ok()) << moved.status().ToString();
   EXPECT_GT(*moved, 0u);
@@ -516,7 +516,7 @@ TEST(ColocPlacer, OrdersMovesSoFullTiersMakeRoomFirst) {
     QueryLog log;
     for (int r = 0; r < 10; ++r) log.Append(std::vector<uint64_t>{4, 5});
     for (int r = 0; r < 5; ++r) log.Append(std::vector<uint64_t>{0, 1});
-    Placer placer(&s, &log, PlacerOptions{.policy = PlacementPolicy::kCoLoc, .batch = 1});
+    Placer placer(&s, &log, PlacerOptions{.policy = PlacementPolicy::kCoLoc, .batch = 1, .measure_tiers = false});
     auto moved = placer.RunOnce();
     ASSERT_TRUE(moved.ok()) << moved.status().ToString();
     if (cold_vectors == 4) {

@@ -482,8 +482,13 @@ Result<uint64_t> Placer::Round(bool interruptible) {
     input.current.push_back(s.tier);
   }
   input.capacities = store_->Capacities();
-  input.order = TierOrder(*store_);
-  if (!measured_) {  // the first round measures the tiers, so that hot data goes where reads are fastest
+  if (!options_.measure_tiers) {
+    input.order.resize(input.capacities.size());
+    std::iota(input.order.begin(), input.order.end(), 0);
+  } else {
+    input.order = TierOrder(*store_);
+  }
+  if (options_.measure_tiers && !measured_) {  // the first round measures the tiers, so that hot data goes where reads are fastest
     const Status m = store_->MeasureLatency(20);
     if (!m.ok()) Log().warn("coloc placer: measuring tier latency: {}", m.ToString());
     measured_ = true;
