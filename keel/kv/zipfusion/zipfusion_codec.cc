@@ -96,24 +96,29 @@ class ZipFusionCodec final : public Codec {
   // to 16, back to back, then kTailPadding (the decoders may load 8 code bytes past a region's
   // end; inside the block that reads the next region, harmlessly).
   bool compacts() const override { return true; }
+  // Never more than block_bytes(): a region at its worst case plus 8 rounds up to exactly its
+  // open size.
   size_t compact_bytes(int, const uint8_t* block) const override {
     size_t end = layout_.dir_bytes;
-    for (int r = 0; r < n_regions_; ++r) end += Round16(RegionStoredBytes(RegionAt(block, r), shape().block_tokens));
+    for (int r = 0; r < n_regions_; ++r) {
+      end = Round16(end) + RegionStoredBytes(RegionAt(block, r), shape().block_tokens);
+    }
     return Extent(end);
   }
   void compact(int, const uint8_t* block, uint8_t* out) const override {
-    size_t at = layout_.dir_bytes;
+    size_t end = layout_.dir_bytes;
     std::memset(out + 4 * n_regions_, 0, layout_.dir_bytes - 4 * n_regions_);
     for (int r = 0; r < n_regions_; ++r) {
+      const size_t at = Round16(end);
+      std::memset(out + end, 0, at - end);
       const uint8_t* src = RegionAt(block, r);
       const size_t bytes = RegionStoredBytes(src, shape().block_tokens);
       const uint32_t off = static_cast<uint32_t>(at);
       std::memcpy(out + 4 * r, &off, 4);
       std::memcpy(out + at, src, bytes);
-      std::memset(out + at + bytes, 0, Round16(bytes) - bytes);
-      at += Round16(bytes);
+      end = at + bytes;
     }
-    std::memset(out + at, 0, Extent(at) - at);
+    std::memset(out + end, 0, Extent(end) - end);
   }
   Result<size_t> validate_stored(int layer, const uint8_t* data, size_t size) const override {
     auto bad = [&](const std::string& why) {
@@ -164,7 +169,7 @@ class ZipFusionCodec final : public Codec {
 
   static size_t Round16(size_t x) { return (x + 15) & ~size_t{15}; }
   // Bytes a compact block spans whose last region ends at `end`: tail padding included.
-  static size_t Extent(size_t end) { return Round16(Round16(end) + internal::kTailPadding); }
+  static size_t Extent(size_t end) { return Round16(end + internal::kTailPadding); }
   const uint8_t* RegionAt(const uint8_t* block, int r) const { return layout_.Region(block, r / 2, r % 2); }
 
   Layout layout_;
