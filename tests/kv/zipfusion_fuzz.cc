@@ -1,5 +1,5 @@
 // libFuzzer target for the ZipFusion block format (built by CMake with clang when available;
-// see the "ZipFusion fuzzing" block at the end of CMakeLists.txt).
+// see the "Fuzzing" block in CMakeLists.txt).
 //
 // Two properties per input:
 //   1. The input as a block: ParseBlock either rejects it or returns a view that DecodeBlock and
