@@ -39,7 +39,9 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::
     cache->open_sizes_.push_back(RoundUp16(codec->block_bytes(l)));
     per_block += RoundUp16(codec->block_bytes(l));
   }
-  if (per_block > UINT32_MAX) return Status::InvalidArgument("kv cache: a block of all layers exceeds 4 GiB");
+  for (uint64_t size : cache->open_sizes_) {
+    if (size > UINT32_MAX) return Status::InvalidArgument("kv cache: one layer's block exceeds 4 GiB");
+  }
   const uint64_t granule = RangeGranule(cache->open_sizes_);
   uint64_t slot = 0;  // arena bytes of a block of the open layout
   for (int l = 0; l < c.n_layers; ++l) slot += RoundUp(cache->open_sizes_[l], granule);
