@@ -3,10 +3,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <vector>
 
 namespace keel {
+
+// x rounded up to a multiple of `align`, a power of two.
+constexpr uint64_t RoundUp(uint64_t x, uint64_t align) { return (x + align - 1) & ~(align - 1); }
 
 template <typename T, size_t Align = 64>
 struct AlignedAllocator {

@@ -13,6 +13,8 @@
 #include <set>
 #include <utility>
 
+#include "keel/core/aligned.h"
+
 namespace keel {
 
 class RangeAllocator {
@@ -34,7 +36,7 @@ class RangeAllocator {
   uint64_t size() const { return size_; }
   uint64_t free_bytes() const { return free_bytes_; }
   uint64_t largest_free() const { return by_size_.empty() ? 0 : by_size_.rbegin()->first; }
-  uint64_t RoundUp(uint64_t bytes) const { return (bytes + align_ - 1) & ~(align_ - 1); }
+  uint64_t RoundUp(uint64_t bytes) const { return keel::RoundUp(bytes, align_); }
 
  private:
   void Insert(uint64_t offset, uint64_t bytes);

@@ -16,7 +16,6 @@ uint64_t RangeGranule(const std::vector<uint64_t>& layer_sizes) {
     while (g > 64 && g * 32 > size) g /= 2;
   return g;
 }
-uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 uint64_t RoundUp16(uint64_t x) { return RoundUp(x, 16); }
 }  // namespace
 
@@ -35,7 +34,6 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::
   cache->prefix_sharing_ = options.prefix_sharing;
   uint64_t per_block = 0;
   for (int l = 0; l < c.n_layers; ++l) {
-    cache->layer_bytes_.push_back(codec->block_bytes(l));
     cache->open_sizes_.push_back(RoundUp16(codec->block_bytes(l)));
     per_block += RoundUp16(codec->block_bytes(l));
   }

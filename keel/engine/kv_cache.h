@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keel/core/aligned.h"
 #include "keel/core/hash.h"
 #include "keel/core/page_arena.h"
 #include "keel/core/range_allocator.h"
@@ -170,7 +171,6 @@ class KvCache {
   size_t budget_bytes_ = 0;
   int64_t total_blocks_ = 0;
   bool codec_compacts_ = false;
-  std::vector<size_t> layer_bytes_;
   std::vector<uint64_t> open_sizes_;     // per layer, a block of the open layout
   uint64_t open_bytes_ = 0;              // arena bytes of a block of the open layout, all layers
   PageArena arena_;                      // huge-page advised

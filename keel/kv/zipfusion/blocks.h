@@ -273,7 +273,7 @@ struct Layout {
   DType dtype;
   size_t region_bytes;  // worst-case region + kTailPadding, a multiple of 16
   size_t dir_bytes;     // 4 bytes per region, rounded up to 64
-  static size_t DirBytes(const KvShape& s) { return (static_cast<size_t>(s.n_kv_heads) * 2 * 4 + 63) & ~size_t{63}; }
+  static size_t DirBytes(const KvShape& s) { return RoundUp(static_cast<uint64_t>(s.n_kv_heads) * 2 * 4, 64); }
   size_t OpenOffset(int r) const { return dir_bytes + static_cast<size_t>(r) * region_bytes; }
   const uint8_t* Region(const uint8_t* block, int kvh, int which) const {
     uint32_t off;

@@ -167,7 +167,7 @@ class ZipFusionCodec final : public Codec {
     if (r.ok()) std::memcpy(region, enc.data(), *r);
   }
 
-  static size_t Round16(size_t x) { return (x + 15) & ~size_t{15}; }
+  static size_t Round16(size_t x) { return RoundUp(x, 16); }
   // Bytes a compact block spans whose last region ends at `end`: tail padding included.
   static size_t Extent(size_t end) { return Round16(end + internal::kTailPadding); }
   const uint8_t* RegionAt(const uint8_t* block, int r) const { return layout_.Region(block, r / 2, r % 2); }
