@@ -1,5 +1,6 @@
 // keel: the command-line front end. Each subcommand is a thin layer over a library call.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <iostream>
@@ -34,6 +35,7 @@ struct GenerateArgs {
   bool seed_set = false;
   std::vector<std::string> stop;
   bool print_ids = false;
+  int logprobs = -1;
   KvStoreLinkOptions kvstore;
 };
 
@@ -52,6 +54,7 @@ int RunGenerate(const GenerateArgs& a) {
   p.sampling.top_p = a.top_p;
   p.sampling.seed = a.seed_set ? a.seed : static_cast<uint64_t>(std::random_device{}());
   p.stop = a.stop;
+  p.logprobs = a.logprobs;
   const int prompt_len = static_cast<int>(e.tokenizer().Encode(a.prompt, true).size());
   // Like llama2.c, clamp the length to what the context can hold.
   p.max_tokens = std::min(a.max_tokens, e.model().config.max_seq_len - prompt_len);
@@ -61,12 +64,14 @@ int RunGenerate(const GenerateArgs& a) {
                                         std::to_string(e.model().config.max_seq_len)));
   }
   std::vector<int> ids;
+  std::vector<TokenLogprob> logprobs;
   auto t0 = std::chrono::steady_clock::now();
   auto done = e.Generate(a.prompt, p, [](const std::string& text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-  }, &ids);
+  }, &ids, &logprobs);
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // before anything on stderr, so a merged output keeps its order
   if (!done.ok()) return Fail(done.status());
   if (KvStoreLink* link = e.kvstore_link()) link->Flush();  // publish before exiting
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -74,6 +79,13 @@ int RunGenerate(const GenerateArgs& a) {
     std::string s;
     for (int id : ids) s += std::to_string(id) + " ";
     std::fprintf(stderr, "ids: %s\n", s.c_str());
+  }
+  // One line per generated token: id, log-probability, then the alternatives as id:logprob.
+  // %.9g prints every float exactly, so two runs' lines compare bit for bit.
+  for (const TokenLogprob& lp : logprobs) {
+    std::string line = fmt::format("logprob: {} {:.9g}", lp.token, lp.logprob);
+    for (const auto& [id, v] : lp.top) line += fmt::format(" {}:{:.9g}", id, v);
+    std::fprintf(stderr, "%s\n", line.c_str());
   }
   Log().info("{} prompt + {} generated tokens in {:.3f} s ({:.1f} tok/s), finish_reason={}", prompt_len,
              done->completion_tokens, secs, done->completion_tokens / std::max(secs, 1e-9),
@@ -291,8 +303,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   generate->add_option("--seed,-s", gen.seed, "random seed (default: random)")->each([&](const std::string&) { gen.seed_set = true; });
   generate->add_option("--stop", gen.stop, "stop sequence (repeatable)");
-  generate->add_option("--kv-codec", gen.codec, "KV cache codec: raw, raw:f32, raw:bf16")->capture_default_str();
+  generate->add_option("--kv-codec", gen.codec, "KV cache codec: raw (= raw:f32), raw:bf16, raw:f16, zipfusion (= zipfusion:bf16), zipfusion:f16")->capture_default_str();
   generate->add_flag("--print-ids", gen.print_ids, "print generated token ids on stderr");
+  generate->add_option("--logprobs", gen.logprobs,
+                       "print each generated token's log-probability and this many most likely alternatives on stderr")
+      ->check(CLI::Range(0, kMaxTopLogprobs));
   AddKvStoreLinkFlags(generate, gen.kvstore);
 
   ServeArgs serve_args;
@@ -302,7 +317,7 @@ int main(int argc, char** argv) {
   serve->add_option("--host", serve_args.host, "address to bind")->capture_default_str();
   serve->add_option("--port", serve_args.port, "port to bind (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   serve->add_option("--model-name", serve_args.name, "name clients use in \"model\" (default: model file stem)");
-  serve->add_option("--kv-codec", serve_args.codec, "KV cache codec: raw, raw:f32, raw:bf16")->capture_default_str();
+  serve->add_option("--kv-codec", serve_args.codec, "KV cache codec: raw (= raw:f32), raw:bf16, raw:f16, zipfusion (= zipfusion:bf16), zipfusion:f16")->capture_default_str();
   serve->add_option("--kv-memory-mb", serve_args.kv_mb, "KV cache budget in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   serve->add_option("--max-queue", serve_args.max_queue, "queued requests before 429")->capture_default_str()->check(CLI::Range(0, 100000));
   serve->add_option("--max-running", serve_args.max_running, "sequences batched per step")->capture_default_str()->check(CLI::Range(1, 4096));
@@ -387,7 +402,7 @@ int main(int argc, char** argv) {
   bench->add_option("--decode-tokens", bench_args.decode, "generated tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
   bench->add_option("--concurrency", bench_args.concurrency, "sequences decoded together (list)")->capture_default_str()->delimiter(',');
   bench->add_option("--repeats", bench_args.repeats, "best of N runs")->capture_default_str()->check(CLI::PositiveNumber);
-  bench->add_option("--kv-codec", bench_args.codec, "KV cache codec")->capture_default_str();
+  bench->add_option("--kv-codec", bench_args.codec, "KV cache codec: raw (= raw:f32), raw:bf16, raw:f16, zipfusion (= zipfusion:bf16), zipfusion:f16")->capture_default_str();
 
   std::string inspect_path;
   auto* inspect = app.add_subcommand("inspect", "Print a model's header, tensor list and checksum");

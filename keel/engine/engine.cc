@@ -58,7 +58,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options, Sched
 
 Result<GenerationEvent> Engine::Generate(const std::string& prompt, const GenerationParams& params,
                                          const std::function<void(const std::string&)>& on_text,
-                                         std::vector<int>* tokens_out) {
+                                         std::vector<int>* tokens_out,
+                                         std::vector<TokenLogprob>* logprobs_out) {
   auto req = std::make_shared<Request>();
   req->prompt = tokenizer_->Encode(prompt, /*bos=*/true);
   req->params = params;
@@ -66,6 +67,7 @@ Result<GenerationEvent> Engine::Generate(const std::string& prompt, const Genera
   req->on_event = [&](const GenerationEvent& ev) {
     if (!ev.text.empty() && on_text) on_text(ev.text);
     if (tokens_out) tokens_out->insert(tokens_out->end(), ev.tokens.begin(), ev.tokens.end());
+    if (logprobs_out) logprobs_out->insert(logprobs_out->end(), ev.logprobs.begin(), ev.logprobs.end());
     if (ev.finished) final_event = ev;
   };
   KEEL_RETURN_IF_ERROR(scheduler_->Submit(req));

@@ -40,10 +40,12 @@ class Engine {
   KvStoreLink* kvstore_link() { return link_.get(); }
 
   // Generates synchronously (runs the scheduler on the calling thread). `on_text` receives
-  // text as it is produced. Returns the final event (finish reason, token counts).
+  // text as it is produced. Returns the final event (finish reason, token counts). With
+  // params.logprobs >= 0, *logprobs_out (when given) receives one entry per generated token.
   Result<GenerationEvent> Generate(const std::string& prompt, const GenerationParams& params,
                                    const std::function<void(const std::string&)>& on_text = {},
-                                   std::vector<int>* tokens_out = nullptr);
+                                   std::vector<int>* tokens_out = nullptr,
+                                   std::vector<TokenLogprob>* logprobs_out = nullptr);
 
  private:
   Engine() = default;

@@ -315,12 +315,37 @@ std::optional<ApiError> ParseMaxTokens(const json& body, bool chat, int prompt_l
   return std::nullopt;
 }
 
-std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
+std::optional<ApiError> ParseLogprobs(const json& body, bool chat, GenerationParams* params) {
+  params->logprobs = -1;
   auto lp = body.find("logprobs");
-  if (lp != body.end() && !lp->is_null() && !(lp->is_boolean() && !lp->get<bool>()) &&
-      !(lp->is_number_integer() && lp->get<int64_t>() == 0)) {
-    return BadParam("logprobs", "logprobs are not supported");
+  const bool lp_set = lp != body.end() && !lp->is_null();
+  const std::string range = fmt::format("between 0 and {}", kMaxTopLogprobs);
+  if (!chat) {
+    if (!lp_set || (lp->is_boolean() && !lp->get<bool>())) return std::nullopt;
+    if (!lp->is_number_integer()) return BadParam("logprobs", "'logprobs' must be an integer " + range);
+    int64_t n = 0;
+    bool present = false;
+    if (auto e = GetInt(body, "logprobs", &n, &present)) return e;
+    if (n < 0 || n > kMaxTopLogprobs) return BadParam("logprobs", "'logprobs' must be an integer " + range);
+    params->logprobs = static_cast<int>(n);
+    return std::nullopt;
   }
+  bool want = false;
+  if (auto e = GetBool(body, "logprobs", &want)) return e;
+  int64_t top = 0;
+  bool top_present = false;
+  if (auto e = GetInt(body, "top_logprobs", &top, &top_present)) return e;
+  if (top_present) {
+    if (top < 0 || top > kMaxTopLogprobs) {
+      return BadParam("top_logprobs", "'top_logprobs' must be an integer " + range);
+    }
+    if (!want) return BadParam("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
+  }
+  if (want) params->logprobs = static_cast<int>(top);
+  return std::nullopt;
+}
+
+std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
   if (!chat) {
     auto echo = body.find("echo");
     if (echo != body.end() && !echo->is_null() && !(echo->is_boolean() && !echo->get<bool>())) {
@@ -350,6 +375,7 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool 
   }
   if (!body.is_object()) return BadParam("", "the request body must be a JSON object");
   std::optional<ApiError> err = ParseCommon(body, model_name, job);
+  if (!err) err = ParseLogprobs(body, chat, &job->params);
   if (!err) err = RejectUnsupported(body, chat);
   if (!err) {
     err = chat ? ParseMessages(body, tok, &job->prompt) : ParsePrompt(body, tok, vocab, &job->prompt);
@@ -378,10 +404,52 @@ json UsageObject(const GenerationEvent& ev) {
               {"total_tokens", ev.prompt_tokens + ev.completion_tokens}};
 }
 
+json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogprob>& entries,
+                    size_t* text_offset) {
+  auto bytes_of = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprob& e : entries) {
+      const std::string text = tok.Decode(e.prev, e.token);
+      json top = json::array();
+      for (const auto& [id, lp] : e.top) {
+        const std::string alt = tok.Decode(e.prev, id);
+        top.push_back({{"token", alt}, {"logprob", lp}, {"bytes", bytes_of(alt)}});
+      }
+      content.push_back({{"token", text}, {"logprob", e.logprob}, {"bytes", bytes_of(text)},
+                         {"top_logprobs", std::move(top)}});
+      *text_offset += text.size();
+    }
+    return json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  for (const TokenLogprob& e : entries) {
+    const std::string text = tok.Decode(e.prev, e.token);
+    // Keys made valid UTF-8 here, not at serialisation, so that two byte tokens that both
+    // become U+FFFD stay one key instead of a duplicate.
+    auto key = [](const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); };
+    json top = json::object();
+    for (const auto& [id, lp] : e.top) top[key(tok.Decode(e.prev, id))] = lp;
+    top[key(text)] = e.logprob;
+    tokens.push_back(text);
+    token_logprobs.push_back(e.logprob);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    *text_offset += text.size();
+  }
+  return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+}
+
 std::string StreamChunk(const ServerJob& job, const std::string& model, const std::string& text,
-                        const char* finish, bool first) {
+                        const char* finish, bool first, const json& logprobs) {
   const std::string object = job.chat ? "chat.completion.chunk" : "text_completion";
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
   if (job.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -404,8 +472,8 @@ std::string UsageChunk(const ServerJob& job, const std::string& model, const Gen
 }
 
 json CompletionBody(const ServerJob& job, const std::string& model, const std::string& text,
-                    const char* finish, const GenerationEvent& ev) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
+                    const char* finish, const GenerationEvent& ev, const json& logprobs) {
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}};
   if (job.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {

@@ -109,12 +109,18 @@ std::optional<ApiError> ParseMessages(const nlohmann::json& body, const Tokenize
 std::optional<ApiError> ParseMaxTokens(const nlohmann::json& body, bool chat, int prompt_len, int context,
                                        GenerationParams* params);
 
-// Rejects features Keel does not implement: logprobs (unless false/0), and for completions echo
-// (unless false) and suffix (unless ""), for chat tools (unless []).
+// Log-probabilities into params->logprobs (-1: none). Completions: "logprobs" is the number of
+// alternatives per token, an integer 0..kMaxTopLogprobs (the sampled token's own log-probability
+// always comes with it); false or null for none. Chat: "logprobs" a boolean, "top_logprobs" an
+// integer 0..kMaxTopLogprobs that needs logprobs true.
+std::optional<ApiError> ParseLogprobs(const nlohmann::json& body, bool chat, GenerationParams* params);
+
+// Rejects features Keel does not implement: for completions echo (unless false) and suffix
+// (unless ""), for chat tools (unless []).
 std::optional<ApiError> RejectUnsupported(const nlohmann::json& body, bool chat);
 
 // The whole request body of either endpoint, in the order the server checks it: nesting (at
-// most 32 levels), JSON syntax, a top-level object, ParseCommon, RejectUnsupported, the prompt
+// most 32 levels), JSON syntax, a top-level object, ParseCommon, ParseLogprobs, RejectUnsupported, the prompt
 // (ParseMessages or ParsePrompt), ParseMaxTokens against `context`, then a non-empty prompt.
 // Fills the parsed fields of *job (job->chat, id, created and start are the caller's).
 std::optional<ApiError> ParseGenerateRequest(const std::string& body, bool chat, const std::string& model_name,
@@ -130,15 +136,28 @@ const char* OpenAiFinishReason(FinishReason r);
 std::string SseEvent(const nlohmann::json& j);
 // {"prompt_tokens","completion_tokens","total_tokens"} of a finished sequence.
 nlohmann::json UsageObject(const GenerationEvent& ev);
+// The "logprobs" object of a choice, for the generated tokens `entries` (all of a response, or
+// those of one streamed chunk). Token strings are the bytes each token adds to the text (invalid
+// UTF-8 is replaced when serialised; chat's "bytes" holds the exact bytes).
+//   chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+//                 "logprob", "bytes"}, ...]}, ...], "refusal": null}
+//   completions: {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob,
+//                 ...}, ...], "text_offset": [...]}; the dictionaries hold the alternatives and
+//                 the sampled token; text offsets are bytes into the completion text, counted
+//                 from *text_offset, which is advanced (a stream carries it across chunks).
+nlohmann::json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogprob>& entries,
+                              size_t* text_offset);
 // One streamed chunk as an SSE event: `text` as a delta (chat: the first chunk also carries
 // role "assistant" and content even when empty) or as "text"; finish_reason `finish` or null;
-// "usage": null when job.include_usage.
+// `logprobs` (null, or a LogprobsObject); "usage": null when job.include_usage.
 std::string StreamChunk(const ServerJob& job, const std::string& model, const std::string& text,
-                        const char* finish, bool first);
+                        const char* finish, bool first, const nlohmann::json& logprobs = nullptr);
 // The final usage-only chunk of a stream with include_usage (empty choices), as an SSE event.
 std::string UsageChunk(const ServerJob& job, const std::string& model, const GenerationEvent& ev);
-// The body of a non-streamed response: one choice holding `text` and `finish`, plus usage.
+// The body of a non-streamed response: one choice holding `text`, `finish` and `logprobs`
+// (null, or a LogprobsObject), plus usage.
 nlohmann::json CompletionBody(const ServerJob& job, const std::string& model, const std::string& text,
-                              const char* finish, const GenerationEvent& ev);
+                              const char* finish, const GenerationEvent& ev,
+                              const nlohmann::json& logprobs = nullptr);
 
 }  // namespace keel::engine

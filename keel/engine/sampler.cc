@@ -12,6 +12,37 @@ int Argmax(const float* x, int n) {
   return best;
 }
 
+double LogNormalizer(const float* logits, int vocab) {
+  float mx = logits[0];
+  for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  double total = 0.0;
+  for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i]) - mx);
+  return mx + std::log(total);
+}
+
+void TopLogprobs(const float* logits, int vocab, int k, double log_norm,
+                 std::vector<std::pair<int, float>>* out) {
+  out->clear();
+  k = std::clamp(k, 0, vocab);
+  if (k == 0) return;
+  // A k-element min-heap (k is at most a few tens): one pass, no copy of the vocab.
+  auto better = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::vector<int> heap;
+  heap.reserve(static_cast<size_t>(k));
+  for (int i = 0; i < vocab; ++i) {
+    if (static_cast<int>(heap.size()) < k) {
+      heap.push_back(i);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(i, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = i;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), better);
+  for (int id : heap) out->emplace_back(id, static_cast<float>(logits[id] - log_norm));
+}
+
 Sampler::Sampler(const SamplingOptions& options) : opt_(options), rng_(options.seed) {}
 
 int Sampler::Sample(float* logits, int vocab) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace keel::engine {
@@ -29,5 +30,14 @@ class Sampler {
 };
 
 int Argmax(const float* x, int n);
+
+// Log-probabilities of the model's own distribution: the softmax of the raw logits, before
+// temperature, top-k or top-p (what vLLM and OpenAI report). LogNormalizer returns
+// log sum_i exp(x_i), computed in double from the maximum, so log p_i = x_i - LogNormalizer.
+double LogNormalizer(const float* logits, int vocab);
+// The `k` most likely tokens of `logits` with their log-probabilities, most likely first (ties:
+// smaller id first), into *out. `log_norm` is LogNormalizer(logits, vocab).
+void TopLogprobs(const float* logits, int vocab, int k, double log_norm,
+                 std::vector<std::pair<int, float>>* out);
 
 }  // namespace keel::engine

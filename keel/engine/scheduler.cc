@@ -33,6 +33,7 @@ struct Scheduler::Active {
   std::string pending;         // decoded text not yet delivered
   std::string out_text;        // text ready for the next event
   std::vector<int> out_tokens;
+  std::vector<TokenLogprob> out_logprobs;
   Clock::time_point last_token_time;
   bool first_token_seen = false;
   bool done = false;
@@ -80,6 +81,9 @@ Status Scheduler::Submit(std::shared_ptr<Request> request) {
   }
   if (!(p.sampling.top_p > 0.0f && p.sampling.top_p <= 1.0f)) return Status::InvalidArgument("top_p must be in (0, 1]");
   if (p.sampling.top_k < 0) return Status::InvalidArgument("top_k must be >= 0");
+  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
+    return Status::InvalidArgument("logprobs must be -1 (off) or 0.." + std::to_string(kMaxTopLogprobs));
+  }
   if (cache_.BlocksFor(n + p.max_tokens) > cache_.TotalBlocks()) {
     // Can never succeed with this server's budget, whatever the load: the request is at fault.
     return Status::InvalidArgument("request needs " + std::to_string(cache_.BlocksFor(n + p.max_tokens)) +
@@ -229,8 +233,10 @@ void Scheduler::Deliver(Active& a, bool finished) {
   GenerationEvent ev;
   ev.text = std::move(a.out_text);
   ev.tokens = std::move(a.out_tokens);
+  ev.logprobs = std::move(a.out_logprobs);
   a.out_text.clear();
   a.out_tokens.clear();
+  a.out_logprobs.clear();
   ev.finished = finished;
   ev.finish_reason = a.reason;
   ev.error = a.error;
@@ -279,7 +285,7 @@ size_t HoldBack(const std::string& s, const std::vector<std::string>& stops) {
 
 }  // namespace
 
-void Scheduler::Emit(Active& a, int token) {
+void Scheduler::Emit(Active& a, int token, TokenLogprob* logprob) {
   const GenerationParams& p = a.req->params;
   auto now = Clock::now();
   if (!a.first_token_seen) {
@@ -299,6 +305,10 @@ void Scheduler::Emit(Active& a, int token) {
   }
   a.generated.push_back(token);
   a.out_tokens.push_back(token);
+  if (logprob != nullptr) {
+    logprob->prev = a.prev_token;
+    a.out_logprobs.push_back(std::move(*logprob));
+  }
   a.pending += tokenizer_.Decode(a.prev_token, token);
   a.prev_token = token;
   for (const std::string& stop : p.stop) {
@@ -404,9 +414,21 @@ bool Scheduler::Step() {
   for (size_t r = 0; r < batch.size(); ++r) {
     if (!batch[r].want_logits) continue;
     Active& a = *owners[r];
-    int token = a.sampler.Sample(&logits_[static_cast<size_t>(row) * vocab], vocab);
+    float* logits = &logits_[static_cast<size_t>(row) * vocab];
     ++row;
-    Emit(a, token);
+    const int want_logprobs = a.req->params.logprobs;
+    if (want_logprobs < 0) {
+      Emit(a, a.sampler.Sample(logits, vocab), nullptr);
+      continue;
+    }
+    // Log-probabilities come from the raw logits; the sampler overwrites them in place.
+    TokenLogprob lp;
+    const double log_norm = LogNormalizer(logits, vocab);
+    TopLogprobs(logits, vocab, want_logprobs, log_norm, &lp.top);
+    logprob_row_.assign(logits, logits + vocab);
+    lp.token = a.sampler.Sample(logits, vocab);
+    lp.logprob = static_cast<float>(logprob_row_[static_cast<size_t>(lp.token)] - log_norm);
+    Emit(a, lp.token, &lp);
   }
   if (link_ != nullptr) {
     // Prompts that finished prefilling this step: their full chunks go to the shared store.

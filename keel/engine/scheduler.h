@@ -37,16 +37,32 @@ namespace keel::engine {
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error"
 
+// Most alternatives a request may ask for per generated token (vLLM's default max_logprobs).
+inline constexpr int kMaxTopLogprobs = 20;
+
 struct GenerationParams {
   SamplingOptions sampling;
   int max_tokens = 16;                 // generated tokens at most
   std::vector<std::string> stop;       // stop sequences (not included in the output)
   bool stop_at_eos = true;             // BOS/EOS end generation (llama2.c stops at BOS)
+  // -1: no log-probabilities. 0..kMaxTopLogprobs: every generated token's log-probability
+  // plus that many most likely alternatives (see TokenLogprob).
+  int logprobs = -1;
+};
+
+// The log-probability of one generated token under the model's own distribution (softmax of
+// the raw logits, before temperature/top-k/top-p), and the most likely tokens at that step.
+struct TokenLogprob {
+  int token = 0;
+  int prev = 0;          // the token before it, which decides how it decodes (Tokenizer::Decode)
+  float logprob = 0.0f;
+  std::vector<std::pair<int, float>> top;  // (token, logprob), most likely first
 };
 
 struct GenerationEvent {
   std::string text;           // new text since the last event (may be empty)
   std::vector<int> tokens;    // token ids produced since the last event
+  std::vector<TokenLogprob> logprobs;  // one per entry of `tokens` when params.logprobs >= 0
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Status error;               // set when finish_reason == kError
@@ -130,7 +146,7 @@ class Scheduler {
   bool ReserveDecode(size_t index);
   void Preempt(size_t index);
   void Finish(Active& a, FinishReason reason, Status error = Status::Ok());
-  void Emit(Active& a, int token);
+  void Emit(Active& a, int token, TokenLogprob* logprob);
   void Deliver(Active& a, bool finished);
   void PublishStats();  // KV figures for Stats(), read by other threads
 
@@ -155,6 +171,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> active_;
   SeqId next_seq_ = 1;
   std::vector<float> logits_;
+  std::vector<float> logprob_row_;  // a row's logits before the sampler modifies them
   std::atomic<int64_t> steps_{0}, prompt_tokens_{0}, generated_tokens_{0}, finished_{0}, running_{0},
       preemptions_{0};
   mutable std::mutex stats_mu_;

@@ -342,6 +342,9 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
   }
 
   std::string text;
+  std::vector<TokenLogprob> logprobs;  // non-streamed responses with logprobs
+  size_t text_offset = 0;              // of the next token (completions' text_offset)
+  const bool want_logprobs = job.params.logprobs >= 0;
   GenerationEvent ev;
   bool finished = false;
   bool gone = !client_ok;
@@ -352,10 +355,17 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
       continue;
     }
     finished = ev.finished;
-    if (job.stream && !ev.text.empty()) {
-      if (!res.WriteChunk(StreamChunk(job, options_.model_name, ev.text, nullptr, false))) gone = true;
+    if (job.stream) {
+      // A chunk for new text, and for tokens that added none (a stop sequence held back, an
+      // incomplete UTF-8 character) when their log-probabilities were asked for.
+      const bool lp = want_logprobs && !ev.logprobs.empty();
+      if (!ev.text.empty() || lp) {
+        json lp_obj = lp ? LogprobsObject(job.chat, tokenizer_, ev.logprobs, &text_offset) : json(nullptr);
+        if (!res.WriteChunk(StreamChunk(job, options_.model_name, ev.text, nullptr, false, lp_obj))) gone = true;
+      }
     } else {
       text += ev.text;
+      if (want_logprobs) logprobs.insert(logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
     }
   }
   if (gone) {
@@ -391,7 +401,8 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
     if (ok) ok = res.WriteChunk("data: [DONE]\n\n");
     if (ok) res.EndStream();
   } else {
-    res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, text, finish, ev)));
+    json lp_obj = want_logprobs ? LogprobsObject(job.chat, tokenizer_, logprobs, &text_offset) : json(nullptr);
+    res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, text, finish, ev, lp_obj)));
   }
 }
 

@@ -80,6 +80,28 @@ TEST(Cli, MadeModelCanBeInspectedAndRun) {
   EXPECT_EQ(g1.out, g2.out);  // seeded sampling is reproducible across processes
 }
 
+// `keel generate --kv-codec zipfusion` prints what `--kv-codec raw:bf16` prints: the same text
+// and, with --logprobs, the same log-probabilities to the last bit (%.9g round-trips floats).
+TEST(Cli, ZipFusionGeneratesWhatRawBf16Generates) {
+  auto run = [](const std::string& codec) {
+    return Keel("--log-level warn generate --model " + Aidreams() + " --prompt 'Echoes of vectors' --kv-codec " +
+                    codec + " --temperature 0.9 --seed 2 --max-tokens 120 --logprobs 3",
+                true);
+  };
+  CmdResult bf16 = run("raw:bf16"), zf = run("zipfusion"), f32 = run("raw");
+  ASSERT_EQ(bf16.code, 0) << bf16.out;
+  ASSERT_EQ(zf.code, 0) << zf.out;
+  size_t lines = 0;
+  for (size_t at = bf16.out.find("\nlogprob: "); at != std::string::npos; at = bf16.out.find("\nlogprob: ", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GT(lines, 32u) << bf16.out;  // more than two 16-token blocks, so sealed blocks were read
+  EXPECT_EQ(zf.out, bf16.out);
+  // The comparison can tell KV precisions apart: f32 K/V move the log-probabilities.
+  ASSERT_EQ(f32.code, 0);
+  EXPECT_NE(f32.out, bf16.out);
+}
+
 TEST(Cli, BadInputFailsWithAClearMessage) {
   CmdResult missing = Keel("generate --model /nonexistent/model.bin", true);
   EXPECT_NE(missing.code, 0);
@@ -100,6 +122,9 @@ TEST(Cli, BadInputFailsWithAClearMessage) {
   CmdResult codec = Keel("generate --model " + Aidreams() + " --kv-codec nope", true);
   EXPECT_NE(codec.code, 0);
   EXPECT_NE(codec.out.find("unknown KV codec"), std::string::npos) << codec.out;
+  CmdResult lp = Keel("generate --model " + Aidreams() + " --logprobs 21", true);
+  EXPECT_NE(lp.code, 0);
+  EXPECT_NE(lp.out.find("--logprobs"), std::string::npos) << lp.out;
 
   CmdResult arch = Keel("make-model --arch gpt2 --out " + dir.file("x"), true);
   EXPECT_NE(arch.code, 0);

@@ -250,13 +250,107 @@ TEST(OpenAiProtocol, ParseCommonSamplingAndModel) {
 
 TEST(OpenAiProtocol, RejectUnsupportedPerEndpoint) {
   EXPECT_FALSE(RejectUnsupported(json::parse(R"({"logprobs":false,"echo":false,"suffix":""})"), false));
-  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"logprobs":0,"tools":[]})"), true));
-  EXPECT_EQ(RejectUnsupported(json::parse(R"({"logprobs":true})"), true)->param, "logprobs");
+  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"logprobs":true,"tools":[]})"), true));
   EXPECT_EQ(RejectUnsupported(json::parse(R"({"echo":true})"), false)->param, "echo");
   EXPECT_FALSE(RejectUnsupported(json::parse(R"({"echo":true})"), true));  // chat has no echo
   EXPECT_EQ(RejectUnsupported(json::parse(R"({"suffix":"x"})"), false)->param, "suffix");
   EXPECT_EQ(RejectUnsupported(json::parse(R"({"tools":[{}]})"), true)->param, "tools");
   EXPECT_FALSE(RejectUnsupported(json::parse(R"({"tools":[{}]})"), false));
+}
+
+TEST(OpenAiProtocol, ParseLogprobsPerEndpoint) {
+  auto parse = [](const char* body, bool chat, int* out) {
+    GenerationParams p;
+    p.logprobs = 7;  // overwritten on success
+    auto e = ParseLogprobs(json::parse(body), chat, &p);
+    *out = p.logprobs;
+    return e;
+  };
+  int n = 0;
+  // Completions: an integer count of alternatives; false/null/absent mean none.
+  EXPECT_FALSE(parse(R"({})", false, &n));
+  EXPECT_EQ(n, -1);
+  EXPECT_FALSE(parse(R"({"logprobs":null})", false, &n));
+  EXPECT_EQ(n, -1);
+  EXPECT_FALSE(parse(R"({"logprobs":false})", false, &n));
+  EXPECT_EQ(n, -1);
+  EXPECT_FALSE(parse(R"({"logprobs":0})", false, &n));
+  EXPECT_EQ(n, 0);
+  EXPECT_FALSE(parse(R"({"logprobs":20})", false, &n));
+  EXPECT_EQ(n, 20);
+  for (const char* bad : {R"({"logprobs":21})", R"({"logprobs":-1})", R"({"logprobs":true})",
+                          R"({"logprobs":"5"})", R"({"logprobs":2.5})", R"({"logprobs":18446744073709551615})"}) {
+    auto e = parse(bad, false, &n);
+    ASSERT_TRUE(e) << bad;
+    EXPECT_EQ(e->param, "logprobs") << bad;
+    EXPECT_EQ(e->status, 400);
+  }
+  // Chat: a boolean plus top_logprobs, which needs logprobs true.
+  EXPECT_FALSE(parse(R"({"logprobs":false})", true, &n));
+  EXPECT_EQ(n, -1);
+  EXPECT_FALSE(parse(R"({"logprobs":true})", true, &n));
+  EXPECT_EQ(n, 0);
+  EXPECT_FALSE(parse(R"({"logprobs":true,"top_logprobs":5})", true, &n));
+  EXPECT_EQ(n, 5);
+  EXPECT_FALSE(parse(R"({"logprobs":true,"top_logprobs":null})", true, &n));
+  EXPECT_EQ(n, 0);
+  auto e = parse(R"({"logprobs":1})", true, &n);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "logprobs");
+  e = parse(R"({"top_logprobs":2})", true, &n);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "top_logprobs");
+  EXPECT_NE(e->message.find("needs 'logprobs'"), std::string::npos) << e->message;
+  e = parse(R"({"logprobs":true,"top_logprobs":21})", true, &n);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "top_logprobs");
+  e = parse(R"({"logprobs":true,"top_logprobs":"3"})", true, &n);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "top_logprobs");
+}
+
+TEST(OpenAiProtocol, LogprobsObjectShapes) {
+  Tokenizer tok = LoadAidreams();
+  // Two tokens: the first follows BOS (its leading space is dropped, as in the text), the
+  // second is a byte-fallback token for a byte that is not UTF-8 on its own.
+  const int word = tok.Encode("Echoes", false).back();
+  const int byte_e2 = 3 + 0xE2;
+  std::vector<TokenLogprob> entries(2);
+  entries[0] = {word, Tokenizer::kBos, -0.25f, {{word, -0.25f}, {byte_e2, -2.5f}}};
+  entries[1] = {byte_e2, word, -1.5f, {{word, -0.75f}}};
+  const std::string t0 = tok.Decode(Tokenizer::kBos, word);
+  ASSERT_FALSE(t0.empty());
+
+  size_t offset = 10;
+  json c = LogprobsObject(/*chat=*/false, tok, entries, &offset);
+  EXPECT_EQ(offset, 10 + t0.size() + 1);
+  ASSERT_EQ(c["tokens"].size(), 2u);
+  EXPECT_EQ(c["tokens"][0], t0);
+  EXPECT_EQ(c["token_logprobs"][0].get<double>(), -0.25);
+  EXPECT_EQ(c["token_logprobs"][1].get<double>(), -1.5);
+  EXPECT_EQ(c["text_offset"], json::parse("[10, " + std::to_string(10 + t0.size()) + "]"));
+  // The dictionaries hold the alternatives and the sampled token.
+  EXPECT_EQ(c["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(c["top_logprobs"][0][t0].get<double>(), -0.25);
+  EXPECT_EQ(c["top_logprobs"][1].size(), 2u);
+  EXPECT_EQ(c["top_logprobs"][1]["\xEF\xBF\xBD"].get<double>(), -1.5);  // U+FFFD for the lone byte
+  EXPECT_EQ(c["top_logprobs"][1][tok.Decode(byte_e2, word)].get<double>(), -0.75);
+  EXPECT_NO_THROW(Dump(c));
+
+  offset = 0;
+  json h = LogprobsObject(/*chat=*/true, tok, entries, &offset);
+  EXPECT_TRUE(h["refusal"].is_null());
+  ASSERT_EQ(h["content"].size(), 2u);
+  EXPECT_EQ(h["content"][0]["token"], t0);
+  EXPECT_EQ(h["content"][0]["logprob"].get<double>(), -0.25);
+  EXPECT_EQ(h["content"][0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(h["content"][0]["top_logprobs"][1]["bytes"], json::parse("[226]"));
+  EXPECT_EQ(h["content"][1]["bytes"], json::parse("[226]"));  // the exact byte
+  // Serialised, the lone byte becomes U+FFFD in "token" and stays exact in "bytes".
+  json back = json::parse(Dump(h));
+  EXPECT_EQ(back["content"][1]["token"], "\xEF\xBF\xBD");
+  EXPECT_EQ(back["content"][1]["bytes"], json::parse("[226]"));
+  EXPECT_EQ(back["content"][1]["logprob"].get<float>(), -1.5f);
 }
 
 TEST(OpenAiProtocol, ParseGenerateRequestOrderAndBodyErrors) {

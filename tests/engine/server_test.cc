@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -94,9 +95,9 @@ class ServerTest : public ::testing::Test {
     model_ = nullptr;
   }
 
-  void Start(SchedulerOptions sched = {}, ServerOptions opts = {}) {
+  void Start(SchedulerOptions sched = {}, ServerOptions opts = {}, const std::string& kv_codec = "raw") {
     ASSERT_NE(model_, nullptr);
-    auto cache = KvCache::Create(*model_, "raw", {});
+    auto cache = KvCache::Create(*model_, kv_codec, {});
     ASSERT_TRUE(cache.ok()) << cache.status().ToString();
     cache_ = std::move(*cache);
     metrics_ = MakeEngineMetrics();
@@ -284,6 +285,136 @@ TEST_F(ServerTest, StreamIncludeUsage) {
   EXPECT_EQ(last["usage"]["total_tokens"], 6);
 }
 
+// Completions with logprobs: per token the sampled token's log-probability, a dictionary of
+// the alternatives (plus the sampled token), and byte offsets into the text.
+TEST_F(ServerTest, CompletionLogprobs) {
+  Start();
+  HttpTestResponse r = Post("/v1/completions",
+                            R"({"model":"aidreams","prompt":"","max_tokens":20,"temperature":0,"logprobs":3})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  const json& c = j["choices"][0];
+  const std::string text = c["text"];
+  EXPECT_EQ(text.rfind(kGolden, 0), 0u) << text;  // logprobs change nothing about the text
+  const json& lp = c["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << r.body;
+  ASSERT_EQ(lp["tokens"].size(), 20u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 20u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 20u);
+  ASSERT_EQ(lp["text_offset"].size(), 20u);
+  std::string joined;
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size()) << i;
+    const std::string tok = lp["tokens"][i];
+    joined += tok;
+    const double v = lp["token_logprobs"][i];
+    EXPECT_LE(v, 0.0);
+    const json& top = lp["top_logprobs"][i];
+    // Greedy: the sampled token is the most likely one, so it is among the 3 alternatives.
+    EXPECT_EQ(top.size(), 3u) << top.dump();
+    ASSERT_TRUE(top.contains(tok)) << top.dump();
+    EXPECT_EQ(top[tok].get<double>(), v);
+    double mass = 0;
+    for (auto& [k, x] : top.items()) {
+      EXPECT_LE(x.get<double>(), v) << k;
+      mass += std::exp(x.get<double>());
+    }
+    EXPECT_LE(mass, 1.0 + 1e-6);
+  }
+  EXPECT_EQ(joined, text);
+
+  // Streamed: the same entries, split over the chunks, offsets continuing.
+  r = Post("/v1/completions",
+           R"({"model":"aidreams","prompt":"","max_tokens":20,"temperature":0,"logprobs":3,"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  SseResult s = ParseSse(r.body);
+  ASSERT_TRUE(s.well_formed && s.done);
+  json streamed = {{"tokens", json::array()}, {"token_logprobs", json::array()},
+                   {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+  for (const json& e : s.events) {
+    const json& l = e["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      for (const json& x : l[key]) streamed[key].push_back(x);
+    }
+  }
+  EXPECT_EQ(streamed, lp);
+}
+
+// Chat with logprobs and top_logprobs, sampled: streamed entries equal the non-streamed ones.
+TEST_F(ServerTest, ChatLogprobsStreamedEqualNonStreamed) {
+  Start();
+  const std::string req =
+      R"({"model":"aidreams","messages":[{"role":"user","content":"Echoes"}],"max_tokens":30,)"
+      R"("temperature":0.9,"seed":11,"logprobs":true,"top_logprobs":2)";
+  HttpTestResponse r = Post("/v1/chat/completions", req + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), j["usage"]["completion_tokens"].get<size_t>() -
+                                (j["choices"][0]["finish_reason"] == "stop" ? 1 : 0));
+  std::string joined;
+  for (const json& e : content) {
+    std::string bytes;
+    for (const json& b : e["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
+    joined += bytes;
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>());
+  }
+  EXPECT_EQ(joined, j["choices"][0]["message"]["content"].get<std::string>());
+
+  r = Post("/v1/chat/completions", req + R"(,"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  SseResult s = ParseSse(r.body);
+  ASSERT_TRUE(s.well_formed && s.done);
+  json streamed = json::array();
+  for (const json& e : s.events) {
+    const json& l = e["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const json& x : l["content"]) streamed.push_back(x);
+  }
+  EXPECT_EQ(streamed, content);
+}
+
+// `keel serve --kv-codec zipfusion` answers like `--kv-codec raw:bf16`: the same text and the
+// same log-probabilities bit for bit, for concurrent (batched) sampled requests.
+TEST_F(ServerTest, ZipFusionServesWhatRawBf16Serves) {
+  constexpr int kClients = 6;
+  auto run = [&](const std::string& codec, double* blocks_compacted) {
+    Start({}, {}, codec);
+    std::vector<HttpTestResponse> out(kClients);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kClients; ++i) {
+      threads.emplace_back([&, i] {
+        out[i] = Post("/v1/completions",
+                      R"({"model":"aidreams","prompt":"Echoes of vectors )" + std::to_string(i) +
+                          R"(","max_tokens":90,"temperature":0.8,"seed":)" + std::to_string(i) +
+                          R"(,"logprobs":5})");
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (blocks_compacted) *blocks_compacted = MetricValue("keel_kv_blocks_compacted");
+    TearDown();
+    return out;
+  };
+  double compacted = -1;
+  std::vector<HttpTestResponse> raw = run("raw:bf16", nullptr), zf = run("zipfusion", &compacted);
+  // Full blocks were sealed, i.e. encoded and compacted: attention read ZipFusion blocks.
+  EXPECT_GT(compacted, 0);
+  int total_tokens = 0;
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_EQ(raw[i].status, 200) << raw[i].body;
+    ASSERT_EQ(zf[i].status, 200) << zf[i].body;
+    json a = json::parse(raw[i].body), b = json::parse(zf[i].body);
+    total_tokens += a["usage"]["completion_tokens"].get<int>();
+    // Numbers were printed with enough digits to round-trip: equal JSON is equal floats.
+    EXPECT_EQ(a["choices"], b["choices"]) << i;
+    EXPECT_EQ(a["usage"], b["usage"]) << i;
+  }
+  EXPECT_GT(total_tokens, kClients * 32);  // most requests run to 90 tokens (seeded: fixed)
+}
+
 TEST_F(ServerTest, ChatCompletionNonStreamAndStream) {
   Start();
   const std::string req =
@@ -369,7 +500,10 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
       {"/v1/completions", R"({"model":"aidreams","prompt":"","stop":["a","b","c","d","e"]})", 400, "stop"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","stream":"yes"})", 400, "stream"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","n":2})", 400, "n"},
-      {"/v1/completions", R"({"model":"aidreams","prompt":"","logprobs":5})", 400, "logprobs"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","logprobs":21})", 400, "logprobs"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","logprobs":true})", 400, "logprobs"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
+       400, "top_logprobs"},
       {"/v1/chat/completions", R"({"model":"aidreams"})", 400, "messages"},
       {"/v1/chat/completions", R"({"model":"aidreams","messages":[]})", 400, "messages"},
       {"/v1/chat/completions", R"({"model":"aidreams","messages":["hi"]})", 400, "messages[0]"},
