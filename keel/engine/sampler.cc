@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace keel::engine {
 
@@ -25,8 +26,10 @@ void TopLogprobs(const float* logits, int vocab, int k, double log_norm,
   out->clear();
   k = std::clamp(k, 0, vocab);
   if (k == 0) return;
-  // A k-element min-heap (k is at most a few tens): one pass, no copy of the vocab.
-  auto better = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  // A k-element min-heap (k is at most a few tens): one pass, no copy of the vocab. NaN ranks
+  // lowest, so the order stays strict-weak whatever a corrupt model produces.
+  auto value = [&](int i) { return std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i]; };
+  auto better = [&](int a, int b) { return value(a) > value(b) || (value(a) == value(b) && a < b); };
   std::vector<int> heap;
   heap.reserve(static_cast<size_t>(k));
   for (int i = 0; i < vocab; ++i) {

@@ -64,3 +64,42 @@ TEST(Sampler, TopPKeepsSmallestNucleus) {
 
 }  // namespace
 }  // namespace keel::engine
+
+namespace keel::engine {
+namespace {
+
+TEST(Logprobs, NormalizerAndTopK) {
+  const std::vector<float> x = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f};
+  double sum = 0;
+  for (float v : x) sum += std::exp(static_cast<double>(v));
+  const double norm = LogNormalizer(x.data(), 5);
+  EXPECT_NEAR(norm, std::log(sum), 1e-12);
+  // Huge logits do not overflow: the maximum is taken out first.
+  const std::vector<float> big = {1000.0f, 1000.0f};
+  EXPECT_NEAR(LogNormalizer(big.data(), 2), 1000.0 + std::log(2.0), 1e-9);
+
+  std::vector<std::pair<int, float>> top;
+  TopLogprobs(x.data(), 5, 3, norm, &top);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].first, 1);  // ties: the smaller id first
+  EXPECT_EQ(top[1].first, 3);
+  EXPECT_EQ(top[2].first, 0);
+  EXPECT_FLOAT_EQ(top[0].second, static_cast<float>(3.0 - norm));
+  EXPECT_FLOAT_EQ(top[2].second, static_cast<float>(1.0 - norm));
+  TopLogprobs(x.data(), 5, 0, norm, &top);
+  EXPECT_TRUE(top.empty());
+  TopLogprobs(x.data(), 5, 99, norm, &top);  // clamped to the vocabulary
+  EXPECT_EQ(top.size(), 5u);
+  EXPECT_EQ(top.back().first, 2);
+
+  // NaN (a corrupt model) ranks last instead of breaking the ordering.
+  const std::vector<float> nan = {std::nanf(""), 2.0f, 1.0f};
+  TopLogprobs(nan.data(), 3, 3, 0.0, &top);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].first, 1);
+  EXPECT_EQ(top[1].first, 2);
+  EXPECT_EQ(top[2].first, 0);
+}
+
+}  // namespace
+}  // namespace keel::engine
