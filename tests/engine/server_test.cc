@@ -377,9 +377,10 @@ TEST_F(ServerTest, ChatLogprobsStreamedEqualNonStreamed) {
   EXPECT_EQ(streamed, content);
 }
 
-// `keel serve --kv-codec zipfusion` answers like `--kv-codec raw:bf16`: the same text and the
-// same log-probabilities bit for bit, for concurrent (batched) sampled requests.
-TEST_F(ServerTest, ZipFusionServesWhatRawBf16Serves) {
+// `keel serve --kv-codec zipfusion` answers like `--kv-codec raw:bf16` (and zipfusion:f16 like
+// raw:f16): the same text and the same log-probabilities bit for bit, for concurrent (batched)
+// sampled requests.
+TEST_F(ServerTest, ZipFusionServesWhatRawServes) {
   constexpr int kClients = 6;
   auto run = [&](const std::string& codec, double* blocks_compacted) {
     Start({}, {}, codec);
@@ -398,21 +399,24 @@ TEST_F(ServerTest, ZipFusionServesWhatRawBf16Serves) {
     TearDown();
     return out;
   };
-  double compacted = -1;
-  std::vector<HttpTestResponse> raw = run("raw:bf16", nullptr), zf = run("zipfusion", &compacted);
-  // Full blocks were sealed, i.e. encoded and compacted: attention read ZipFusion blocks.
-  EXPECT_GT(compacted, 0);
-  int total_tokens = 0;
-  for (int i = 0; i < kClients; ++i) {
-    ASSERT_EQ(raw[i].status, 200) << raw[i].body;
-    ASSERT_EQ(zf[i].status, 200) << zf[i].body;
-    json a = json::parse(raw[i].body), b = json::parse(zf[i].body);
-    total_tokens += a["usage"]["completion_tokens"].get<int>();
-    // Numbers were printed with enough digits to round-trip: equal JSON is equal floats.
-    EXPECT_EQ(a["choices"], b["choices"]) << i;
-    EXPECT_EQ(a["usage"], b["usage"]) << i;
+  for (const auto& [raw_spec, zf_spec] : {std::pair{"raw:bf16", "zipfusion"}, std::pair{"raw:f16", "zipfusion:f16"}}) {
+    SCOPED_TRACE(zf_spec);
+    double compacted = -1;
+    std::vector<HttpTestResponse> raw = run(raw_spec, nullptr), zf = run(zf_spec, &compacted);
+    // Full blocks were sealed, i.e. encoded and compacted: attention read ZipFusion blocks.
+    EXPECT_GT(compacted, 0);
+    int total_tokens = 0;
+    for (int i = 0; i < kClients; ++i) {
+      ASSERT_EQ(raw[i].status, 200) << raw[i].body;
+      ASSERT_EQ(zf[i].status, 200) << zf[i].body;
+      json a = json::parse(raw[i].body), b = json::parse(zf[i].body);
+      total_tokens += a["usage"]["completion_tokens"].get<int>();
+      // Numbers were printed with enough digits to round-trip: equal JSON is equal floats.
+      EXPECT_EQ(a["choices"], b["choices"]) << i;
+      EXPECT_EQ(a["usage"], b["usage"]) << i;
+    }
+    EXPECT_GT(total_tokens, kClients * 32);  // most requests run to 90 tokens (seeded: fixed)
   }
-  EXPECT_GT(total_tokens, kClients * 32);  // most requests run to 90 tokens (seeded: fixed)
 }
 
 TEST_F(ServerTest, ChatCompletionNonStreamAndStream) {
