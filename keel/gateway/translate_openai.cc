@@ -29,6 +29,12 @@ Status ReadCommon(const json& body, ChatRequest* req) {
   // One choice is all the gateway returns; asking for more must not silently give fewer.
   if (auto it = body.find("n"); it != body.end() && !it->is_null() && *it != 1)
     return Status::InvalidArgument("n: only 1 is supported");
+  // Likewise log-probabilities: the internal form does not carry them (Anthropic has none), so
+  // a request for them is refused rather than answered with "logprobs": null. false/null pass.
+  if (auto it = body.find("logprobs"); it != body.end() && !it->is_null() && *it != false)
+    return Status::InvalidArgument("logprobs: not supported by the gateway");
+  if (auto it = body.find("top_logprobs"); it != body.end() && !it->is_null())
+    return Status::InvalidArgument("top_logprobs: not supported by the gateway");
   return Status::Ok();
 }
 

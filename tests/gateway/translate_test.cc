@@ -654,6 +654,9 @@ TEST(TranslateBadInput, InvalidArgumentNamesTheField) {
       {kOpenAI, R"({"model":"m","stream":"yes",)" + msgs + "}", "stream: expected true or false"},
       {kOpenAI, R"({"model":"m","stream_options":{"include_usage":1},)" + msgs + "}", "stream_options.include_usage"},
       {kOpenAI, R"({"model":"m","n":2,)" + msgs + "}", "n: only 1"},
+      {kOpenAI, R"({"model":"m","logprobs":true,)" + msgs + "}", "logprobs: not supported"},
+      {kOpenAI, R"({"model":"m","logprobs":false,"top_logprobs":2,)" + msgs + "}", "top_logprobs: not supported"},
+      {kCompletions, R"({"model":"m","prompt":"a","logprobs":0})", "logprobs: not supported"},
       {kOpenAI, R"({"model":"m","tools":{},)" + msgs + "}", "tools: expected an array"},
       {kOpenAI, R"({"model":"m","tools":[{"type":"web_search"}],)" + msgs + "}", "tools[0].type"},
       {kOpenAI, R"({"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":[]}}],)" + msgs + "}",
@@ -693,6 +696,18 @@ TEST(TranslateBadInput, InvalidArgumentNamesTheField) {
     EXPECT_NE(r.status().message().find(c.field), std::string::npos)
         << "message: " << r.status().message() << "\nwant: " << c.field;
   }
+}
+
+// Clients that send the "off" values of fields the gateway refuses (many SDKs send defaults)
+// are served.
+TEST(TranslateBadInput, OffValuesOfRefusedFieldsPass) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  for (const std::string& extra : {R"("logprobs":false,)", R"("logprobs":null,"top_logprobs":null,)", R"("n":1,)"}) {
+    auto r = ParseClientRequest(WireFormat::kOpenAIChat, R"({"model":"m",)" + extra + msgs + "}");
+    EXPECT_TRUE(r.ok()) << extra << ": " << r.status().ToString();
+  }
+  auto c = ParseClientRequest(WireFormat::kOpenAICompletions, R"({"model":"m","prompt":"a","logprobs":null})");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
 }
 
 TEST(TranslateBadInput, OversizedArraysAndDeepNesting) {
