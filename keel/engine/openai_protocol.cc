@@ -428,11 +428,11 @@ json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogp
   }
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
        offsets = json::array();
+  // Dictionary keys are made valid UTF-8 here, not at serialisation, so that two byte tokens
+  // that both become U+FFFD stay one key instead of a duplicate.
+  auto key = [](const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); };
   for (const TokenLogprob& e : entries) {
     const std::string text = tok.Decode(e.prev, e.token);
-    // Keys made valid UTF-8 here, not at serialisation, so that two byte tokens that both
-    // become U+FFFD stay one key instead of a duplicate.
-    auto key = [](const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); };
     json top = json::object();
     for (const auto& [id, lp] : e.top) top[key(tok.Decode(e.prev, id))] = lp;
     top[key(text)] = e.logprob;
