@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "keel/core/vec_math.h"
+
 namespace keel::engine {
 
 int Argmax(const float* x, int n) {
@@ -16,8 +18,21 @@ int Argmax(const float* x, int n) {
 double LogNormalizer(const float* logits, int vocab) {
   float mx = logits[0];
   for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
-  double total = 0.0;
-  for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i]) - mx);
+  // exp in 8 float lanes (~1 ulp), summed in double lanes: ~10x faster than scalar double exp
+  // (it runs per generated token over the whole vocabulary when logprobs are asked for), and
+  // the logprobs come out as floats anyway.
+  const __m256 vmax = _mm256_set1_ps(mx);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  int i = 0;
+  for (; i + 8 <= vocab; i += 8) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax));
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(lo, hi));
+  double total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i]) - mx);
   return mx + std::log(total);
 }
 
