@@ -47,6 +47,7 @@ struct ChatRequest {
   std::optional<int64_t> max_tokens;
   std::optional<double> temperature;
   std::optional<double> top_p;
+  std::optional<int64_t> seed;       // OpenAI "seed" (best-effort determinism; keel serve honours it)
   std::vector<std::string> stop;
   bool stream = false;
   bool stream_include_usage = false;  // OpenAI stream_options.include_usage

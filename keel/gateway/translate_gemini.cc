@@ -95,6 +95,9 @@ std::string BuildGeminiRequest(const ChatRequest& request) {
   if (request.max_tokens) gen["maxOutputTokens"] = *request.max_tokens;
   if (request.temperature) gen["temperature"] = *request.temperature;
   if (request.top_p) gen["topP"] = *request.top_p;
+  // Gemini's seed is an int32; a wider one cannot be expressed and is dropped like Anthropic's
+  // (which has no seed at all).
+  if (request.seed && *request.seed >= INT32_MIN && *request.seed <= INT32_MAX) gen["seed"] = *request.seed;
   if (!request.stop.empty()) gen["stopSequences"] = request.stop;
   if (!gen.empty()) body["generationConfig"] = std::move(gen);
   return Dump(body);

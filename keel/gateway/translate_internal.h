@@ -65,6 +65,8 @@ Status ReadString(const json& obj, const char* key, const std::string& path, std
 Status ReadRequiredString(const json& obj, const char* key, const std::string& path, std::string* out);
 Status ReadPositiveInt(const json& obj, const char* key, const std::string& path,
                        std::optional<int64_t>* out);
+// Any integer in int64 range ("seed").
+Status ReadInt(const json& obj, const char* key, const std::string& path, std::optional<int64_t>* out);
 Status ReadNumber(const json& obj, const char* key, const std::string& path, std::optional<double>* out);
 Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out);
 // A string or an array of strings (OpenAI "stop"); Anthropic's stop_sequences passes

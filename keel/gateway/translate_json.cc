@@ -58,24 +58,45 @@ Status ReadRequiredString(const json& obj, const char* key, const std::string& p
   return Status::Ok();
 }
 
+namespace {
+
+// An integer in int64 range into *out. 16.0 is accepted (some clients serialise every number as
+// a double); 16.5 is not.
+bool IntegerValue(const json& v, int64_t* out) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) return false;
+    *out = v.get<int64_t>();
+    return true;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d >= -9.0e18 && d <= 9.0e18 && d == static_cast<double>(static_cast<int64_t>(d))) {
+      *out = static_cast<int64_t>(d);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 Status ReadPositiveInt(const json& obj, const char* key, const std::string& path,
                        std::optional<int64_t>* out) {
   const json* v = Field(obj, key);
   if (!v) return Status::Ok();
-  // 16.0 is accepted (some clients serialise every number as a double); 16.5 is not.
-  if (v->is_number_integer() && v->get<int64_t>() > 0 &&
-      !(v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX)) {
-    *out = v->get<int64_t>();
-    return Status::Ok();
-  }
-  if (v->is_number_float()) {
-    double d = v->get<double>();
-    if (d >= 1 && d <= 9.0e18 && d == static_cast<double>(static_cast<int64_t>(d))) {
-      *out = static_cast<int64_t>(d);
-      return Status::Ok();
-    }
-  }
-  return Status::InvalidArgument(path + ": expected a positive integer");
+  int64_t x = 0;
+  if (!IntegerValue(*v, &x) || x < 1) return Status::InvalidArgument(path + ": expected a positive integer");
+  *out = x;
+  return Status::Ok();
+}
+
+Status ReadInt(const json& obj, const char* key, const std::string& path, std::optional<int64_t>* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  int64_t x = 0;
+  if (!IntegerValue(*v, &x)) return Status::InvalidArgument(path + ": expected an integer");
+  *out = x;
+  return Status::Ok();
 }
 
 Status ReadNumber(const json& obj, const char* key, const std::string& path, std::optional<double>* out) {

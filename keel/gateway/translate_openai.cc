@@ -18,6 +18,7 @@ Status ReadCommon(const json& body, ChatRequest* req) {
       ReadPositiveInt(body, "max_completion_tokens", "max_completion_tokens", &req->max_tokens));
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "temperature", "temperature", &req->temperature));
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "top_p", "top_p", &req->top_p));
+  KEEL_RETURN_IF_ERROR(ReadInt(body, "seed", "seed", &req->seed));
   KEEL_RETURN_IF_ERROR(ReadStop(body, "stop", "stop", /*allow_single_string=*/true, &req->stop));
   KEEL_RETURN_IF_ERROR(ReadBool(body, "stream", "stream", &req->stream));
   KEEL_RETURN_IF_ERROR(ReadString(body, "user", "user", &req->user));
@@ -170,6 +171,7 @@ Status ReadTools(const json& body, ChatRequest* req) {
 void WriteCommon(const ChatRequest& request, json* body) {
   if (request.temperature) (*body)["temperature"] = *request.temperature;
   if (request.top_p) (*body)["top_p"] = *request.top_p;
+  if (request.seed) (*body)["seed"] = *request.seed;
   if (!request.stop.empty()) (*body)["stop"] = request.stop;
   if (!request.user.empty()) (*body)["user"] = request.user;
   if (request.stream) {

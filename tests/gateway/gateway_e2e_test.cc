@@ -568,6 +568,24 @@ TEST_F(GatewayE2E, KeelServeUpstreamIsCountedWithTheModelsTokenizer) {
   EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 0);
 }
 
+// A client's seed reaches `keel serve`: the same seed gives the same sampled text through the
+// gateway, another seed another text (the gateway used to drop it, so each call drew a random one).
+TEST_F(GatewayE2E, SeedReachesKeelServe) {
+  const std::string key = CreateKey("sam", Team("seed"));  // a team of its own: no shared budget
+  auto sample = [&](int seed) {
+    json req = {{"model", "aidreams"}, {"prompt", "Once upon a time"}, {"max_tokens", 24},
+                {"temperature", 1.0}, {"seed", seed}};
+    auto r = Post("/v1/completions", req.dump(), key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    return j.is_discarded() ? std::string() : j["choices"][0]["text"].get<std::string>();
+  };
+  const std::string a = sample(7), b = sample(7), c = sample(8);
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
 TEST_F(GatewayE2E, RevokedKeyIsRefusedWithinTheCacheTtl) {
   const std::string key = CreateKey("carol", Team("gamma"));  // beta's budget is spent by another test
   ASSERT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key).status, 200);

@@ -65,7 +65,7 @@ json OpenAIToolConversation() {
               {"type": "function", "function": {"name": "now"}}],
     "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
     "max_tokens": 50, "max_completion_tokens": 100,
-    "temperature": 0.25, "top_p": 0.9, "stop": "END", "stream": true,
+    "temperature": 0.25, "top_p": 0.9, "stop": "END", "stream": true, "seed": 42,
     "stream_options": {"include_usage": true}, "user": "u-1"
   })");
 }
@@ -221,6 +221,7 @@ TEST(TranslateRequest, OpenAIChatParsesEveryField) {
   EXPECT_EQ(r.max_tokens, 100);  // max_completion_tokens wins
   EXPECT_EQ(r.temperature, 0.25);
   EXPECT_EQ(r.top_p, 0.9);
+  EXPECT_EQ(r.seed, 42);
   EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.stream_include_usage);
@@ -250,6 +251,7 @@ TEST(TranslateRequest, OpenAIToOpenAIRoundTrip) {
   EXPECT_EQ(back.tool_choice, r.tool_choice);
   EXPECT_EQ(back.max_tokens, r.max_tokens);
   EXPECT_EQ(back.temperature, r.temperature);
+  EXPECT_EQ(back.seed, 42);
   EXPECT_EQ(back.stop, r.stop);
   EXPECT_EQ(back.user, r.user);
   EXPECT_EQ(J(back.tools[0].parameters_json), J(r.tools[0].parameters_json));
@@ -267,6 +269,7 @@ TEST(TranslateRequest, OpenAIToAnthropicAlternatesAndMergesToolResults) {
   EXPECT_EQ(up["tool_choice"]["type"], "any");
   EXPECT_EQ(up["metadata"]["user_id"], "u-1");
   EXPECT_EQ(up["temperature"], 0.25);
+  EXPECT_FALSE(up.contains("seed"));  // Anthropic has no seed
   const json& msgs = up["messages"];
   ASSERT_EQ(msgs.size(), 3u);  // user, assistant, user(results + follow-up) after merging
   for (size_t i = 1; i < msgs.size(); ++i) EXPECT_NE(msgs[i]["role"], msgs[i - 1]["role"]);
@@ -325,10 +328,17 @@ TEST(TranslateRequest, OpenAIToGemini) {
   EXPECT_EQ(up["generationConfig"]["maxOutputTokens"], 100);
   EXPECT_EQ(up["generationConfig"]["temperature"], 0.25);
   EXPECT_EQ(up["generationConfig"]["topP"], 0.9);
+  EXPECT_EQ(up["generationConfig"]["seed"], 42);
   EXPECT_EQ(up["generationConfig"]["stopSequences"][0], "END");
 
   r.tool_choice = "none";
   EXPECT_EQ(J(BuildUpstreamRequest(kGemini, r, "g"))["toolConfig"]["functionCallingConfig"]["mode"], "NONE");
+  // Gemini's seed is an int32: a wider one is not sent (OpenAI upstreams still get it).
+  r.seed = int64_t{1} << 40;
+  EXPECT_FALSE(J(BuildUpstreamRequest(kGemini, r, "g"))["generationConfig"].contains("seed"));
+  EXPECT_EQ(J(BuildUpstreamRequest(kOpenAI, r, "gpt"))["seed"], int64_t{1} << 40);
+  r.seed = -5;
+  EXPECT_EQ(J(BuildUpstreamRequest(kGemini, r, "g"))["generationConfig"]["seed"], -5);
 }
 
 TEST(TranslateRequest, GeminiToolNameFromMessageWhenCallUnknown) {
@@ -649,6 +659,9 @@ TEST(TranslateBadInput, InvalidArgumentNamesTheField) {
       {kOpenAI, R"({"model":"m","max_tokens":-1,)" + msgs + "}", "max_tokens: expected a positive integer"},
       {kOpenAI, R"({"model":"m","max_completion_tokens":1.5,)" + msgs + "}", "max_completion_tokens: expected a positive integer"},
       {kOpenAI, R"({"model":"m","temperature":"hot",)" + msgs + "}", "temperature: expected a number"},
+      {kOpenAI, R"({"model":"m","seed":"7",)" + msgs + "}", "seed: expected an integer"},
+      {kOpenAI, R"({"model":"m","seed":1.5,)" + msgs + "}", "seed: expected an integer"},
+      {kOpenAI, R"({"model":"m","seed":18446744073709551615,)" + msgs + "}", "seed: expected an integer"},
       {kOpenAI, R"({"model":"m","stop":5,)" + msgs + "}", "stop: expected a string or an array"},
       {kOpenAI, R"({"model":"m","stop":["a",1],)" + msgs + "}", "stop[1]: expected a string"},
       {kOpenAI, R"({"model":"m","stream":"yes",)" + msgs + "}", "stream: expected true or false"},
