@@ -33,7 +33,8 @@ int Argmax(const float* x, int n);
 
 // Log-probabilities of the model's own distribution: the softmax of the raw logits, before
 // temperature, top-k or top-p (what vLLM and OpenAI report). LogNormalizer returns
-// log sum_i exp(x_i), computed in double from the maximum, so log p_i = x_i - LogNormalizer.
+// log sum_i exp(x_i), taken from the maximum (8-lane float exp, summed in double), so
+// log p_i = x_i - LogNormalizer.
 double LogNormalizer(const float* logits, int vocab);
 // The `k` most likely tokens of `logits` with their log-probabilities, most likely first (ties:
 // smaller id first), into *out. `log_norm` is LogNormalizer(logits, vocab).
