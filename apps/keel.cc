@@ -392,7 +392,7 @@ int main(int argc, char** argv) {
   fvs->add_option("--api-key", fvo.api_key, "the only key accepted (default: any non-empty key)");
   fvs->add_option("--embedding-dims", fvo.embedding_dims, "OpenAI embedding size without \"dimensions\"")->capture_default_str()->check(CLI::Range(1, 65536));
   fvs->add_option("--slow-ms", fvo.slow_ms, "wait of models named *slow*")->capture_default_str()->check(CLI::NonNegativeNumber);
-  fvs->add_option("--max-connections", fvo.max_connections, "open connections (one thread each)")->capture_default_str()->check(CLI::Range(1, 100000));
+  fvs->add_option("--max-connections", fvo.max_connections, "open connections (idle ones hold no thread; at the cap the oldest idle one is closed)")->capture_default_str()->check(CLI::Range(1, 100000));
   // ---- fake-vendor (end)
 
   BenchArgs bench_args;

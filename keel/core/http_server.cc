@@ -14,11 +14,14 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/http/write.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <strings.h>
 
 #include <fmt/format.h>
@@ -41,54 +44,11 @@ int ToMillis(double seconds) {
   return ms > 2e9 ? 2000000000 : static_cast<int>(ms) + (ms > static_cast<int>(ms) ? 1 : 0);
 }
 
-// A Beast SyncReadStream / SyncWriteStream over a connected blocking socket, with poll-based
-// timeouts (SO_RCVTIMEO does not help: Asio's sync ops re-poll forever after EAGAIN).
+// A Beast SyncWriteStream over a connected non-blocking socket, with a poll-based timeout per
+// write (requests are read by the ConnectionFront's I/O thread, not here).
 class FdStream {
  public:
-  FdStream(int fd, int read_timeout_ms, int write_timeout_ms)
-      : fd_(fd), read_ms_(read_timeout_ms), write_ms_(write_timeout_ms) {}
-
-  template <class MutableBufferSequence>
-  size_t read_some(const MutableBufferSequence& buffers, error_code& ec) {
-    ec = {};
-    net::mutable_buffer b;
-    for (auto it = net::buffer_sequence_begin(buffers); it != net::buffer_sequence_end(buffers); ++it) {
-      net::mutable_buffer cur(*it);
-      if (cur.size() > 0) {
-        b = cur;
-        break;
-      }
-    }
-    if (b.size() == 0) return 0;
-    for (;;) {
-      short rev = 0;
-      int r = PollFd(fd_, POLLIN, read_ms_, &rev);
-      if (r == 0) {
-        ec = net::error::timed_out;
-        return 0;
-      }
-      if (r < 0) {
-        ec = error_code(errno, boost::system::system_category());
-        return 0;
-      }
-      ssize_t n = ::recv(fd_, b.data(), b.size(), MSG_DONTWAIT);
-      if (n > 0) return static_cast<size_t>(n);
-      if (n == 0) {
-        ec = net::error::eof;
-        return 0;
-      }
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-      ec = error_code(errno, boost::system::system_category());
-      return 0;
-    }
-  }
-  template <class MutableBufferSequence>
-  size_t read_some(const MutableBufferSequence& buffers) {
-    error_code ec;
-    size_t n = read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
-  }
+  FdStream(int fd, int write_timeout_ms) : fd_(fd), write_ms_(write_timeout_ms) {}
 
   template <class ConstBufferSequence>
   size_t write_some(const ConstBufferSequence& buffers, error_code& ec) {
@@ -138,7 +98,6 @@ class FdStream {
 
  private:
   int fd_;
-  int read_ms_;
   int write_ms_;
 };
 
@@ -265,12 +224,162 @@ class ConnResponder final : public HttpResponder {
   bool failed_ = false;
 };
 
-// Writes a server-generated error (always with Connection: close).
-void WriteError(FdStream& stream, const HttpServerOptions& options, int version, int status,
-                std::string_view message) {
-  ConnResponder r(stream, options, version, /*keep_alive=*/false);
-  r.Send(status, "application/json", options.error_body(status, message), {});
+// A server-generated error as bytes (always with Connection: close), for the I/O thread to write
+// without blocking.
+std::string ErrorBytes(const HttpServerOptions& options, int version, int status, std::string_view message) {
+  http::response<http::string_body> res{static_cast<http::status>(status), version};
+  res.set(http::field::server, options.server_name);
+  res.set(http::field::content_type, "application/json");
+  res.keep_alive(false);
+  res.body() = options.error_body(status, message);
+  res.prepare_payload();
+  std::ostringstream out;
+  out << res;
+  return out.str();
 }
+
+double Cap(double seconds, double cap) {
+  if (cap <= 0) return seconds;
+  if (seconds <= 0) return cap;
+  return std::min(seconds, cap);
+}
+
+// One connection's HTTP state. OnReadable (I/O thread) feeds Beast's parser with what arrived
+// until a request is complete; Serve (a pool thread) runs the handler for it.
+class HttpSession final : public FrontSession {
+ public:
+  HttpSession(const HttpServerOptions& options, const HttpHandler& handler, std::string remote)
+      : options_(options), handler_(handler), remote_(std::move(remote)) {}
+
+  FrontStep OnReadable(int fd) override {
+    size_t read = 0;
+    for (;;) {
+      FrontStep step;
+      if (Parse(fd, &step)) return step;
+      if (eof_) return FrontStep::Close();  // the client left between requests (or mid-request)
+      if (read >= kMaxReadPerEvent) return Waiting();  // let other connections have a turn
+      char buf[16384];
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) {
+        auto dst = buffer_.prepare(static_cast<size_t>(n));
+        std::memcpy(dst.data(), buf, static_cast<size_t>(n));
+        buffer_.commit(static_cast<size_t>(n));
+        read += static_cast<size_t>(n);
+      } else if (n == 0) {
+        eof_ = true;  // parse what is buffered first: a complete request is still answered
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return Waiting();
+      } else if (errno != EINTR) {
+        return FrontStep::Close();
+      }
+    }
+  }
+
+  std::string OnTimeout(FrontStep::Kind phase) override {
+    if (phase == FrontStep::kIdle || (!(parser_ && parser_->got_some()) && buffer_.size() == 0)) return {};
+    return ErrorBytes(options_, Version(), 408, "request timed out");
+  }
+
+  std::string BusyReply() override {
+    return ErrorBytes(options_, Version(), 503, "server busy: too many requests in progress");
+  }
+
+  bool Serve(int fd, const std::atomic<bool>& accepting) override {
+    auto& msg = parser_->get();
+    HttpRequest req = ToHttpRequest(msg, remote_);
+    const bool keep_alive = msg.keep_alive() && accepting.load();
+    parser_.reset();
+    continue_sent_ = false;
+    served_ = true;
+    if (buffer_.size() == 0) buffer_.shrink_to_fit();  // an idle connection keeps no buffer
+    FdStream stream(fd, ToMillis(options_.write_timeout_seconds));
+    ConnResponder responder(stream, options_, req.version, keep_alive);
+    try {
+      handler_(req, responder);
+    } catch (const std::exception& e) {
+      Log().error("http: handler for {} {} threw: {}", req.method, req.path, e.what());
+    } catch (...) {
+      Log().error("http: handler for {} {} threw", req.method, req.path);
+    }
+    if (!responder.started()) {
+      responder.Send(500, "application/json", options_.error_body(500, "handler sent no response"), {});
+    } else if (responder.streaming() && !responder.done()) {
+      responder.EndStream();
+    }
+    return responder.keep_alive() && !responder.failed() && accepting.load();
+  }
+
+ private:
+  static constexpr size_t kMaxReadPerEvent = 256 << 10;
+
+  int Version() const { return parser_ && parser_->is_header_done() ? parser_->get().version() : 11; }
+
+  FrontStep Waiting() const {
+    if (parser_ && parser_->is_header_done()) return {FrontStep::kBody};
+    if ((parser_ && parser_->got_some()) || buffer_.size() > 0 || !served_) return {FrontStep::kHead};
+    return {FrontStep::kIdle};
+  }
+
+  // Feeds buffered bytes to the parser. True with *step set when the request is complete or bad.
+  bool Parse(int fd, FrontStep* step) {
+    if (buffer_.size() == 0) return false;
+    if (!parser_) {
+      parser_.emplace();
+      parser_->header_limit(static_cast<std::uint32_t>(
+          std::min<size_t>(options_.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
+      parser_->body_limit(options_.max_body_bytes);
+      parser_->eager(true);
+    }
+    while (buffer_.size() > 0 && !parser_->is_done()) {
+      error_code ec;
+      const size_t used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (ec == http::error::need_more) break;
+      if (ec) {
+        *step = ErrorStep(ec);
+        return true;
+      }
+      if (used == 0) break;
+    }
+    if (parser_->is_done()) {
+      *step = {FrontStep::kDispatch};
+      return true;
+    }
+    if (parser_->is_header_done() && !continue_sent_ &&
+        beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      continue_sent_ = true;
+      static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+      // 25 bytes into an empty send buffer: the non-blocking send does not come up short.
+      (void)!::send(fd, kContinue, sizeof(kContinue) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    return false;
+  }
+
+  FrontStep ErrorStep(const error_code& ec) const {
+    const int version = Version();
+    if (ec == http::error::body_limit) {
+      return FrontStep::Close(ErrorBytes(options_, version, 413,
+                                         fmt::format("request body exceeds {} bytes", options_.max_body_bytes)),
+                              true);
+    }
+    if (ec == http::error::header_limit) {
+      return FrontStep::Close(ErrorBytes(options_, version, 431,
+                                         fmt::format("request headers exceed {} bytes", options_.max_header_bytes)),
+                              true);
+    }
+    return FrontStep::Close(ErrorBytes(options_, version, 400, fmt::format("malformed request: {}", ec.message())),
+                            true);
+  }
+
+  const HttpServerOptions& options_;
+  const HttpHandler& handler_;
+  const std::string remote_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  bool continue_sent_ = false;
+  bool served_ = false;  // a request was answered: waiting for the next one is idle, not head
+  bool eof_ = false;
+};
 
 }  // namespace
 
@@ -338,245 +447,68 @@ HttpServer::~HttpServer() { Stop(); }
 
 Status HttpServer::Start() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (started_) return Status::Internal("http server already started");
+  if (front_) return Status::Internal("http server already started");
   const bool is_unix = options_.host.rfind("unix:", 0) == 0;
   if (!is_unix && (options_.port < 0 || options_.port > 65535)) {
     return Status::InvalidArgument(fmt::format("bad port {}", options_.port));
   }
+  if (options_.max_connections < 1 || options_.max_active_requests < 1) {
+    return Status::InvalidArgument("http: max_connections and max_active_requests must be >= 1");
+  }
   KEEL_ASSIGN_OR_RETURN(ListeningSocket listening,
                         is_unix ? ListenUnix(options_.host.substr(5), options_.backlog)
                                 : ListenTcp(options_.host, options_.port, options_.backlog));
-  const int fd = listening.fd;
   const int bound = listening.port;
-  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake < 0) {
-    ::close(fd);
-    UnlinkUnixSocket(listening);
-    return Status::IOError(fmt::format("eventfd: {}", std::strerror(errno)));
-  }
-  listen_fd_ = fd;
-  listening_ = listening;
-  wake_fd_ = wake;
+  ConnectionFrontOptions fo;
+  fo.tag = "http";
+  fo.max_connections = options_.max_connections;
+  fo.max_connections_per_client = options_.max_connections_per_client;
+  fo.max_workers = options_.max_active_requests;
+  fo.head_timeout_seconds = Cap(options_.head_timeout_seconds, options_.read_timeout_seconds);
+  fo.body_timeout_seconds = Cap(options_.body_timeout_seconds, options_.read_timeout_seconds);
+  fo.idle_timeout_seconds = Cap(options_.idle_timeout_seconds, options_.read_timeout_seconds);
+  auto front = std::make_unique<ConnectionFront>(
+      fo,
+      [this](const std::string& peer) -> std::unique_ptr<FrontSession> {
+        return std::make_unique<HttpSession>(options_, handler_, peer);
+      },
+      ErrorBytes(options_, 11, 503, "too many connections"));
+  KEEL_RETURN_IF_ERROR(front->Start(listening));
+  front_ = std::move(front);
   port_ = bound;
-  started_ = true;
-  accepting_ = true;
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
   if (is_unix) Log().info("http: listening on {}", options_.host);
   else Log().info("http: listening on {}:{}", options_.host, bound);
   return Status::Ok();
 }
 
-void HttpServer::AcceptLoop() {
-  for (;;) {
-    int fd = -1;
-    std::string remote;
-    AcceptResult got = AcceptConnection(listen_fd_, wake_fd_, 1000, "http", &fd, &remote);
-    if (got == AcceptResult::kStop) break;
-    ReapDone();
-    if (got == AcceptResult::kNone) continue;
-
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!accepting_) {
-      ::close(fd);
-      break;
-    }
-    int open = 0;
-    for (const Conn& c : conns_) open += c.closed ? 0 : 1;
-    if (open >= options_.max_connections) {
-      lock.unlock();
-      RejectOverloaded(fd);
-      continue;
-    }
-    conns_.emplace_back();
-    Conn* c = &conns_.back();
-    c->fd = fd;
-    try {
-      c->thread = std::thread([this, c, remote = std::move(remote)] { Serve(c, remote); });
-    } catch (const std::exception& e) {
-      Log().error("http: cannot start a connection thread: {}", e.what());
-      conns_.pop_back();
-      lock.unlock();
-      RejectOverloaded(fd);
-    }
-  }
-}
-
-void HttpServer::RejectOverloaded(int fd) {
-  FdStream stream(fd, 50, 1000);
-  // Read whatever request bytes already arrived, so the close below does not turn into a RST.
-  char buf[8192];
-  if (PollFd(fd, POLLIN, 50) > 0) (void)::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-  WriteError(stream, options_, 11, 503, "too many connections");
-  LingeringClose(fd, 200);
-  ::close(fd);
-}
-
-void HttpServer::ReapDone() {
-  std::list<Conn> done;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = conns_.begin(); it != conns_.end();) {
-      auto next = std::next(it);
-      if (it->done) done.splice(done.end(), conns_, it);
-      it = next;
-    }
-  }
-  for (Conn& c : done) {
-    if (c.thread.joinable()) c.thread.join();
-  }
-}
-
-void HttpServer::Serve(Conn* conn, std::string remote) {
-  const int fd = conn->fd;
-  FdStream stream(fd, ToMillis(options_.read_timeout_seconds), ToMillis(options_.write_timeout_seconds));
-  beast::flat_buffer buffer;
-  bool linger = false;  // answered before reading the whole request
-
-  for (;;) {
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(
-        std::min<size_t>(options_.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
-    parser.body_limit(options_.max_body_bytes);
-    error_code ec;
-    http::read_header(stream, buffer, parser, ec);
-    if (!ec && !parser.is_done() &&
-        beast::iequals(parser.get()[http::field::expect], "100-continue")) {
-      static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
-      net::write(stream, net::buffer(kContinue, sizeof(kContinue) - 1), ec);
-      if (ec) break;
-    }
-    if (!ec && !parser.is_done()) http::read(stream, buffer, parser, ec);
-    if (ec) {
-      const int version = parser.is_header_done() ? parser.get().version() : 11;
-      if (ec == http::error::end_of_stream || ec == net::error::eof ||
-          ec == net::error::connection_reset || ec == net::error::broken_pipe) {
-        break;  // the client left between requests (or mid-request)
-      }
-      if (ec == net::error::timed_out) {
-        if (parser.got_some()) WriteError(stream, options_, version, 408, "request timed out");
-        break;
-      }
-      if (ec == http::error::body_limit) {
-        WriteError(stream, options_, version, 413,
-                   fmt::format("request body exceeds {} bytes", options_.max_body_bytes));
-        linger = true;
-      } else if (ec == http::error::header_limit) {
-        WriteError(stream, options_, version, 431,
-                   fmt::format("request headers exceed {} bytes", options_.max_header_bytes));
-        linger = true;
-      } else if (ec.category() == http::make_error_code(http::error::bad_target).category()) {
-        WriteError(stream, options_, version, 400, fmt::format("malformed request: {}", ec.message()));
-        linger = true;
-      }
-      break;  // other I/O errors: just close
-    }
-
-    auto& msg = parser.get();
-    HttpRequest req = ToHttpRequest(msg, remote);
-
-    bool keep_alive = msg.keep_alive();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      conn->busy = true;
-      ++busy_;
-      if (!accepting_) keep_alive = false;
-    }
-    ConnResponder responder(stream, options_, req.version, keep_alive);
-    try {
-      handler_(req, responder);
-    } catch (const std::exception& e) {
-      Log().error("http: handler for {} {} threw: {}", req.method, req.path, e.what());
-    } catch (...) {
-      Log().error("http: handler for {} {} threw", req.method, req.path);
-    }
-    if (!responder.started()) {
-      responder.Send(500, "application/json", options_.error_body(500, "handler sent no response"), {});
-    } else if (responder.streaming() && !responder.done()) {
-      responder.EndStream();
-    }
-    bool again = responder.keep_alive() && !responder.failed();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      conn->busy = false;
-      --busy_;
-      if (!accepting_) again = false;
-    }
-    cv_.notify_all();
-    if (!again) break;
-  }
-
-  if (linger) LingeringClose(fd, 1000);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ::close(fd);
-    conn->closed = true;
-    conn->done = true;
-  }
-  cv_.notify_all();
-}
-
 void HttpServer::StopAccepting() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!accepting_) return;
-  accepting_ = false;
-  uint64_t one = 1;
-  if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof(one));
-  // Idle keep-alive connections: wake their blocked read; their threads then exit.
-  for (Conn& c : conns_) {
-    if (!c.closed && !c.busy) ::shutdown(c.fd, SHUT_RDWR);
-  }
+  if (front_) front_->StopAccepting();
 }
 
 void HttpServer::Stop(double drain_seconds) {
+  ConnectionFront* front;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!started_ || stopped_) return;
-    stopped_ = true;
+    front = front_.get();
   }
-  StopAccepting();
-  if (accept_thread_.joinable()) accept_thread_.join();
-  if (drain_seconds < 0) drain_seconds = options_.drain_seconds;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::duration<double>(drain_seconds), [this] { return busy_ == 0; });
-    int forced = 0;
-    for (Conn& c : conns_) {
-      if (!c.closed) {
-        ::shutdown(c.fd, SHUT_RDWR);
-        forced += c.busy ? 1 : 0;
-      }
-    }
-    if (forced) Log().warn("http: drain timed out; shut down {} connection(s) in progress", forced);
-  }
-  // No new connections can appear now; join everything.
-  for (;;) {
-    std::list<Conn> all;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (conns_.empty()) break;
-      all.splice(all.end(), conns_);
-    }
-    for (Conn& c : all) {
-      if (c.thread.joinable()) c.thread.join();
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  UnlinkUnixSocket(listening_);  // before close: the open socket pins its inode (see socket.h)
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-  listen_fd_ = wake_fd_ = -1;
+  if (front == nullptr) return;
+  front->Stop(drain_seconds < 0 ? options_.drain_seconds : drain_seconds);
 }
 
 int HttpServer::open_connections() const {
   std::lock_guard<std::mutex> lock(mu_);
-  int n = 0;
-  for (const Conn& c : conns_) n += c.closed ? 0 : 1;
-  return n;
+  return front_ ? front_->open_connections() : 0;
 }
 
 int HttpServer::active_requests() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return busy_;
+  return front_ ? front_->active() : 0;
+}
+
+ConnectionFrontStats HttpServer::connection_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return front_ ? front_->stats() : ConnectionFrontStats{};
 }
 
 }  // namespace keel

@@ -1,24 +1,32 @@
-// HttpServer: a small HTTP/1.1 server (Boost.Beast parser and serializer over plain POSIX
-// sockets), one thread per connection with blocking I/O and poll()-based timeouts. Simple to
-// reason about and robust for the connection counts an inference engine sees; not meant for
-// tens of thousands of idle clients.
+// HttpServer: a small HTTP/1.1 server (Boost.Beast parser and serializer over POSIX sockets) on
+// the event-driven ConnectionFront (conn_front.h): one epoll thread accepts and reads every
+// request head and body without blocking; only a complete request takes a thread, from a pool of
+// at most `max_active_requests` handler threads. Idle keep-alive and half-sent connections cost a
+// descriptor and their buffered bytes, so thousands of them (or slow clients) cannot starve
+// others: a fresh client is always answered.
 //
-// Bounded everywhere: at most `max_connections` open connections (the next one gets 503 and is
-// closed), request headers at most `max_header_bytes` (431), bodies at most `max_body_bytes`
-// (413), reads and writes time out. Malformed requests get 400 and the connection is closed;
-// nothing a client sends can crash the server. Keep-alive and pipelining follow HTTP/1.1
-// (HTTP/1.0 clients get keep-alive only when they ask for it).
+// Bounded everywhere: total deadlines for a request's head (from its first byte, or from
+// accept) and body (from the head's end) answer 408 and close, however steadily a client
+// trickles bytes; idle keep-alive connections close after `idle_timeout_seconds`. At
+// `max_connections` (or `max_connections_per_client` from one peer IP) a new connection displaces
+// the longest-waiting idle or half-sent connection, taken from the client holding the most; only
+// when every connection runs a handler is the new one answered 503 at once and closed. A
+// complete request while `max_active_requests` handlers run gets 503 and its connection closes.
+// Request headers at most `max_header_bytes` (431), bodies at most `max_body_bytes` (413), writes
+// time out. Malformed requests get 400 and the connection is closed; nothing a client sends can
+// crash the server. Keep-alive and pipelining follow HTTP/1.1 (HTTP/1.0 clients get keep-alive
+// only when they ask for it).
 //
-// The handler runs on the connection's thread and may block (e.g. waiting for generated
-// tokens); it answers through an HttpResponder, either with one Send or with a chunked stream
-// (BeginStream, WriteChunk..., EndStream). A handler that returns without answering gets 500;
-// one that leaves a stream open has it closed for it.
+// The handler runs on a pool thread and may block (e.g. waiting for generated tokens); it answers
+// through an HttpResponder, either with one Send or with a chunked stream (BeginStream,
+// WriteChunk..., EndStream). A handler that returns without answering gets 500; one that leaves a
+// stream open has it closed for it.
 //
-// Start, Stop, StopAccepting and port are thread-safe. Stop drains: it stops accepting, closes
-// idle keep-alive connections, waits up to `drain_seconds` for handlers in progress, then shuts
-// the remaining sockets down (their writes fail, ClientGone() turns true) and joins every thread.
-// Handlers must therefore return once writes fail or ClientGone() is true, and must not call
-// Stop themselves (it joins their thread).
+// Start, Stop, StopAccepting and the accessors are thread-safe. Stop drains: it stops accepting,
+// closes idle and half-sent connections, waits up to `drain_seconds` for handlers in progress,
+// then shuts the remaining sockets down (their writes fail, ClientGone() turns true) and joins
+// every thread. Handlers must therefore return once writes fail or ClientGone() is true, and must
+// not call Stop themselves (it waits for them).
 #pragma once
 
 #include <atomic>
@@ -35,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/conn_front.h"
 #include "keel/core/socket.h"
 #include "keel/core/status.h"
 
@@ -128,13 +137,21 @@ struct HttpServerOptions {
   // instead (mode 0600, stale file replaced, removed by Stop; see ListenUnix). port is then unused.
   std::string host = "127.0.0.1";
   int port = 0;                        // 0 = pick a free port; see HttpServer::port()
-  int max_connections = 256;           // open connections; beyond: 503 and close
+  // Open connections (idle ones cost no thread). At the cap a new connection displaces the
+  // longest-waiting connection not running a handler; when all run one: 503 and close. Lowered at
+  // Start to what RLIMIT_NOFILE allows (whose soft limit is raised toward the hard one).
+  int max_connections = 4096;
+  int max_connections_per_client = 0;  // per peer IP, with the same displacement; 0 = no own cap
+  int max_active_requests = 256;       // handlers running at once (one thread each); beyond: 503
   size_t max_body_bytes = 1 << 20;     // 413 beyond
   size_t max_header_bytes = 8 << 10;   // request line + headers; 431 beyond
-  double read_timeout_seconds = 30;    // idle keep-alive or a stalled request: close
+  double head_timeout_seconds = 10;    // accept (or a request's first byte) to end of head: 408
+  double body_timeout_seconds = 30;    // end of head to end of body: 408
+  double idle_timeout_seconds = 60;    // keep-alive with no next request: close
+  double read_timeout_seconds = 30;    // upper bound on each of the three above (<= 0: none)
   double write_timeout_seconds = 30;   // a client not reading: the write fails
   double drain_seconds = 10;           // Stop waits this long for handlers in progress
-  int backlog = 128;
+  int backlog = 1024;                  // a burst of connects waits here, not in SYN retries
   std::string server_name = "keel";    // Server header
   HttpErrorBody error_body = DefaultHttpErrorBody;
 };
@@ -146,12 +163,12 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds, listens and starts the accept thread. IOError naming host:port (or the socket path)
+  // Binds, listens and starts the I/O thread. IOError naming host:port (or the socket path)
   // when the address cannot be resolved or bound; InvalidArgument for a bad port; Internal if already started.
   Status Start();
   // The bound port (the real one when options.port was 0); 0 before Start.
   int port() const { return port_.load(); }
-  // Stops accepting and closes idle keep-alive connections; returns at once. Requests already
+  // Stops accepting and closes idle and half-sent connections; returns at once. Requests already
   // being handled continue; their connections close after the response.
   void StopAccepting();
   // StopAccepting, then waits up to `drain_seconds` (options.drain_seconds when negative) for
@@ -161,35 +178,15 @@ class HttpServer {
   // Connections open now, and requests being handled now.
   int open_connections() const;
   int active_requests() const;
+  // Connection counters: shed, rejected (503 at a cap), head/body/idle timeouts, the cap in force.
+  ConnectionFrontStats connection_stats() const;
 
  private:
-  struct Conn {
-    int fd = -1;
-    bool busy = false;     // between a complete request and the end of its response
-    bool closed = false;   // fd closed by its thread
-    bool done = false;     // thread finished; join and erase
-    std::thread thread;
-  };
-  void AcceptLoop();
-  void Serve(Conn* conn, std::string remote);
-  void RejectOverloaded(int fd);
-  void ReapDone();  // joins threads of finished connections (takes mu_)
-
   HttpServerOptions options_;
   HttpHandler handler_;
   std::atomic<int> port_{0};
-  int listen_fd_ = -1;
-  ListeningSocket listening_;  // for the Unix socket file to remove on Stop
-  int wake_fd_ = -1;  // eventfd: wakes the accept loop for StopAccepting
-  std::thread accept_thread_;
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // signalled when a connection goes idle or finishes
-  bool started_ = false;
-  bool accepting_ = false;
-  bool stopped_ = false;
-  std::list<Conn> conns_;
-  int busy_ = 0;
+  std::unique_ptr<ConnectionFront> front_;
+  mutable std::mutex mu_;  // guards front_ against Start racing the accessors
 };
 
 }  // namespace keel

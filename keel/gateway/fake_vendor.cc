@@ -339,6 +339,7 @@ Result<std::unique_ptr<FakeVendor>> FakeVendor::Start(FakeVendorOptions options)
   so.host = options.host;
   so.port = options.port;
   so.max_connections = options.max_connections;
+  so.max_active_requests = options.max_connections;  // every connection may be mid-stream (a sleeping handler)
   so.max_body_bytes = options.max_body_bytes;
   so.max_header_bytes = 64 << 10;
   so.drain_seconds = options.drain_seconds;

@@ -74,7 +74,7 @@ struct FakeVendorOptions {
   std::string api_key;             // "" = accept any non-empty key
   int embedding_dims = 8;          // OpenAI embeddings without "dimensions"
   double slow_ms = 5000;           // the "slow" switch's wait
-  int max_connections = 1024;      // open connections (one thread each); beyond: 503
+  int max_connections = 1024;      // open connections (HttpServerOptions::max_connections)
   size_t max_body_bytes = 32u << 20;
   double drain_seconds = 2;        // Stop waits this long for answers in progress
 };

@@ -1,6 +1,14 @@
 #include "keel/core/http_server.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -39,6 +47,91 @@ class Latch {
   bool open_ = false;
 };
 
+// A raw loopback connection for floods and trickles (no HTTP of its own).
+class RawConn {
+ public:
+  // Non-blocking connect: many can be opened before any completes (see WaitConnected).
+  explicit RawConn(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd_ < 0) return;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno != EINPROGRESS) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RawConn() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawConn(const RawConn&) = delete;
+  RawConn& operator=(const RawConn&) = delete;
+  int fd() const { return fd_; }
+  // Waits (bounded) until the connect completed; true when connected.
+  bool WaitConnected(int timeout_ms) {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLOUT, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return false;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    return ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+  }
+  bool Send(std::string_view data) {
+    return fd_ >= 0 && ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  }
+  // Sends `data` one byte every gap_ms, watching for the server to answer or close meanwhile.
+  // True when the server closed the connection before every byte was sent (what it sent is in
+  // *reply); false when the trickle completed with the connection still open.
+  bool TrickleUntilClosed(std::string_view data, int gap_ms, std::string* reply) {
+    for (char ch : data) {
+      if (::send(fd_, &ch, 1, MSG_NOSIGNAL) != 1) return true;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, gap_ms) > 0) {
+        char buf[4096];
+        ssize_t n;
+        // The server answered (408) or closed: read to the end (bounded).
+        while ((n = ::recv(fd_, buf, sizeof(buf), 0)) > 0) {
+          reply->append(buf, static_cast<size_t>(n));
+          if (::poll(&p, 1, 5000) <= 0) return false;
+        }
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Raises RLIMIT_NOFILE's soft limit to the hard one; true when at least `need` descriptors fit.
+bool EnsureFds(rlim_t need) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
+  if (rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need;
+}
+
+// Opens n connections and waits (bounded) for all to complete; returns how many did.
+int OpenMany(int port, int n, std::vector<std::unique_ptr<RawConn>>* out) {
+  const size_t first = out->size();
+  for (int i = 0; i < n; ++i) out->push_back(std::make_unique<RawConn>(port));
+  // One overall bound (connects complete concurrently; a full accept queue delays some).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int ok = 0;
+  for (size_t i = first; i < out->size(); ++i) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    ok += (*out)[i]->WaitConnected(std::max<int>(0, static_cast<int>(left.count()))) ? 1 : 0;
+  }
+  return ok;
+}
+
 class HttpServerTest : public ::testing::Test {
  protected:
   void StartServer(HttpServerOptions options = {}) {
@@ -74,6 +167,11 @@ class HttpServerTest : public ::testing::Test {
       }
       gone_.Open();
     });
+    router_.Handle("GET", "/block", [this](const HttpRequest&, HttpResponder& res) {
+      blocked_.fetch_add(1);
+      release_.Wait();
+      res.Send(200, "text/plain", "released");
+    });
     router_.Handle("GET", "/silent", [](const HttpRequest&, HttpResponder&) {});
     router_.Handle("GET", "/throws", [](const HttpRequest&, HttpResponder&) { throw std::runtime_error("boom"); });
     server_ = std::make_unique<HttpServer>(options, [this](const HttpRequest& q, HttpResponder& r) { router_(q, r); });
@@ -89,6 +187,19 @@ class HttpServerTest : public ::testing::Test {
   std::unique_ptr<HttpServer> server_;
   Latch first_sent_, release_, gone_;
   std::atomic<bool> saw_gone_{false};
+  std::atomic<int> blocked_{0};
+
+  // Waits (bounded, 30 s) until no handler runs: the answered connections are idle again.
+  bool WaitIdle() {
+    for (int i = 0; i < 3000 && server_->active_requests() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return server_->active_requests() == 0;
+  }
+
+  // Waits (bounded, 30 s) until n handlers of /block are running.
+  bool WaitBlocked(int n) {
+    for (int i = 0; i < 3000 && blocked_.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return blocked_.load() >= n;
+  }
 };
 
 TEST_F(HttpServerTest, GetAndPost) {
@@ -307,25 +418,147 @@ TEST_F(HttpServerTest, SilentOrThrowingHandlerGets500) {
   EXPECT_EQ(c.Request("GET", "/hello").status, 200);
 }
 
-TEST_F(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
+TEST_F(HttpServerTest, AtTheCapAnIdleConnectionIsShedForANewOne) {
   HttpServerOptions o;
   o.max_connections = 1;
   StartServer(o);
-  HttpTestClient a(server_->port());
-  ASSERT_EQ(a.Request("GET", "/hello").status, 200);  // a is open and counted
-  HttpTestClient b(server_->port());
+  HttpTestClient a(server_->port(), 10);
+  ASSERT_EQ(a.Request("GET", "/hello").status, 200);  // a is open, idle and counted
+  ASSERT_TRUE(WaitIdle());
+  HttpTestClient b(server_->port(), 10);
+  EXPECT_EQ(b.Request("GET", "/hello").status, 200);  // a made room for b
+  EXPECT_TRUE(a.WaitClosed());
+  EXPECT_EQ(server_->connection_stats().shed, 1);
+  EXPECT_EQ(b.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, AtTheCapWithEveryConnectionBusyANewOneGets503) {
+  HttpServerOptions o;
+  o.max_connections = 2;
+  StartServer(o);
+  HttpTestClient a(server_->port(), 30), b(server_->port(), 30);
+  ASSERT_TRUE(a.SendRaw(HttpTestClient::BuildRequest("GET", "/block")));
+  ASSERT_TRUE(b.SendRaw(HttpTestClient::BuildRequest("GET", "/block")));
+  ASSERT_TRUE(WaitBlocked(2));
+  HttpTestClient c(server_->port(), 10);
+  HttpTestResponse r = c.Request("GET", "/hello");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_TRUE(c.WaitClosed());
+  EXPECT_GE(server_->connection_stats().rejected, 1);
+  release_.Open();
+  HttpTestResponse ra, rb;
+  ASSERT_TRUE(a.ReadResponse(&ra));
+  ASSERT_TRUE(b.ReadResponse(&rb));
+  EXPECT_EQ(ra.body, "released");
+  ASSERT_TRUE(WaitIdle());
+  // Both are idle again now: a newcomer displaces one of them.
+  HttpTestClient d(server_->port(), 10);
+  EXPECT_EQ(d.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, RequestsBeyondMaxActiveGet503AtOnce) {
+  HttpServerOptions o;
+  o.max_active_requests = 1;
+  StartServer(o);
+  HttpTestClient a(server_->port(), 30);
+  ASSERT_TRUE(a.SendRaw(HttpTestClient::BuildRequest("GET", "/block")));
+  ASSERT_TRUE(WaitBlocked(1));
+  HttpTestClient b(server_->port(), 10);
   HttpTestResponse r = b.Request("GET", "/hello");
   EXPECT_EQ(r.status, 503);
   EXPECT_TRUE(b.WaitClosed());
-  a.Close();
-  // Once a has gone, a new connection is served (retry: a's thread needs a moment to close).
-  int status = 0;
-  for (int i = 0; i < 3000 && status != 200; ++i) {
-    HttpTestClient c(server_->port());
-    status = c.Request("GET", "/hello").status;
-    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  release_.Open();
+  HttpTestResponse ra;
+  ASSERT_TRUE(a.ReadResponse(&ra));
+  EXPECT_EQ(ra.status, 200);
+  EXPECT_EQ(a.Request("GET", "/hello").status, 200);  // the worker is free again
+}
+
+TEST_F(HttpServerTest, AClientOverItsOwnCapLosesItsOldestIdleConnection) {
+  HttpServerOptions o;
+  o.max_connections_per_client = 2;
+  StartServer(o);
+  HttpTestClient a(server_->port(), 10), b(server_->port(), 10);
+  ASSERT_EQ(a.Request("GET", "/hello?a").status, 200);
+  ASSERT_EQ(b.Request("GET", "/hello?b").status, 200);
+  ASSERT_TRUE(WaitIdle());
+  HttpTestClient c(server_->port(), 10);
+  EXPECT_EQ(c.Request("GET", "/hello?c").status, 200);
+  EXPECT_TRUE(a.WaitClosed());                          // the oldest one went
+  EXPECT_EQ(b.Request("GET", "/hello?b2").body, "hello b2");  // the others stay
+  EXPECT_EQ(server_->open_connections(), 2);
+}
+
+TEST_F(HttpServerTest, SlowlorisHeadIsClosedByTheHeadDeadline) {
+  HttpServerOptions o;
+  o.head_timeout_seconds = 1;
+  StartServer(o);
+  RawConn slow(server_->port());
+  ASSERT_TRUE(slow.WaitConnected(10000));
+  // One byte every 300 ms would take 18 s; each byte resets a per-read timeout, never a total one.
+  const std::string head = "GET /hello HTTP/1.1\r\nHost: x\r\nX-Slow: " + std::string(20, 'a') + "\r\n\r\n";
+  std::string reply;
+  EXPECT_TRUE(slow.TrickleUntilClosed(head, 300, &reply)) << "the trickling client was never cut off";
+  EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply;
+  EXPECT_GE(server_->connection_stats().head_timeouts, 1);
+  HttpTestClient c(server_->port(), 10);
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, TricklingBodyIsClosedByTheBodyDeadline) {
+  HttpServerOptions o;
+  o.body_timeout_seconds = 1;
+  StartServer(o);
+  RawConn slow(server_->port());
+  ASSERT_TRUE(slow.WaitConnected(10000));
+  ASSERT_TRUE(slow.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n"));
+  std::string reply;
+  EXPECT_TRUE(slow.TrickleUntilClosed(std::string(60, 'b'), 300, &reply)) << "the trickling body was never cut off";
+  EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply;
+  EXPECT_GE(server_->connection_stats().body_timeouts, 1);
+}
+
+// 300 slow-header connections and 2,000 idle ones: a fresh client is still answered, with the
+// default limits and with a cap far below the flood (shedding).
+void FloodThenProbe(HttpServer& server, int slow, int idle, std::vector<std::unique_ptr<RawConn>>& flood) {
+  const int connected = OpenMany(server.port(), slow + idle, &flood);
+  EXPECT_EQ(connected, slow + idle);
+  // Probe only once the server has taken the whole flood in (a connect can complete on the client
+  // side while the server has yet to accept it).
+  for (int i = 0; i < 3000 && server.connection_stats().accepted < slow + idle; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(status, 200);
+  ASSERT_GE(server.connection_stats().accepted, slow + idle);
+  for (int i = 0; i < slow; ++i) flood[i]->Send("GET /hello HTTP/1.1\r\nHost: x\r\nX-Slow: a");
+  for (int i = 0; i < 3; ++i) {
+    HttpTestClient probe(server.port(), /*timeout_seconds=*/20);
+    ASSERT_TRUE(probe.connected());
+    HttpTestResponse r = probe.Request("GET", "/hello?probe");
+    EXPECT_EQ(r.status, 200) << "probe " << i;
+    EXPECT_EQ(r.body, "hello probe");
+  }
+}
+
+TEST_F(HttpServerTest, SlowAndIdleFloodDoesNotStarveAFreshClient) {
+  if (!EnsureFds(2 * 2400 + 256)) GTEST_SKIP() << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
+  StartServer();
+  std::vector<std::unique_ptr<RawConn>> flood;
+  FloodThenProbe(*server_, 300, 2000, flood);
+  const ConnectionFrontStats st = server_->connection_stats();
+  EXPECT_GE(server_->open_connections(), 2000)  // the flood was held, not refused
+      << "accepted " << st.accepted << " shed " << st.shed << " rejected " << st.rejected << " head timeouts "
+      << st.head_timeouts << " cap " << st.max_connections;
+}
+
+TEST_F(HttpServerTest, FloodBeyondTheCapIsShedForAFreshClient) {
+  if (!EnsureFds(2 * 2400 + 256)) GTEST_SKIP() << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
+  HttpServerOptions o;
+  o.max_connections = 256;
+  StartServer(o);
+  std::vector<std::unique_ptr<RawConn>> flood;
+  FloodThenProbe(*server_, 300, 2000, flood);
+  EXPECT_LE(server_->open_connections(), 256);
+  EXPECT_GE(server_->connection_stats().shed, 2300 - 256);
 }
 
 TEST_F(HttpServerTest, IncompleteRequestTimesOut) {
