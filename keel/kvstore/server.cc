@@ -3,7 +3,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,13 +16,6 @@
 #include "keel/core/socket.h"
 
 namespace keel::kvstore {
-
-struct Server::Conn {
-  int fd = -1;
-  std::string remote;
-  std::thread thread;
-  std::atomic<bool> done{false};
-};
 
 namespace {
 
@@ -59,6 +51,20 @@ Reply StatusReply(const FrameHeader& req, const Status& s) {
   return r;
 }
 
+// A reply without stored values as bytes, for the I/O thread to write without blocking.
+std::string ReplyBytes(Reply& r) {
+  r.h.value_bytes = static_cast<uint32_t>(r.small.size());
+  std::string out(kHeaderBytes, '\0');
+  EncodeHeader(r.h, {}, reinterpret_cast<uint8_t*>(out.data()));
+  return out + r.small;
+}
+
+Reply ErrorReply(const FrameHeader& req, const Status& s) {
+  FrameHeader h = req;
+  h.op = Op::kError;
+  return StatusReply(h, s);
+}
+
 // Drops `n` bytes of input (a PUT refused before its value was read), keeping the stream in step.
 Status Discard(int fd, uint64_t n, Deadline deadline) {
   char buf[65536];
@@ -72,29 +78,159 @@ Status Discard(int fd, uint64_t n, Deadline deadline) {
 
 }  // namespace
 
+// One connection's frame being read. OnReadable (I/O thread) gathers the header and keys without
+// blocking; Serve (a worker) reads the value and answers, then keeps going while whole headers
+// of pipelined frames are already waiting.
+class Server::Session final : public FrontSession {
+ public:
+  Session(Server& server, std::string remote) : server_(server), remote_(std::move(remote)) {}
+
+  FrontStep OnReadable(int fd) override {
+    for (;;) {
+      uint8_t* dst;
+      size_t want;
+      if (have_ < kHeaderBytes) {
+        dst = header_ + have_;
+        want = kHeaderBytes - have_;
+      } else if (keys_have_ < keys_.size()) {
+        dst = reinterpret_cast<uint8_t*>(keys_.data()) + keys_have_;
+        want = keys_.size() - keys_have_;
+      } else {
+        Status st = server_.CheckFrame(header_, req_, keys_);
+        if (!st.ok()) return FrontStep::Close(server_.RejectBytes(req_, st, remote_), true);
+        return {FrontStep::kDispatch};
+      }
+      const ssize_t n = ::recv(fd, dst, want, MSG_DONTWAIT);
+      if (n == 0) return FrontStep::Close();
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return {have_ == 0 ? FrontStep::kIdle : FrontStep::kHead};
+        return FrontStep::Close();
+      }
+      if (have_ == 0) deadline_ = DeadlineIn(server_.options_.io_timeout_ms);  // the frame's whole budget
+      if (have_ < kHeaderBytes) {
+        have_ += static_cast<size_t>(n);
+        if (have_ == kHeaderBytes) {
+          Status st = Decode();
+          if (!st.ok()) return FrontStep::Close(server_.RejectBytes(req_, st, remote_), true);
+        }
+      } else {
+        keys_have_ += static_cast<size_t>(n);
+      }
+    }
+  }
+
+  std::string OnTimeout(FrontStep::Kind) override { return {}; }
+
+  std::string BusyReply() override {
+    Reply r = ErrorReply(req_, Status::ResourceExhausted("kvstore: server busy; retry later"));
+    return ReplyBytes(r);
+  }
+
+  bool Serve(int fd, const std::atomic<bool>& accepting) override {
+    for (;;) {
+      const bool ok = server_.HandleFrame(fd, req_, keys_, deadline_, remote_);
+      Reset();
+      if (!ok || !accepting.load()) return false;
+      // Pipelined frames: keep serving while a whole header is already waiting (no hand-off per
+      // frame); otherwise go back to the epoll set.
+      const ssize_t n = ::recv(fd, header_, kHeaderBytes, MSG_PEEK | MSG_DONTWAIT);
+      if (n != static_cast<ssize_t>(kHeaderBytes)) return true;
+      deadline_ = DeadlineIn(server_.options_.io_timeout_ms);
+      if (!ReadFull(fd, header_, kHeaderBytes, deadline_).ok()) return false;
+      have_ = kHeaderBytes;
+      Status st = Decode();
+      if (st.ok()) {
+        if (!ReadFull(fd, keys_.data(), keys_.size(), deadline_).ok()) return false;
+        keys_have_ = keys_.size();
+        st = server_.CheckFrame(header_, req_, keys_);
+      }
+      if (!st.ok()) {
+        const std::string bytes = server_.RejectBytes(req_, st, remote_);
+        iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+        (void)WriteFullV(fd, &iov, 1, DeadlineIn(server_.options_.io_timeout_ms));
+        LingeringClose(fd, 200);
+        return false;
+      }
+    }
+  }
+
+ private:
+  Status Decode() {
+    Result<FrameHeader> parsed = DecodeHeader(header_, server_.options_.limits);
+    if (!parsed.ok()) {
+      req_ = FrameHeader{};
+      return parsed.status();
+    }
+    req_ = *parsed;
+    if (req_.op == Op::kError) return Status::InvalidArgument("kvstore frame: ERROR is a reply, not a request");
+    keys_.resize(req_.key_bytes);
+    keys_have_ = 0;
+    return Status::Ok();
+  }
+
+  void Reset() {
+    have_ = 0;
+    keys_have_ = 0;
+    keys_.clear();
+    if (keys_.capacity() > 4096) keys_.shrink_to_fit();  // an idle connection keeps little
+    req_ = FrameHeader{};
+  }
+
+  Server& server_;
+  const std::string remote_;
+  uint8_t header_[kHeaderBytes];
+  size_t have_ = 0;
+  FrameHeader req_;
+  std::string keys_;
+  size_t keys_have_ = 0;
+  Deadline deadline_ = Deadline::max();
+};
+
 Server::Server(Store& store, const ServerOptions& options) : store_(store), options_(options) {}
 
 Result<std::unique_ptr<Server>> Server::Start(Store& store, const ServerOptions& options, MetricsRegistry* metrics) {
-  KEEL_ASSIGN_OR_RETURN(ListeningSocket listening, ListenTcp(options.host, options.port, 256));
-  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake < 0) {
-    ::close(listening.fd);
-    return Status::IOError(std::string("eventfd: ") + std::strerror(errno));
-  }
+  KEEL_ASSIGN_OR_RETURN(ListeningSocket listening, ListenTcp(options.host, options.port, 1024));
   std::unique_ptr<Server> server(new Server(store, options));
-  server->listen_fd_ = listening.fd;
-  server->wake_fd_ = wake;
+  Server* s = server.get();
+  ConnectionFrontOptions fo;
+  fo.tag = "kvstore";
+  fo.max_connections = options.max_connections;
+  fo.max_connections_per_client = options.max_connections_per_client;
+  fo.max_workers = options.max_workers;
+  fo.head_timeout_seconds = options.io_timeout_ms / 1000.0;
+  fo.body_timeout_seconds = options.io_timeout_ms / 1000.0;
+  fo.idle_timeout_seconds = options.idle_timeout_ms / 1000.0;
+  fo.linger_seconds = 0.2;
+  FrameHeader none;
+  none.op = Op::kError;
+  Reply full = StatusReply(none, Status::ResourceExhausted("kvstore: too many connections"));
+  server->front_ = std::make_unique<ConnectionFront>(
+      fo, [s](const std::string& peer) -> std::unique_ptr<FrontSession> { return std::make_unique<Session>(*s, peer); },
+      ReplyBytes(full));
   server->port_ = listening.port;
+  KEEL_RETURN_IF_ERROR(server->front_->Start(listening));
   if (metrics != nullptr) {
-    Server* s = server.get();
+    ConnectionFront* front = server->front_.get();
     server->latency_ = &metrics->AddHistogram("keel_kvstore_request_seconds", "kvstore request service time.",
                                               ExponentialBuckets(1e-5, 2.5, 14), {"op"});
-    metrics->AddGauge("keel_kvstore_connections", "Open client connections.").Get().SetCallback([s] {
-      return static_cast<double>(s->open_.load());
+    metrics->AddGauge("keel_kvstore_connections", "Open client connections.").Get().SetCallback([front] {
+      return static_cast<double>(front->open_connections());
     });
-    metrics->AddCounter("keel_kvstore_connections_rejected_total", "Connections refused (limit reached).")
+    metrics->AddCounter("keel_kvstore_connections_rejected_total",
+                        "Connections refused (every connection or every worker busy).")
         .Get()
-        .SetCallback([s] { return static_cast<double>(s->rejected_.load()); });
+        .SetCallback([front] { return static_cast<double>(front->stats().rejected); });
+    metrics->AddCounter("keel_kvstore_connections_shed_total",
+                        "Idle connections closed to make room for a newer one at a connection cap.")
+        .Get()
+        .SetCallback([front] { return static_cast<double>(front->stats().shed); });
+    metrics->AddCounter("keel_kvstore_frame_timeouts_total", "Frames not complete within the I/O timeout (closed).")
+        .Get()
+        .SetCallback([front] {
+          const ConnectionFrontStats st = front->stats();
+          return static_cast<double>(st.head_timeouts + st.body_timeouts);
+        });
     metrics->AddCounter("keel_kvstore_frames_rejected_total", "Malformed frames (their connections were closed).")
         .Get()
         .SetCallback([s] { return static_cast<double>(s->bad_frames_.load()); });
@@ -105,8 +241,6 @@ Result<std::unique_ptr<Server>> Server::Start(Store& store, const ServerOptions&
       return static_cast<double>(s->bytes_out_.load());
     });
   }
-  Server* self = server.get();
-  server->accept_thread_ = std::thread([self] { self->AcceptLoop(); });
   Log().info("kvstore: listening on {}:{}", options.host, listening.port);
   return server;
 }
@@ -114,33 +248,17 @@ Result<std::unique_ptr<Server>> Server::Start(Store& store, const ServerOptions&
 Server::~Server() { Stop(); }
 
 void Server::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-    for (Conn& c : conns_) ::shutdown(c.fd, SHUT_RDWR);
-  }
-  uint64_t one = 1;
-  (void)::write(wake_fd_, &one, sizeof(one));
-  if (accept_thread_.joinable()) accept_thread_.join();
-  std::list<Conn> conns;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Conn& c : conns_) ::shutdown(c.fd, SHUT_RDWR);  // accepted after the first sweep
-    conns.splice(conns.end(), conns_);
-  }
-  for (Conn& c : conns) {
-    if (c.thread.joinable()) c.thread.join();
-  }
-  ::close(listen_fd_);
-  ::close(wake_fd_);
+  if (front_) front_->Stop(0);
 }
 
 ServerStats Server::Stats() const {
   ServerStats s;
-  s.connections_open = open_.load();
-  s.connections_total = total_.load();
-  s.connections_rejected = rejected_.load();
+  const ConnectionFrontStats f = front_->stats();
+  s.connections_open = f.open;
+  s.connections_total = f.accepted;
+  s.connections_rejected = f.rejected;
+  s.connections_shed = f.shed;
+  s.frame_timeouts = f.head_timeouts + f.body_timeouts;
   s.frames_rejected = bad_frames_.load();
   s.requests = requests_.load();
   s.bytes_in = bytes_in_.load();
@@ -148,95 +266,34 @@ ServerStats Server::Stats() const {
   return s;
 }
 
-void Server::ReapDone() {
-  std::list<Conn> done;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = conns_.begin(); it != conns_.end();) {
-      auto next = std::next(it);
-      if (it->done.load()) done.splice(done.end(), conns_, it);
-      it = next;
-    }
+Status Server::CheckFrame(const uint8_t* header, const FrameHeader& req, const std::string& keys) const {
+  KEEL_RETURN_IF_ERROR(CheckHeaderChecksum(header, keys, req.header_checksum));
+  if (req.value_bytes > 0 && req.op != Op::kPut) {
+    return Status::InvalidArgument(std::string("kvstore frame: ") + OpName(req.op) + " carries no value");
   }
-  for (Conn& c : done) c.thread.join();
+  return Status::Ok();
 }
 
-void Server::AcceptLoop() {
-  for (;;) {
-    int fd = -1;
-    std::string remote;
-    AcceptResult got = AcceptConnection(listen_fd_, wake_fd_, 1000, "kvstore", &fd, &remote);
-    if (got == AcceptResult::kStop) return;
-    ReapDone();
-    if (got == AcceptResult::kNone) continue;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
-      ::close(fd);
-      return;
-    }
-    if (open_.load() >= options_.max_connections) {
-      rejected_.fetch_add(1);
-      FrameHeader req;
-      req.op = Op::kError;
-      Reply rep = StatusReply(req, Status::ResourceExhausted("kvstore: too many connections"));
-      int64_t ignored = 0;
-      (void)SendReply(fd, rep, DeadlineIn(100), &ignored);
-      ::close(fd);
-      continue;
-    }
-    conns_.emplace_back();
-    Conn* c = &conns_.back();
-    c->fd = fd;
-    c->remote = std::move(remote);
-    open_.fetch_add(1);
-    total_.fetch_add(1);
-    c->thread = std::thread([this, c] { Serve(c); });
-  }
+std::string Server::RejectBytes(const FrameHeader& req, const Status& s, const std::string& remote) {
+  bad_frames_.fetch_add(1);
+  Log().warn("kvstore: closing {}: {}", remote, s.ToString());
+  Reply r = ErrorReply(req, s);
+  return ReplyBytes(r);
 }
 
-void Server::Serve(Conn* c) {
-  const int fd = c->fd;
-  std::string keys;
-  auto reject = [&](const FrameHeader& req, const Status& s) {
+bool Server::HandleFrame(int fd, const FrameHeader& req, const std::string& keys, Deadline deadline,
+                         const std::string& remote) {
+  const auto started = std::chrono::steady_clock::now();
+  auto reject = [&](const Status& s) {
     bad_frames_.fetch_add(1);
-    Log().warn("kvstore: closing {}: {}", c->remote, s.ToString());
-    FrameHeader h = req;
-    h.op = Op::kError;
-    Reply rep = StatusReply(h, s);
+    Log().warn("kvstore: closing {}: {}", remote, s.ToString());
+    Reply rep = ErrorReply(req, s);
     int64_t out = 0;
     (void)SendReply(fd, rep, DeadlineIn(options_.io_timeout_ms), &out);
     LingeringClose(fd, 200);
+    return false;
   };
-  for (;;) {
-    // Idle wait for the next request; Stop() shuts the socket down, which wakes this poll.
-    short rev = 0;
-    int pr = PollFd(fd, POLLIN, options_.idle_timeout_ms, &rev);
-    if (pr <= 0) break;
-    const Deadline deadline = DeadlineIn(options_.io_timeout_ms);
-    uint8_t header[kHeaderBytes];
-    if (!ReadFull(fd, header, kHeaderBytes, deadline).ok()) break;
-    const auto started = std::chrono::steady_clock::now();
-    Result<FrameHeader> parsed = DecodeHeader(header, options_.limits);
-    if (!parsed.ok()) {
-      reject(FrameHeader{}, parsed.status());
-      break;
-    }
-    FrameHeader req = *parsed;
-    if (req.op == Op::kError) {
-      reject(req, Status::InvalidArgument("kvstore frame: ERROR is a reply, not a request"));
-      break;
-    }
-    keys.resize(req.key_bytes);
-    if (!ReadFull(fd, keys.data(), keys.size(), deadline).ok()) break;
-    Status hc = CheckHeaderChecksum(header, keys, req.header_checksum);
-    if (!hc.ok()) {
-      reject(req, hc);
-      break;
-    }
-    if (req.value_bytes > 0 && req.op != Op::kPut) {
-      reject(req, Status::InvalidArgument(std::string("kvstore frame: ") + OpName(req.op) + " carries no value"));
-      break;
-    }
+  {
     bytes_in_.fetch_add(static_cast<int64_t>(kHeaderBytes + req.key_bytes + req.value_bytes));
     requests_.fetch_add(1);
 
@@ -247,15 +304,14 @@ void Server::Serve(Conn* c) {
       if (inflight_bytes_.fetch_add(n) + n > options_.max_inflight_bytes) {
         inflight_bytes_.fetch_sub(n);
         refused = Status::ResourceExhausted("kvstore: server memory for incoming values is exhausted; retry later");
-        if (!Discard(fd, req.value_bytes, deadline).ok()) break;
+        if (!Discard(fd, req.value_bytes, deadline).ok()) return false;
       } else {
         value = Blob::Allocate(req.value_bytes);
         Status rs = ReadFull(fd, value->data(), req.value_bytes, deadline);
         inflight_bytes_.fetch_sub(n);
-        if (!rs.ok()) break;
+        if (!rs.ok()) return false;
         if (Xxh3_64(value->data(), value->size()) != req.value_checksum) {
-          reject(req, Status::Corruption("kvstore frame: value checksum mismatch"));
-          break;
+          return reject(Status::Corruption("kvstore frame: value checksum mismatch"));
         }
         value->set_checksum(req.value_checksum);
       }
@@ -272,8 +328,7 @@ void Server::Serve(Conn* c) {
     if (key_list) {
       Result<std::vector<std::string_view>> parsed_keys = ParseKeyList(keys, req.count);
       if (!parsed_keys.ok()) {
-        reject(req, parsed_keys.status());
-        break;
+        return reject(parsed_keys.status());
       }
       list = std::move(*parsed_keys);
     }
@@ -350,11 +405,8 @@ void Server::Serve(Conn* c) {
       latency_->WithLabels({OpName(req.op)})
           .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     }
-    if (!ws.ok()) break;
+    return ws.ok();
   }
-  ::close(fd);
-  open_.fetch_sub(1);
-  c->done.store(true);
 }
 
 }  // namespace keel::kvstore

@@ -1,25 +1,30 @@
-// kvstore Server: the binary protocol (protocol.h) over TCP, one thread per connection with
-// blocking I/O and deadlines (socket.h), in front of a Store.
+// kvstore Server: the binary protocol (protocol.h) over TCP in front of a Store, on the
+// event-driven ConnectionFront (keel/core/conn_front.h). Connections waiting for their next
+// request sit in one epoll set and hold no thread; the I/O thread reads each frame's header and
+// keys without blocking, then a worker (at most max_workers at once) reads the value straight
+// into a Blob (no intermediate buffer) and writes the reply with one sendmsg() gathering the
+// header, keys and the stored values in place. A connection carries pipelined requests answered
+// in order; a worker keeps serving while whole frame headers are already waiting.
 //
-// A connection carries pipelined requests answered in order. Values are read straight into a
-// Blob (no intermediate buffer) and replies are written with one sendmsg() gathering the header,
-// keys and the stored values in place (no copy into a send buffer).
-//
-// Bounded: at most max_connections (the next one gets an ERROR frame and is closed), frame
-// sizes (FrameLimits), and max_inflight_bytes of request values being received at once across
-// all connections (a PUT beyond it is drained and answered ResourceExhausted). A frame that
-// breaks the format gets an ERROR frame and its connection is closed; nothing is stored from it.
+// Bounded: a frame must arrive whole within io_timeout_ms of its first byte (a trickling client
+// is closed), idle connections close after idle_timeout_ms, at max_connections (or
+// max_connections_per_client from one peer IP) a new connection displaces the longest-waiting
+// idle one, taken from the client holding the most; only when every connection is being served
+// does the new one get an ERROR frame (ResourceExhausted) at once and is closed, as does a
+// request arriving while max_workers are busy. Frame sizes are bounded (FrameLimits), and so are
+// max_inflight_bytes of request values being received at once across all connections (a PUT
+// beyond it is drained and answered ResourceExhausted). A frame that breaks the format gets an
+// ERROR frame and its connection is closed; nothing is stored from it.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <list>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
+#include "keel/core/conn_front.h"
 #include "keel/core/metrics.h"
+#include "keel/core/socket.h"
 #include "keel/core/status.h"
 #include "keel/kvstore/protocol.h"
 #include "keel/kvstore/store.h"
@@ -29,9 +34,11 @@ namespace keel::kvstore {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 7400;              // 0: any free port (see port())
-  int max_connections = 256;
+  int max_connections = 4096;   // open connections; idle ones hold no thread (see above)
+  int max_connections_per_client = 0;  // per peer IP; 0 = only max_connections
+  int max_workers = 256;        // requests served at once
   int idle_timeout_ms = 300000; // a connection with no request for this long is closed
-  int io_timeout_ms = 10000;    // reading the rest of a frame / writing a reply
+  int io_timeout_ms = 10000;    // a whole frame from its first byte; writing a reply
   int64_t max_inflight_bytes = 1ll << 30;
   FrameLimits limits;
 };
@@ -39,7 +46,9 @@ struct ServerOptions {
 struct ServerStats {
   int64_t connections_open = 0;
   int64_t connections_total = 0;
-  int64_t connections_rejected = 0;
+  int64_t connections_rejected = 0;  // refused: every connection or every worker busy
+  int64_t connections_shed = 0;      // idle connections displaced by newer ones at a cap
+  int64_t frame_timeouts = 0;        // frames not complete within io_timeout_ms (closed)
   int64_t frames_rejected = 0;  // protocol errors (connection closed)
   int64_t requests = 0;
   int64_t bytes_in = 0;
@@ -56,28 +65,25 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   int port() const { return port_; }
-  // Stops accepting, shuts every connection down and joins their threads.
+  // Stops accepting, shuts every connection down and joins every thread.
   void Stop();
   ServerStats Stats() const;
 
  private:
   Server(Store& store, const ServerOptions& options);
-  struct Conn;
-  void AcceptLoop();
-  void Serve(Conn* c);
-  void ReapDone();
+  class Session;
+  // Serves one frame whose header and keys were read (worker thread). False closes.
+  bool HandleFrame(int fd, const FrameHeader& req, const std::string& keys, Deadline deadline, const std::string& remote);
+  // Validation shared by the I/O thread and the worker: OK, or the reason to reject the frame.
+  Status CheckFrame(const uint8_t* header, const FrameHeader& req, const std::string& keys) const;
+  std::string RejectBytes(const FrameHeader& req, const Status& s, const std::string& remote);
 
   Store& store_;
   ServerOptions options_;
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;
   int port_ = 0;
-  std::thread accept_thread_;
-  mutable std::mutex mu_;
-  std::list<Conn> conns_;
-  bool stopping_ = false;
+  std::unique_ptr<ConnectionFront> front_;
   std::atomic<int64_t> inflight_bytes_{0};
-  std::atomic<int64_t> open_{0}, total_{0}, rejected_{0}, bad_frames_{0}, requests_{0}, bytes_in_{0}, bytes_out_{0};
+  std::atomic<int64_t> bad_frames_{0}, requests_{0}, bytes_in_{0}, bytes_out_{0};
   HistogramFamily* latency_ = nullptr;
 };
 
