@@ -51,30 +51,6 @@ std::string OpenAiHttpErrorBody(int status, std::string_view message) {
   return Dump(ErrorObject(e));
 }
 
-// Deep nesting is rejected before parsing: nothing in this API nests more than a few levels,
-// and a megabyte of '[' must not cost recursion.
-bool NestingWithin(std::string_view s, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Request parsing
 
@@ -367,13 +343,18 @@ std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
 std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool chat, const std::string& model_name,
                                              const Tokenizer& tok, int vocab, int context, ServerJob* job) {
   // The body is parsed as JSON whatever the Content-Type says: `curl -d` sends form encoding.
-  if (!NestingWithin(body_text, 32)) return BadParam("", "request JSON nests too deeply");
-  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    return ApiError{400, "We could not parse the JSON body of your request: it is not valid JSON",
-                    "invalid_request_error", std::nullopt, std::nullopt};
+  JsonReadError why = JsonReadError::kNone;
+  Result<json> parsed = ParseUntrustedJson(body_text, kRequestJsonLimits, &why);
+  switch (why) {
+    case JsonReadError::kNone: break;
+    case JsonReadError::kTooDeep: return BadParam("", "request JSON nests too deeply");
+    case JsonReadError::kMalformed:
+      return ApiError{400, "We could not parse the JSON body of your request: it is not valid JSON",
+                      "invalid_request_error", std::nullopt, std::nullopt};
+    case JsonReadError::kNotObject: return BadParam("", "the request body must be a JSON object");
+    default: return BadParam("", "request " + parsed.status().message());
   }
-  if (!body.is_object()) return BadParam("", "the request body must be a JSON object");
+  json body = std::move(parsed).value();
   std::optional<ApiError> err = ParseCommon(body, model_name, job);
   if (!err) err = ParseLogprobs(body, chat, &job->params);
   if (!err) err = RejectUnsupported(body, chat);

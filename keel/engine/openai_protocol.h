@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/core/json_reader.h"
 #include "keel/engine/scheduler.h"
 #include "keel/engine/tokenizer.h"
 
@@ -63,9 +64,9 @@ std::string OpenAiHttpErrorBody(int status, std::string_view message);
 // ---------------------------------------------------------------------------------------------
 // Request parsing
 
-// False when `s` opens more than `limit` nested arrays/objects (brackets inside JSON strings do
-// not count). A cheap pre-check so a megabyte of '[' never reaches the recursive parser.
-bool NestingWithin(std::string_view s, int limit);
+// Bounds on a request body (keel/core/json_reader.h): nothing in this API nests more than a few
+// levels, and 1M values holds any prompt of token ids a context can take, with room to spare.
+inline constexpr JsonLimits kRequestJsonLimits{.max_depth = 32, .max_values = size_t{1} << 20, .require_object = true};
 
 // Optional-field readers: an absent or null field leaves *out untouched (and *present false).
 // GetInt: an integer (unsigned values above INT64_MAX saturate); "'<name>' must be an integer".

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/core/json_reader.h"
 #include "keel/gateway/gateway.h"
 
 namespace keel::gateway {
@@ -55,10 +56,14 @@ Result<WireFormat> ParseUpstreamFormat(const std::string& s, const std::string& 
 }  // namespace
 
 Result<GatewayConfig> ParseGatewayConfig(std::string_view text) {
-  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
-    return Status::InvalidArgument("gateway config: not a JSON object");
+  // An operator's file, but read with the same bounds as any JSON (a config is a few KiB).
+  JsonReadError why = JsonReadError::kNone;
+  Result<json> parsed = ParseUntrustedJson(text, JsonLimits{.require_object = true}, &why);
+  if (why == JsonReadError::kMalformed || why == JsonReadError::kNotObject) {
+    return Status::InvalidArgument("gateway config: not a JSON object (" + parsed.status().message() + ")");
   }
+  if (!parsed.ok()) return Status::InvalidArgument("gateway config: " + parsed.status().message());
+  json root = std::move(parsed).value();
   GatewayConfig c;
   if (root.contains("listen")) {
     const json& l = root["listen"];

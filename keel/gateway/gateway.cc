@@ -13,6 +13,7 @@
 #include <boost/asio/use_future.hpp>
 #include <nlohmann/json.hpp>
 
+#include "keel/core/json_reader.h"
 #include "keel/core/log.h"
 #include "keel/core/metrics.h"
 #include "keel/core/signal.h"
@@ -536,14 +537,18 @@ Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponde
   const Governance::Lookup auth = co_await Authorize(req, resp, f, route);
   if (!auth.decision) co_return;
   const std::shared_ptr<const KeyDecision>& decision = auth.decision;
-  json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
+  JsonReadError why = JsonReadError::kNone;
+  Result<json> parsed = ParseUntrustedJson(req.body, JsonLimits{.require_object = true}, &why);
+  if (!parsed.ok()) {
     {
-      const GatewayError e{400, ErrorKind::kInvalidRequest, "request body is not a JSON object"};
+      const bool limit = why == JsonReadError::kTooDeep || why == JsonReadError::kTooManyValues;
+      const GatewayError e{400, ErrorKind::kInvalidRequest,
+                           limit ? "request body: " + parsed.status().message() : "request body is not a JSON object"};
       co_await SendError(resp, f, route, e);
     }
     co_return;
   }
+  json body = std::move(parsed).value();
   if (!body.contains("model") || !body["model"].is_string()) {
     {
       const GatewayError e{400, ErrorKind::kInvalidRequest, "model: expected a string"};
@@ -612,11 +617,14 @@ Task<void> Gateway::Impl::HandleEmbeddings(const HttpRequest& req, AsyncResponde
       if (Retryable(got->status)) continue;
       break;
     }
-    json answer = json::parse(got->body, nullptr, false);
-    if (answer.is_discarded() || !answer.is_object()) {
+    // Upstream answers are larger than requests (thousands of vectors) but still bounded.
+    Result<json> answer_or =
+        ParseUntrustedJson(got->body, JsonLimits{.max_values = size_t{16} << 20, .require_object = true});
+    if (!answer_or.ok()) {
       last_error = {502, ErrorKind::kBadGateway, "upstream " + up.name + " sent an unreadable answer"};
       continue;
     }
+    json answer = std::move(answer_or).value();
     int64_t in = input_tokens;
     if (answer.contains("usage") && answer["usage"].is_object() && answer["usage"].contains("prompt_tokens") &&
         answer["usage"]["prompt_tokens"].is_number_integer()) {

@@ -30,10 +30,8 @@ Status Bad(std::string_view field, std::string_view why) {
 namespace {
 
 Result<json> ParseObject(std::string_view text, std::string_view what) {
-  if (!JsonDepthWithin(text, kMaxJsonDepth)) return Bad(what, fmt::format("JSON nested deeper than {}", kMaxJsonDepth));
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Bad(what, "malformed JSON");
-  if (!j.is_object()) return Bad(what, "expected a JSON object");
+  Result<json> j = ParseUntrustedJson(text, kPolicyJsonLimits);
+  if (!j.ok()) return Bad(what, j.status().message());
   return j;
 }
 

@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/core/json_depth.h"
+#include "keel/core/json_reader.h"
 #include "keel/core/status.h"
 
 namespace keel::gateway {
@@ -102,9 +102,6 @@ Result<std::vector<UsageRecord>> UsageBatchFromJson(std::string_view json);
 // "message"}]}; every field optional on input, all written on output.
 std::string ToJson(const PolicyRules& rules);
 Result<PolicyRules> PolicyRulesFromJson(std::string_view json);
-// False when arrays/objects nest deeper than max_depth outside strings (checked before parsing,
-// so hostile input cannot make the parser build a pathological tree).
-using keel::JsonDepthWithin;  // keel/core/json_depth.h
 // True for 64 lowercase hex digits (what HashApiKey returns).
 bool IsKeyHash(std::string_view text);
 // Limits the decoders enforce (bounded work for any input).
@@ -112,6 +109,11 @@ inline constexpr size_t kMaxUsageBatch = 10000;     // records per POST /v1/usag
 inline constexpr size_t kMaxJsonString = 4096;      // bytes in any one string field
 inline constexpr size_t kMaxPolicyEntries = 1000;   // allowed_models, rewrites, deny each
 inline constexpr int kMaxJsonDepth = 32;            // nesting of arrays and objects
+inline constexpr size_t kMaxJsonValues = 1 << 18;   // values in one message; a full usage batch is ~170k
+// Every JSON body the policy service and its clients read goes through ParseUntrustedJson with
+// these, checked before parsing (keel/core/json_reader.h).
+inline constexpr JsonLimits kPolicyJsonLimits{
+    .max_depth = kMaxJsonDepth, .max_values = kMaxJsonValues, .require_object = true};
 
 // Cost of a request under `prices` (0 when the model has no price).
 double CostOf(const std::map<std::string, Price>& prices, const std::string& model,

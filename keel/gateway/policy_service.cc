@@ -49,12 +49,8 @@ std::string ErrorKind(int status) {
 
 Result<json> ParseBody(const HttpRequest& q) {
   if (q.body.empty()) return Status::InvalidArgument("body: empty; a JSON object is required");
-  if (!JsonDepthWithin(q.body, kMaxJsonDepth)) {
-    return Status::InvalidArgument(fmt::format("body: JSON nested deeper than {}", kMaxJsonDepth));
-  }
-  json j = json::parse(q.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::InvalidArgument("body: malformed JSON");
-  if (!j.is_object()) return Status::InvalidArgument("body: expected a JSON object");
+  Result<json> j = ParseUntrustedJson(q.body, kPolicyJsonLimits);
+  if (!j.ok()) return Status::InvalidArgument("body: " + j.status().message());
   return j;
 }
 

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/core/json_reader.h"
 #include "keel/gateway/stream.h"
 #include "keel/gateway/translate.h"
 
@@ -139,9 +140,11 @@ class SseDecoder : public StreamDecoder {
   }
 
   // Parses one event's data as a JSON object, or says which event was malformed.
+  // Bounded like every JSON text Keel reads (default depth and value limits; events are small).
   Status ParseObject(const SseParser::Event& ev, Json* j) const {
-    *j = Json::parse(ev.data, nullptr, /*allow_exceptions=*/false);
-    if (j->is_discarded() || !j->is_object()) {
+    Result<Json> parsed = ParseUntrustedOrderedJson(ev.data, JsonLimits{.require_object = true});
+    if (parsed.ok()) *j = std::move(parsed).value();
+    if (!parsed.ok()) {
       return Status::Corruption(std::string("malformed JSON in ") + format_ + " stream event #" +
                                 std::to_string(event_count_) +
                                 (ev.event.empty() ? "" : " (" + ev.event + ")") + ": " + Excerpt(ev.data));

@@ -289,10 +289,13 @@ GatewayError ParseUpstreamError(WireFormat upstream, int http_status, std::strin
   err.status = http_status >= 400 && http_status <= 599 ? http_status : 502;
   err.kind = ErrorKindForStatus(err.status);
   std::string message, vendor_type;
-  json j = json::parse(body.begin(), body.end(), nullptr, false);
+  JsonLimits limits = internal::kUpstreamJsonLimits;
+  limits.require_object = false;
+  Result<json> parsed = ParseUntrustedJson(body, limits);
+  json j = parsed.ok() ? std::move(parsed).value() : json();
   // Gemini reports some errors as a one-element array ([{"error":{...}}]).
-  if (!j.is_discarded() && j.is_array() && j.size() == 1) j = j[0];
-  if (!j.is_discarded() && j.is_object()) {
+  if (j.is_array() && j.size() == 1) j = j[0];
+  if (j.is_object()) {
     auto e = j.find("error");
     if (e != j.end() && e->is_object()) {
       message = internal::StringOr(*e, "message");

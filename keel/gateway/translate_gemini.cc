@@ -23,8 +23,8 @@ void ScrubSchema(json* schema) {
 
 // A tool result as functionResponse.response, which must be an object.
 json ResponseObject(const std::string& content) {
-  json j = json::parse(content, nullptr, false);
-  if (!j.is_discarded() && j.is_object()) return j;
+  Result<json> j = ParseUntrustedJson(content, kClientJsonLimits);
+  if (j.ok()) return std::move(j).value();
   return json{{"result", content}};
 }
 

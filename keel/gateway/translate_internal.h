@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/core/json_reader.h"
 #include "keel/core/status.h"
 #include "keel/gateway/chat.h"
 
@@ -45,11 +46,22 @@ Status ForEachTool(const json& body, ReadTool&& read) {
 }
 inline constexpr size_t kMaxStop = 64;
 inline constexpr int kMaxJsonDepth = 128;  // dump() recurses; deep input could overflow the stack
+// Every JSON text the gateway reads goes through keel/core/json_reader.h with these bounds.
+// Client bodies and tool-argument texts: 1M values is many times any real request (kMaxMessages
+// messages of a few parts each, kMaxTools schemas) and caps the parse at ~100 MiB at worst.
+inline constexpr JsonLimits kClientJsonLimits{
+    .max_depth = kMaxJsonDepth, .max_values = size_t{1} << 20, .require_object = true};
+// Upstream answers: the vendor is configured, not hostile, but its answers (embeddings, logprobs)
+// are larger; still bounded so a broken one cannot exhaust memory or the stack.
+inline constexpr JsonLimits kUpstreamJsonLimits{
+    .max_depth = kMaxJsonDepth, .max_values = size_t{16} << 20, .require_object = true};
 
-// Parses `body` as a JSON object. InvalidArgument (`what`: "request body") for malformed JSON,
-// nesting deeper than kMaxJsonDepth, or a top level that is not an object.
+// Parses `body` as a JSON object within kClientJsonLimits. InvalidArgument (`what`: "request
+// body") for malformed JSON, nesting deeper than kMaxJsonDepth, too many values, or a top level
+// that is not an object; the message names the limit or the byte offset.
 Result<json> ParseObject(std::string_view body, const char* what);
-// Same for upstream bodies; failures are Corruption (the upstream sent garbage).
+// Same for upstream bodies within kUpstreamJsonLimits; failures are Corruption (the upstream
+// sent garbage).
 Result<json> ParseUpstreamObject(std::string_view body);
 
 // Compact serialisation; bytes that are not valid UTF-8 become U+FFFD instead of throwing.

@@ -2,20 +2,15 @@
 #include <ctime>
 #include <random>
 
-#include "keel/core/json_depth.h"
 #include "keel/gateway/translate_internal.h"
 
 namespace keel::gateway::internal {
 
 namespace {
 
-Result<json> ParseImpl(std::string_view body, const char* what, StatusCode code) {
-  const std::string prefix = std::string(what) + ": ";
-  if (!JsonDepthWithin(body, kMaxJsonDepth))
-    return Status(code, prefix + "JSON nested deeper than " + std::to_string(kMaxJsonDepth));
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status(code, prefix + "malformed JSON");
-  if (!j.is_object()) return Status(code, prefix + "expected a JSON object");
+Result<json> ParseImpl(std::string_view body, const char* what, StatusCode code, const JsonLimits& limits) {
+  Result<json> j = ParseUntrustedJson(body, limits);
+  if (!j.ok()) return Status(code, std::string(what) + ": " + j.status().message());
   return j;
 }
 
@@ -28,11 +23,11 @@ const json* Field(const json& obj, const char* key) {
 }  // namespace
 
 Result<json> ParseObject(std::string_view body, const char* what) {
-  return ParseImpl(body, what, StatusCode::kInvalidArgument);
+  return ParseImpl(body, what, StatusCode::kInvalidArgument, kClientJsonLimits);
 }
 
 Result<json> ParseUpstreamObject(std::string_view body) {
-  return ParseImpl(body, "upstream response", StatusCode::kCorruption);
+  return ParseImpl(body, "upstream response", StatusCode::kCorruption, kUpstreamJsonLimits);
 }
 
 std::string StringOr(const json& obj, const char* key, const std::string& fallback) {
@@ -149,15 +144,14 @@ Status ReadObjectText(const json& obj, const char* key, const std::string& path,
 
 json ArgumentsObject(const std::string& arguments_json) {
   if (arguments_json.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
-  json j = json::parse(arguments_json, nullptr, false);
-  if (!j.is_discarded() && j.is_object()) return j;
+  Result<json> j = ParseUntrustedJson(arguments_json, kClientJsonLimits);
+  if (j.ok()) return std::move(j).value();
   return json{{"_raw", arguments_json}};
 }
 
 json SchemaObject(const std::string& parameters_json) {
-  json j = json::parse(parameters_json, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return json::object();
-  return j;
+  Result<json> j = ParseUntrustedJson(parameters_json, kClientJsonLimits);
+  return j.ok() ? std::move(j).value() : json::object();
 }
 
 std::vector<Message> EffectiveMessages(const ChatRequest& request) {

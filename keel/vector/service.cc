@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/http_metrics.h"
+#include "keel/core/json_reader.h"
 #include "keel/core/log.h"
 
 namespace keel::vector {
@@ -32,10 +33,16 @@ void SendStatus(HttpResponder& res, const Status& s) {
 
 void SendBad(HttpResponder& res, const std::string& message) { SendStatus(res, Status::InvalidArgument(message)); }
 
-Result<json> ParseBody(const HttpRequest& req) {
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return Status::InvalidArgument("request body is not valid JSON");
-  if (!body.is_object()) return Status::InvalidArgument("request body must be a JSON object");
+Result<json> ParseBody(const HttpRequest& req, size_t max_values) {
+  // Nothing in this API nests deeper than 4 (items[i].attributes); 8 leaves room.
+  const JsonLimits limits{.max_depth = 8, .max_values = max_values, .require_object = true};
+  JsonReadError why = JsonReadError::kNone;
+  Result<json> body = ParseUntrustedJson(req.body, limits, &why);
+  if (why == JsonReadError::kMalformed) {
+    return Status::InvalidArgument("request body is not valid JSON: " + body.status().message());
+  }
+  if (why == JsonReadError::kNotObject) return Status::InvalidArgument("request body must be a JSON object");
+  if (!body.ok()) return Status::InvalidArgument("request body: " + body.status().message());
   return body;
 }
 
@@ -217,7 +224,7 @@ void Service::Route(const HttpRequest& req, HttpResponder& res) {
 }
 
 void Service::HandleUpsert(const HttpRequest& req, HttpResponder& res) {
-  auto body = ParseBody(req);
+  auto body = ParseBody(req, options_.max_json_values);
   if (!body.ok()) return SendStatus(res, body.status());
   auto items = body->find("items");
   if (items == body->end() || !items->is_array()) return SendBad(res, "items must be an array");
@@ -231,7 +238,7 @@ void Service::HandleUpsert(const HttpRequest& req, HttpResponder& res) {
 }
 
 void Service::HandleDelete(const HttpRequest& req, HttpResponder& res) {
-  auto body = ParseBody(req);
+  auto body = ParseBody(req, options_.max_json_values);
   if (!body.ok()) return SendStatus(res, body.status());
   auto ids = body->find("ids");
   if (ids == body->end() || !ids->is_array()) return SendBad(res, "ids must be an array of unsigned integers");
@@ -245,7 +252,7 @@ void Service::HandleDelete(const HttpRequest& req, HttpResponder& res) {
 }
 
 void Service::HandleSearch(const HttpRequest& req, HttpResponder& res) {
-  auto body = ParseBody(req);
+  auto body = ParseBody(req, options_.max_json_values);
   if (!body.ok()) return SendStatus(res, body.status());
   SearchRequest r;
   if (Status s = ParseSearch(*body, shard_->options().max_k, &r); !s.ok()) return SendStatus(res, s);

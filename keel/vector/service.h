@@ -12,8 +12,9 @@
 //   GET  /healthz, GET /metrics (Prometheus)
 //
 // Bad input (malformed JSON, wrong types, wrong dimensions, numbers that are not finite
-// float32, k out of range, ids that are not unsigned integers) is 400 with a message naming the
-// field; bodies over max_body_bytes are 413. Errors are {"error":{"message":..,"code":..}}.
+// float32, k out of range, ids that are not unsigned integers, JSON nested deeper than 8 or with
+// more than max_json_values values) is 400 with a message naming the field or limit; bodies over
+// max_body_bytes are 413. Errors are {"error":{"message":..,"code":..}}.
 // Start/Stop are for one owner thread; requests are served concurrently.
 #pragma once
 
@@ -33,6 +34,11 @@ struct ServiceOptions {
   std::string host = "127.0.0.1";
   int port = 7402;                        // 0 = any free port
   size_t max_body_bytes = size_t{64} << 20;
+  // JSON values per request body (numbers, strings, keys, arrays, objects), counted before parsing
+  // so a hostile body cannot cost ~30x its size in memory (keel/core/json_reader.h): at most
+  // ~130 MiB for numbers, ~330 MiB for tiny objects. A batch of 10k items with 128-float text and
+  // image vectors is ~2.6M values; larger batches split, or raise this.
+  size_t max_json_values = size_t{4} << 20;
   int max_connections = 128;
   bool placer = false;                    // run a background Placer
   coloc::PlacerOptions placer_options;

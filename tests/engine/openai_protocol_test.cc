@@ -23,19 +23,6 @@ Tokenizer LoadAidreams() {
   return std::move(t).value();
 }
 
-TEST(OpenAiProtocol, NestingWithinCountsOnlyStructuralBrackets) {
-  EXPECT_TRUE(NestingWithin("", 0));
-  EXPECT_TRUE(NestingWithin("{\"a\":[1,[2]]}", 3));
-  EXPECT_FALSE(NestingWithin("{\"a\":[1,[2]]}", 2));
-  EXPECT_FALSE(NestingWithin(std::string(33, '['), 32));
-  EXPECT_TRUE(NestingWithin(std::string(32, '['), 32));
-  // Brackets inside strings, including after an escaped quote, do not count.
-  EXPECT_TRUE(NestingWithin("{\"a\":\"[[[[\"}", 1));
-  EXPECT_TRUE(NestingWithin("{\"a\":\"\\\"[[[[\"}", 1));
-  // Depth goes back down on close: siblings do not accumulate.
-  EXPECT_TRUE(NestingWithin("[[1],[2],[3],[4]]", 2));
-}
-
 TEST(OpenAiProtocol, RenderChatJoinsContentsWithNewlines) {
   EXPECT_EQ(RenderChat({}), "");
   EXPECT_EQ(RenderChat({"A"}), "A");
@@ -369,6 +356,14 @@ TEST(OpenAiProtocol, ParseGenerateRequestOrderAndBodyErrors) {
   e = parse("[1]", false);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->message, "the request body must be a JSON object");
+  // A flat array of more values than any prompt needs is refused before it is parsed.
+  std::string many = R"({"prompt":[)";
+  for (size_t i = 0; i < (size_t{1} << 20); ++i) many += "1,";
+  many += "1]}";
+  e = parse(many, false);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(e->message.rfind("request JSON has more than 1048576 values (byte ", 0), 0u) << e->message;
   // The model is checked before the prompt.
   e = parse(R"({"model":"x"})", false);
   ASSERT_TRUE(e);

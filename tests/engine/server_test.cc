@@ -555,6 +555,30 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+// JSON bombs at the body limit: a depth bomb and a flat array of more values than the reader
+// allows (keel/core/json_reader.h) are 400s on both endpoints, and the server keeps serving.
+TEST_F(ServerTest, JsonBombsAre400OnEveryEndpoint) {
+  ServerOptions opts;
+  opts.max_body_bytes = 8 << 20;
+  Start({}, opts);
+  const std::string depth_bomb(8 << 20, '[');
+  std::string flat = R"({"model":"aidreams","prompt":[)";
+  while (flat.size() < (size_t{3} << 20)) flat += "1,";
+  flat += "1]}";
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    HttpTestResponse r = Post(path, depth_bomb);
+    EXPECT_EQ(r.status, 400) << path << " -> " << r.body.substr(0, 200);
+    EXPECT_EQ(ErrorBody(r)["message"], "request JSON nests too deeply") << r.body;
+    ExpectStillServing();
+    r = Post(path, flat);
+    EXPECT_EQ(r.status, 400) << path << " -> " << r.body.substr(0, 200);
+    EXPECT_NE(ErrorBody(r)["message"].get<std::string>().find("more than 1048576 values"), std::string::npos) << r.body;
+    ExpectStillServing();
+  }
+  HttpTestResponse r = Post("/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":3,"temperature":0})");
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
 TEST_F(ServerTest, QueueFullIs429) {
   // The server does not step the scheduler here, so the first request stays queued and the
   // queue (capacity 1) is full for the second: no timing involved.

@@ -533,6 +533,24 @@ TEST_F(GatewayE2E, BadInputGetsClearErrors) {
   EXPECT_EQ(last.body.find(key_a_), std::string::npos);
 }
 
+// A depth bomb as large as the body limit allows is a 400 in the client's format on every JSON
+// front (checked before parsing, keel/core/json_reader.h), and the gateway keeps serving.
+TEST_F(GatewayE2E, JsonDepthBombsAre400OnEveryFront) {
+  const std::string bomb(60000, '[');  // under listen.max_body_bytes (64 KiB)
+  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/embeddings"}) {
+    const bool anthropic = std::string(path) == "/v1/messages";
+    auto r = Post(path, bomb, key_a_, anthropic);
+    EXPECT_EQ(r.status, 400) << path << " -> " << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << path << " -> " << r.body;
+    if (anthropic) {
+      EXPECT_EQ(j.value("type", ""), "error") << r.body;
+    }
+    EXPECT_NE(r.body.find("nested deeper than"), std::string::npos) << path << " -> " << r.body;
+    EXPECT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_).status, 200) << "after " << path;
+  }
+}
+
 TEST_F(GatewayE2E, SlowClientIsDroppedWhileOthersAreServed) {
   test::HttpTestClient slow(gateway_port_);
   ASSERT_TRUE(slow.SendRaw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo"));

@@ -103,7 +103,7 @@ class PolicyServiceTest : public ::testing::Test {
     o.socket_path = socket_;
     o.admin_key = kAdminKey;
     o.store.db_path = db_;
-    o.max_body_bytes = 64 << 10;
+    o.max_body_bytes = max_body_bytes_;
     auto s = PolicyService::Start(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(s).value();
@@ -113,6 +113,7 @@ class PolicyServiceTest : public ::testing::Test {
   }
 
   std::string socket_, db_;
+  size_t max_body_bytes_ = 64 << 10;
   std::ostringstream log_;
   std::shared_ptr<spdlog::sinks::ostream_sink_mt> log_sink_;
   std::unique_ptr<PolicyService> service_;
@@ -283,6 +284,35 @@ TEST_F(PolicyServiceTest, OversizedBodyIs413) {
   Response r = Call(socket_, "POST", "/v1/usage", big);
   EXPECT_EQ(r.status, 413) << r.head;
   EXPECT_EQ(Call(socket_, "GET", "/healthz").status, 200) << "the server survives";
+}
+
+// Every JSON endpoint, wire and admin, at the production body limit: a depth bomb and a flat
+// array past kMaxJsonValues are 400s naming the limit, refused before parsing; the service goes on.
+TEST_F(PolicyServiceTest, JsonBombsAre400OnEveryEndpoint) {
+  service_.reset();
+  max_body_bytes_ = PolicyServiceOptions{}.max_body_bytes;
+  StartService();
+  const std::string depth_bomb(max_body_bytes_ - 1024, '[');
+  std::string flat = R"({"records":[)";
+  for (size_t i = 0; i < kMaxJsonValues; ++i) flat += "1,";
+  flat += "1]}";
+  ASSERT_LT(flat.size(), max_body_bytes_);
+  const std::pair<const char*, const char*> endpoints[] = {
+      {"POST", "/v1/resolve"},     {"POST", "/v1/usage"},       {"POST", "/admin/keys"},
+      {"POST", "/admin/keys/revoke"}, {"PUT", "/admin/budgets"}, {"DELETE", "/admin/budgets"},
+      {"PUT", "/admin/policies"},  {"PUT", "/admin/prices"}};
+  for (const auto& [method, path] : endpoints) {
+    Response r = Call(socket_, method, path, depth_bomb, kAdminKey);
+    EXPECT_EQ(r.status, 400) << method << " " << path << " -> " << r.raw_body;
+    EXPECT_NE(ErrorMessage(r).find(": JSON nested deeper than 32 (byte 32)"), std::string::npos)
+        << method << " " << path << " -> " << r.raw_body;
+    r = Call(socket_, method, path, flat, kAdminKey);
+    EXPECT_EQ(r.status, 400) << method << " " << path << " -> " << r.raw_body;
+    EXPECT_NE(ErrorMessage(r).find("more than 262144 values"), std::string::npos) << method << " " << path << " -> "
+                                                                                 << r.raw_body;
+    EXPECT_EQ(Call(socket_, "GET", "/healthz").status, 200) << "after " << method << " " << path;
+  }
+  EXPECT_EQ(Admin("POST", "/admin/keys", {{"principal", "carol"}, {"team", "web"}}).status, 200);
 }
 
 TEST_F(PolicyServiceTest, RestartKeepsKeysAndSpend) {

@@ -748,6 +748,14 @@ TEST(TranslateBadInput, OversizedArraysAndDeepNesting) {
   auto d = ParseOpenAIChatRequest(deep);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("nested deeper"), std::string::npos);
+  // A flat array past the value bound is refused before it is parsed.
+  std::string flat = R"({"model":"m","messages":[{"role":"user","content":"x"}],"x":[)";
+  for (int i = 0; i < (1 << 20); ++i) flat += "0,";
+  flat += "0]}";
+  auto f = ParseOpenAIChatRequest(flat);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("request body: JSON has more than 1048576 values"), std::string::npos)
+      << f.status().message();
   // Brackets inside strings do not count.
   std::string quoted = R"({"model":"m","messages":[{"role":"user","content":")" + std::string(500, '[') + R"("}]})";
   auto q = ParseOpenAIChatRequest(quoted);

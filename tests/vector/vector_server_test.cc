@@ -165,6 +165,39 @@ TEST_F(VectorServerTest, BadInputIs400WithAMessageAndTheServerKeepsServing) {
   EXPECT_EQ(st["items"], 200);  // no rejected upsert wrote anything
 }
 
+// A depth bomb and a flat array past max_json_values, at sizes the body limit allows, are 400s
+// on every JSON endpoint, refused before parsing (8 MiB of '[' once cost ~630 MiB and seconds).
+TEST_F(VectorServerTest, JsonBombsAre400OnEveryEndpoint) {
+  ASSERT_TRUE(service_->Stop().ok());
+  ServiceOptions o;
+  o.shard.dir = dir_.path() + "/shard";
+  o.shard.text_dim = kDim;
+  o.shard.image_dim = kDim;
+  o.shard.max_k = 100;
+  o.port = 0;
+  o.max_body_bytes = 16 << 20;
+  auto s = Service::Start(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  service_ = std::move(*s);
+  const std::string depth_bomb(8 << 20, '[');
+  std::string flat = R"({"ids":[)";
+  for (size_t i = 0; i < o.max_json_values; ++i) flat += "1,";
+  flat += "1]}";
+  for (const char* path : {"/v1/upsert", "/v1/search", "/v1/delete"}) {
+    auto res = Post(path, depth_bomb);
+    EXPECT_EQ(res.status, 400) << path << " -> " << res.body;
+    EXPECT_NE(res.body.find("request body: JSON nested deeper than 8 (byte 8)"), std::string::npos) << res.body;
+    EXPECT_EQ(SearchFor(10)["hits"][0]["id"], 10) << "server stopped answering after a depth bomb on " << path;
+    res = Post(path, flat);
+    EXPECT_EQ(res.status, 400) << path << " -> " << res.body;
+    EXPECT_NE(res.body.find("more than 4194304 values"), std::string::npos) << res.body;
+    EXPECT_EQ(SearchFor(11)["hits"][0]["id"], 11) << "server stopped answering after a flat array on " << path;
+  }
+  // A batch within the limits still works: 200 items of 2 x 8 floats.
+  EXPECT_EQ(Post("/v1/upsert", Items(200, 400).dump()).status, 200);
+  EXPECT_EQ(json::parse(Get("/v1/stats").body)["items"], 400);
+}
+
 TEST_F(VectorServerTest, MetricsCountRequestsLatencyAndTiers) {
   SearchFor(1);
   Post("/v1/search", "{");
