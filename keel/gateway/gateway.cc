@@ -248,14 +248,20 @@ Task<Governance::Lookup> Gateway::Impl::Authorize(const HttpRequest& req, AsyncR
 Task<void> Gateway::Impl::Handle(const HttpRequest& req, AsyncResponder& resp) {
   const auto start = Clock::now();
   std::string route = req.path;
-  if (req.path == "/healthz") {
-    std::string body = "{\"status\":\"ok\"}";
-    co_await resp.Send(200, "application/json", std::move(body));
-    co_return;
-  }
-  if (req.path == "/metrics") {
-    std::string body = metrics.Render();
-    co_await resp.Send(200, MetricsRegistry::kContentType, std::move(body));
+  if (req.path == "/healthz" || req.path == "/metrics") {
+    // Read-only endpoints: GET, or HEAD answered the same without a body; anything else is 405
+    // (a DELETE or a typo must not look like it did something).
+    if (req.method != "GET" && req.method != "HEAD") {
+      {
+        const GatewayError e{405, ErrorKind::kInvalidRequest, "method " + req.method + " not allowed on " + req.path};
+        const HttpHeaderList allow = {{"Allow", "GET, HEAD"}};
+        co_await SendError(resp, WireFormat::kOpenAIChat, route, e, allow);
+      }
+      co_return;
+    }
+    const bool health = req.path == "/healthz";
+    std::string body = req.method == "HEAD" ? std::string() : health ? "{\"status\":\"ok\"}" : metrics.Render();
+    co_await resp.Send(200, health ? "application/json" : MetricsRegistry::kContentType, std::move(body));
     co_return;
   }
   const bool post = req.method == "POST";

@@ -551,6 +551,37 @@ TEST_F(GatewayE2E, JsonDepthBombsAre400OnEveryFront) {
   }
 }
 
+// /healthz and /metrics answer GET and HEAD (no body); any other method is 405 with Allow.
+TEST_F(GatewayE2E, HealthAndMetricsAreGetOrHeadOnly) {
+  for (const char* path : {"/healthz", "/metrics"}) {
+    for (const char* method : {"DELETE", "POST", "PUT", "BREW"}) {
+      test::HttpTestClient http(gateway_port_);
+      auto r = http.Request(method, path);
+      EXPECT_EQ(r.status, 405) << method << " " << path << " -> " << r.body;
+      EXPECT_EQ(r.Header("Allow"), "GET, HEAD") << method << " " << path;
+      json j = json::parse(r.body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+      EXPECT_NE(j["error"].value("message", "").find(method), std::string::npos) << r.body;
+    }
+    test::HttpTestClient http(gateway_port_);
+    auto get = http.Request("GET", path);
+    EXPECT_EQ(get.status, 200) << path;
+    EXPECT_FALSE(get.body.empty()) << path;
+    // HEAD: the same status with an empty body; the connection stays usable for the next request.
+    ASSERT_TRUE(http.SendRaw(test::HttpTestClient::BuildRequest("HEAD", path, "", "", {})));
+    test::HttpTestResponse head;
+    ASSERT_TRUE(http.ReadResponse(&head));
+    EXPECT_EQ(head.status, 200) << path;
+    EXPECT_TRUE(head.body.empty()) << head.body;
+    auto again = http.Request("GET", "/healthz");
+    EXPECT_EQ(again.status, 200);
+  }
+  // Metrics counted the refusals under the route.
+  test::HttpTestClient http(gateway_port_);
+  EXPECT_NE(http.Request("GET", "/metrics").body.find(R"(keel_gateway_requests_total{route="/healthz",code="405"} 4)"),
+            std::string::npos);
+}
+
 TEST_F(GatewayE2E, SlowClientIsDroppedWhileOthersAreServed) {
   test::HttpTestClient slow(gateway_port_);
   ASSERT_TRUE(slow.SendRaw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo"));
