@@ -1,9 +1,14 @@
 #include "keel/gateway/policy_store.h"
 
+#include <fcntl.h>
 #include <openssl/rand.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <mutex>
@@ -11,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "keel/core/log.h"
 #include "keel/gateway/policy_redis.h"
 
 namespace keel::gateway {
@@ -156,6 +162,32 @@ Result<Window> WindowAt(std::string_view window, int64_t t) {
   return Window{static_cast<int64_t>(::timegm(&first)), static_cast<int64_t>(::timegm(&next))};
 }
 
+// The store holds key hashes, budgets, spend and the audit log: owner-only. SQLite creates a new
+// database with 0644 less the umask, and its -wal/-shm/-journal files with the database file's
+// mode, so the file is created 0600 here first (an empty file is an empty database), and any
+// existing file or sidecar readable by others is narrowed to 0600, with a log line. No umask
+// change: it is process-wide, and the gateway is multi-threaded.
+namespace {
+Status MakeDbOwnerOnly(const std::string& path) {
+  if (path.empty() || path == ":memory:" || path.rfind("file:", 0) == 0) return Status::Ok();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::IOError(fmt::format("{}: open: {}", path, std::strerror(errno)));
+  ::close(fd);
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+    const std::string file = path + suffix;
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0 || (st.st_mode & 077) == 0) continue;
+    if (::chmod(file.c_str(), st.st_mode & 0700) != 0) {
+      return Status::IOError(fmt::format("{}: mode {:o} lets other users read it and chmod failed: {}", file,
+                                         st.st_mode & 0777, std::strerror(errno)));
+    }
+    Log().warn("policy store: {} had mode {:o}; narrowed to {:o} (it holds key hashes and spend)", file,
+               st.st_mode & 0777, st.st_mode & 0700);
+  }
+  return Status::Ok();
+}
+}  // namespace
+
 struct PolicyStore::Impl {
   PolicyStoreOptions options;
   std::mutex mu;
@@ -198,6 +230,7 @@ struct PolicyStore::Impl {
 
   Status OpenDb() {
     const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+    KEEL_RETURN_IF_ERROR(MakeDbOwnerOnly(options.db_path));
     if (sqlite3_open_v2(options.db_path.c_str(), &db, flags, nullptr) != SQLITE_OK) return Err("open");
     sqlite3_extended_result_codes(db, 1);
     sqlite3_busy_timeout(db, options.busy_timeout_ms);

@@ -30,7 +30,9 @@
 namespace keel::gateway {
 
 struct PolicyStoreOptions {
-  std::string db_path = "keel-gateway.db";  // ":memory:" for a throwaway store
+  // ":memory:" for a throwaway store. Created owner-only (0600), as are its -wal/-shm files; an
+  // existing file that others can read is narrowed to 0600 on open (logged).
+  std::string db_path = "keel-gateway.db";
   std::string redis_url;                     // "" = spend from the ledger; "host:port" or redis://host:port
   std::string redis_prefix = "keel:gw:";
   int redis_timeout_ms = 1000;

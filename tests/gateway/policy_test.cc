@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -425,6 +426,47 @@ TEST(PolicyStoreOpenTest, RefusesForeignOrNewerDatabases) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kCorruption);
   EXPECT_NE(s.status().message().find("99"), std::string::npos);
+}
+
+int ModeOf(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 0777) : -1;
+}
+
+// The store holds key hashes, spend and the audit log: other local users must not read it, even
+// under the common umask 022 (which would give SQLite's default 0644).
+TEST(PolicyStoreOpenTest, NewDatabaseAndItsWalAndShmAreOwnerOnly) {
+  const std::string path = TempDb("mode");
+  const mode_t old_umask = ::umask(022);
+  PolicyStoreOptions o;
+  o.db_path = path;
+  auto store = OpenOrDie(o);
+  ::umask(old_umask);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->CreateKey("alice", "ml", "test").ok());  // a write: the WAL and SHM exist now
+  EXPECT_EQ(ModeOf(path), 0600);
+  EXPECT_EQ(ModeOf(path + "-wal"), 0600);
+  EXPECT_EQ(ModeOf(path + "-shm"), 0600);
+}
+
+TEST(PolicyStoreOpenTest, ExistingWorldReadableDatabaseIsNarrowedTo0600) {
+  const std::string path = TempDb("widemode");
+  PolicyStoreOptions o;
+  o.db_path = path;
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateKey("alice", "ml", "test").ok());
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  const mode_t old_umask = ::umask(022);
+  auto store = OpenOrDie(o);
+  ::umask(old_umask);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->CreateKey("bob", "ml", "test").ok());
+  EXPECT_EQ(ModeOf(path), 0600);
+  EXPECT_EQ(ModeOf(path + "-wal"), 0600);
+  EXPECT_EQ(ModeOf(path + "-shm"), 0600);
 }
 
 // ---- Redis-kept spend -----------------------------------------------------------------------------
