@@ -24,6 +24,8 @@
 //   chaos_bench --keel build/keel [--shared DIR (default $KEEL_SHARED)] [--rounds 5] [--duration 3] [--seed 1]
 //               [--threads 4] [--slowloris 300] [--idle 2000] [--flood-seconds 10]
 //               [--parts kvstore,vector,policy,flood] [--quick] [--assert-zero vector,policy]
+// --parts: any of kvstore, vector, policy, flood (all four flood targets) or one flood target:
+//   flood:serve, flood:vector, flood:kvstore, flood:gateway.
 // --quick: 1 crash round per service, short phases and smaller floods (the CTest smoke run).
 // --assert-zero: exit 1 when a listed service (kvstore, vector, policy) lost an acknowledged write.
 // --inject N: self-check of the checker. After each restart, N acknowledged writes per service are
@@ -1429,7 +1431,8 @@ std::vector<FloodRow> Floods(const Options& o, const std::string& work, std::str
     rows.push_back(RunFlood(target, "idle", port, o.idle, false, o.flood_s, HealthProbe(port)));
   };
 
-  {  // engine
+  auto want = [&](const std::string& name) { return o.parts.count("flood") || o.parts.count("flood:" + name); };
+  if (want("serve")) {  // engine
     const int port = FreeLoopbackPort();
     Child c(o.keel, {"serve", "-m", models + "/aidreams260K.bin", "-z", models + "/aidreams_tok512.bin", "--port",
                      std::to_string(port), "--log-level", "warn"},
@@ -1437,7 +1440,7 @@ std::vector<FloodRow> Floods(const Options& o, const std::string& work, std::str
     if (c.StartReady([&] { return Healthy({port, ""}); })) both("keel serve", port);
     else failed_row("keel serve", Tail(c.log()));
   }
-  {  // vector
+  if (want("vector")) {
     const int port = FreeLoopbackPort();
     Child c(o.keel, {"vector", "--dir", dir + "/vector", "--port", std::to_string(port), "--text-dim", "8", "--image-dim",
                      "8", "--placement", "off", "--log-level", "warn"},
@@ -1445,7 +1448,7 @@ std::vector<FloodRow> Floods(const Options& o, const std::string& work, std::str
     if (c.StartReady([&] { return Healthy({port, ""}); })) both("keel vector", port);
     else failed_row("keel vector", Tail(c.log()));
   }
-  {  // kvstore: HTTP port floods, then its binary port while a client does PUT/GET
+  if (want("kvstore")) {  // HTTP port floods, then its binary port while a client does PUT/GET
     const int port = FreeLoopbackPort(), http_port = FreeLoopbackPort();
     Child c(o.keel, KvstoreArgs(port, http_port, dir + "/kvstore", 64), dir + "/kvstore.log");
     if (c.StartReady([&] { return Healthy({http_port, ""}); })) {
@@ -1506,7 +1509,7 @@ std::vector<FloodRow> Floods(const Options& o, const std::string& work, std::str
       failed_row("kvstore", Tail(c.log()));
     }
   }
-  {  // gateway: policy service + fake vendor + gateway (async Beast server)
+  if (want("gateway")) {  // policy service + fake vendor + gateway (async Beast server)
     const std::string sock = dir + "/policy.sock", key_file = dir + "/admin.key";
     std::ofstream(key_file) << kAdminKey;
     ::chmod(key_file.c_str(), 0600);
@@ -1563,6 +1566,8 @@ std::string Fmt(double ms) {
   return b;
 }
 
+int RunWith(const Options& o, const std::string& work);
+
 int Run(const Options& o) {
   char tmpl[] = "/tmp/keel-chaos-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) {
@@ -1570,6 +1575,20 @@ int Run(const Options& o) {
     return 2;
   }
   const std::string work = tmpl;
+  // Every server of the run from one snapshot of the binary: a concurrent rebuild relinking
+  // build/keel mid-run would otherwise make an exec fail or mix two builds in one table.
+  Options opt = o;
+  opt.keel = work + "/keel";
+  std::error_code ec;
+  std::filesystem::copy_file(o.keel, opt.keel, ec);
+  if (ec) {
+    std::fprintf(stderr, "chaos_bench: cannot copy %s: %s\n", o.keel.c_str(), ec.message().c_str());
+    return 2;
+  }
+  return RunWith(opt, work);
+}
+
+int RunWith(const Options& o, const std::string& work) {
   std::mt19937_64 rng(o.seed);
   std::string log;
   const auto t_start = Clock::now();
@@ -1582,7 +1601,9 @@ int Run(const Options& o) {
   }
   if (o.parts.count("vector")) crash.push_back(VectorCrash(o, work, rng, &log));
   if (o.parts.count("policy")) crash.push_back(PolicyCrash(o, work, rng, &log));
-  if (o.parts.count("flood")) floods = Floods(o, work, &log);
+  bool any_flood = false;
+  for (const auto& p : o.parts) any_flood |= p.rfind("flood", 0) == 0;
+  if (any_flood) floods = Floods(o, work, &log);
 
   std::time_t now = std::time(nullptr);
   char date[64];
