@@ -74,6 +74,12 @@ EngineMetrics::EngineMetrics()
       kv_bytes_used(registry.AddGauge("keel_kv_bytes_used", "KV cache bytes held by used and cached blocks.").Get()),
       kv_bytes_total(registry.AddGauge("keel_kv_bytes_total", "KV cache budget in bytes.").Get()),
       open_connections(registry.AddGauge("keel_http_open_connections", "Open HTTP connections.").Get()),
+      connections_shed(registry.AddCounter("keel_http_connections_shed_total",
+                                           "Idle or half-sent connections closed to admit a newer one at a cap.").Get()),
+      connections_rejected(registry.AddCounter("keel_http_connections_rejected_total",
+                                               "Connections or requests answered 503 because all were busy.").Get()),
+      request_timeouts(registry.AddCounter("keel_http_request_timeouts_total",
+                                           "Requests whose head or body missed its deadline (408).").Get()),
       time_to_first_token(registry.AddHistogram("keel_time_to_first_token_seconds",
                                                 "Time from submission to the first generated token.",
                                                 LatencyBuckets()).Get()),
@@ -166,6 +172,12 @@ Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, ServerOptions o
   http_ = std::make_unique<HttpServer>(h, [this](const HttpRequest& q, HttpResponder& r) { Route(q, r); });
   HttpServer* hs = http_.get();
   metrics_->open_connections.SetCallback([hs] { return static_cast<double>(hs->open_connections()); });
+  metrics_->connections_shed.SetCallback([hs] { return static_cast<double>(hs->connection_stats().shed); });
+  metrics_->connections_rejected.SetCallback([hs] { return static_cast<double>(hs->connection_stats().rejected); });
+  metrics_->request_timeouts.SetCallback([hs] {
+    const ConnectionFrontStats st = hs->connection_stats();
+    return static_cast<double>(st.head_timeouts + st.body_timeouts);
+  });
 }
 
 Server::~Server() {
@@ -182,6 +194,9 @@ Server::~Server() {
   metrics_->prefix_hit_tokens.SetCallback(nullptr);
   metrics_->prompt_tokens_computed.SetCallback(nullptr);
   metrics_->open_connections.SetCallback(nullptr);
+  metrics_->connections_shed.SetCallback(nullptr);
+  metrics_->connections_rejected.SetCallback(nullptr);
+  metrics_->request_timeouts.SetCallback(nullptr);
 }
 
 Status Server::Start() {

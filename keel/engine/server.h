@@ -67,6 +67,9 @@ struct EngineMetrics {
   Gauge& kv_bytes_used;              // keel_kv_bytes_used
   Gauge& kv_bytes_total;             // keel_kv_bytes_total
   Gauge& open_connections;           // keel_http_open_connections
+  Counter& connections_shed;         // keel_http_connections_shed_total (idle/half-sent, at a cap)
+  Counter& connections_rejected;     // keel_http_connections_rejected_total (503: all busy)
+  Counter& request_timeouts;         // keel_http_request_timeouts_total (head or body deadline)
   Histogram& time_to_first_token;    // keel_time_to_first_token_seconds
   Histogram& inter_token_latency;    // keel_inter_token_latency_seconds
   Histogram& request_duration;       // keel_request_duration_seconds (generation requests)
