@@ -65,41 +65,56 @@ Reply ErrorReply(const FrameHeader& req, const Status& s) {
   return StatusReply(h, s);
 }
 
-// Drops `n` bytes of input (a PUT refused before its value was read), keeping the stream in step.
-Status Discard(int fd, uint64_t n, Deadline deadline) {
-  char buf[65536];
-  while (n > 0) {
-    const size_t chunk = n < sizeof(buf) ? static_cast<size_t>(n) : sizeof(buf);
-    KEEL_RETURN_IF_ERROR(ReadFull(fd, buf, chunk, deadline));
-    n -= chunk;
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
-// One connection's frame being read. OnReadable (I/O thread) gathers the header and keys without
-// blocking; Serve (a worker) reads the value and answers, then keeps going while whole headers
-// of pipelined frames are already waiting.
+// One connection's frame being read. OnReadable (I/O thread) gathers the whole frame — header,
+// keys and a PUT's value, straight into its Blob — without blocking, so a client trickling any
+// part of it holds no thread and meets the frame's deadline; Serve (a worker) answers it, then
+// keeps going while whole pipelined frames are already waiting.
 class Server::Session final : public FrontSession {
  public:
   Session(Server& server, std::string remote) : server_(server), remote_(std::move(remote)) {}
+  ~Session() override { Release(); }
 
   FrontStep OnReadable(int fd) override {
+    size_t read = 0;
     for (;;) {
-      uint8_t* dst;
-      size_t want;
+      uint8_t* dst = nullptr;
+      size_t want = 0;
       if (have_ < kHeaderBytes) {
         dst = header_ + have_;
         want = kHeaderBytes - have_;
       } else if (keys_have_ < keys_.size()) {
         dst = reinterpret_cast<uint8_t*>(keys_.data()) + keys_have_;
         want = keys_.size() - keys_have_;
-      } else {
+      } else if (!checked_) {
         Status st = server_.CheckFrame(header_, req_, keys_);
         if (!st.ok()) return FrontStep::Close(server_.RejectBytes(req_, st, remote_), true);
+        checked_ = true;
+        if (req_.op == Op::kPut && req_.value_bytes > 0) {
+          const int64_t n = req_.value_bytes;
+          if (server_.inflight_bytes_.fetch_add(n) + n > server_.options_.max_inflight_bytes) {
+            server_.inflight_bytes_.fetch_sub(n);
+            refused_ = true;  // drained below, then answered ResourceExhausted
+          } else {
+            reserved_ = n;
+            value_ = Blob::Allocate(req_.value_bytes);
+          }
+        }
+        continue;
+      } else if (value_have_ < req_.value_bytes) {
+        want = req_.value_bytes - value_have_;
+        if (value_) {
+          dst = value_->data() + value_have_;
+        } else {
+          dst = scratch_;
+          want = std::min(want, sizeof(scratch_));
+        }
+      } else {
+        Release();  // the value is whole: it no longer counts as being received
         return {FrontStep::kDispatch};
       }
+      if (read >= kMaxReadPerEvent) return {FrontStep::kHead};  // let other connections have a turn
       const ssize_t n = ::recv(fd, dst, want, MSG_DONTWAIT);
       if (n == 0) return FrontStep::Close();
       if (n < 0) {
@@ -107,15 +122,17 @@ class Server::Session final : public FrontSession {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return {have_ == 0 ? FrontStep::kIdle : FrontStep::kHead};
         return FrontStep::Close();
       }
-      if (have_ == 0) deadline_ = DeadlineIn(server_.options_.io_timeout_ms);  // the frame's whole budget
+      read += static_cast<size_t>(n);
       if (have_ < kHeaderBytes) {
         have_ += static_cast<size_t>(n);
         if (have_ == kHeaderBytes) {
           Status st = Decode();
           if (!st.ok()) return FrontStep::Close(server_.RejectBytes(req_, st, remote_), true);
         }
-      } else {
+      } else if (keys_have_ < keys_.size()) {
         keys_have_ += static_cast<size_t>(n);
+      } else {
+        value_have_ += static_cast<size_t>(n);
       }
     }
   }
@@ -129,33 +146,48 @@ class Server::Session final : public FrontSession {
 
   bool Serve(int fd, const std::atomic<bool>& accepting) override {
     for (;;) {
-      const bool ok = server_.HandleFrame(fd, req_, keys_, deadline_, remote_);
+      const bool ok = server_.HandleFrame(fd, req_, keys_, std::move(value_), refused_, remote_);
       Reset();
       if (!ok || !accepting.load()) return false;
-      // Pipelined frames: keep serving while a whole header is already waiting (no hand-off per
-      // frame); otherwise go back to the epoll set.
-      const ssize_t n = ::recv(fd, header_, kHeaderBytes, MSG_PEEK | MSG_DONTWAIT);
-      if (n != static_cast<ssize_t>(kHeaderBytes)) return true;
-      deadline_ = DeadlineIn(server_.options_.io_timeout_ms);
-      if (!ReadFull(fd, header_, kHeaderBytes, deadline_).ok()) return false;
-      have_ = kHeaderBytes;
-      Status st = Decode();
-      if (st.ok()) {
-        if (!ReadFull(fd, keys_.data(), keys_.size(), deadline_).ok()) return false;
-        keys_have_ = keys_.size();
-        st = server_.CheckFrame(header_, req_, keys_);
-      }
-      if (!st.ok()) {
-        const std::string bytes = server_.RejectBytes(req_, st, remote_);
-        iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+      // Keep serving the client's next frames while they come at once (see ReadNextFrame).
+      FrontStep step = ReadNextFrame(fd);
+      if (step.kind == FrontStep::kDispatch) continue;
+      if (step.kind != FrontStep::kClose) return true;  // the I/O thread goes on from here
+      if (!step.reply.empty()) {
+        iovec iov{step.reply.data(), step.reply.size()};
         (void)WriteFullV(fd, &iov, 1, DeadlineIn(server_.options_.io_timeout_ms));
         LingeringClose(fd, 200);
-        return false;
       }
+      return false;
     }
   }
 
  private:
+  static constexpr size_t kMaxReadPerEvent = 1 << 20;
+  // A worker waits this long for a client's next request, and at most kFrameBudgetNanos for it
+  // to arrive whole, before handing the connection back: a client answering its replies at once
+  // (request/response in a loop) then skips two thread hand-offs per request, while an idle or
+  // trickling one holds a worker no longer than that. A partial frame's state stays in the
+  // session; the I/O thread goes on from it.
+  static constexpr long kLingerNanos = 200'000;
+  static constexpr long kFrameBudgetNanos = 2'000'000;
+
+  FrontStep ReadNextFrame(int fd) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      FrontStep step = OnReadable(fd);
+      if (step.kind == FrontStep::kDispatch || step.kind == FrontStep::kClose) return step;
+      const long budget = step.kind == FrontStep::kIdle ? kLingerNanos : kFrameBudgetNanos;
+      const long left = budget - static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                       std::chrono::steady_clock::now() - start)
+                                                       .count());
+      if (left <= 0) return step;
+      pollfd p{fd, POLLIN, 0};
+      const timespec wait{0, left};
+      if (::ppoll(&p, 1, &wait, nullptr) <= 0) return step;
+    }
+  }
+
   Status Decode() {
     Result<FrameHeader> parsed = DecodeHeader(header_, server_.options_.limits);
     if (!parsed.ok()) {
@@ -169,12 +201,22 @@ class Server::Session final : public FrontSession {
     return Status::Ok();
   }
 
+  void Release() {
+    if (reserved_ > 0) server_.inflight_bytes_.fetch_sub(reserved_);
+    reserved_ = 0;
+  }
+
   void Reset() {
+    Release();
     have_ = 0;
     keys_have_ = 0;
     keys_.clear();
     if (keys_.capacity() > 4096) keys_.shrink_to_fit();  // an idle connection keeps little
     req_ = FrameHeader{};
+    checked_ = false;
+    refused_ = false;
+    value_.reset();
+    value_have_ = 0;
   }
 
   Server& server_;
@@ -184,7 +226,12 @@ class Server::Session final : public FrontSession {
   FrameHeader req_;
   std::string keys_;
   size_t keys_have_ = 0;
-  Deadline deadline_ = Deadline::max();
+  bool checked_ = false;   // header checksum and op/value checked, value memory reserved
+  bool refused_ = false;   // no memory for the value: drained and answered ResourceExhausted
+  std::shared_ptr<Blob> value_;
+  uint64_t value_have_ = 0;
+  int64_t reserved_ = 0;   // bytes counted in inflight_bytes_ for value_
+  uint8_t scratch_[4096];  // a refused value's bytes are read here and dropped
 };
 
 Server::Server(Store& store, const ServerOptions& options) : store_(store), options_(options) {}
@@ -256,6 +303,7 @@ ServerStats Server::Stats() const {
   const ConnectionFrontStats f = front_->stats();
   s.connections_open = f.open;
   s.connections_total = f.accepted;
+  s.connections_busy = f.active;
   s.connections_rejected = f.rejected;
   s.connections_shed = f.shed;
   s.frame_timeouts = f.head_timeouts + f.body_timeouts;
@@ -281,8 +329,8 @@ std::string Server::RejectBytes(const FrameHeader& req, const Status& s, const s
   return ReplyBytes(r);
 }
 
-bool Server::HandleFrame(int fd, const FrameHeader& req, const std::string& keys, Deadline deadline,
-                         const std::string& remote) {
+bool Server::HandleFrame(int fd, const FrameHeader& req, const std::string& keys, std::shared_ptr<Blob> value,
+                         bool refused_memory, const std::string& remote) {
   const auto started = std::chrono::steady_clock::now();
   auto reject = [&](const Status& s) {
     bad_frames_.fetch_add(1);
@@ -297,24 +345,15 @@ bool Server::HandleFrame(int fd, const FrameHeader& req, const std::string& keys
     bytes_in_.fetch_add(static_cast<int64_t>(kHeaderBytes + req.key_bytes + req.value_bytes));
     requests_.fetch_add(1);
 
-    std::shared_ptr<Blob> value;
     Status refused;
-    if (req.op == Op::kPut) {
-      const int64_t n = req.value_bytes;
-      if (inflight_bytes_.fetch_add(n) + n > options_.max_inflight_bytes) {
-        inflight_bytes_.fetch_sub(n);
-        refused = Status::ResourceExhausted("kvstore: server memory for incoming values is exhausted; retry later");
-        if (!Discard(fd, req.value_bytes, deadline).ok()) return false;
-      } else {
-        value = Blob::Allocate(req.value_bytes);
-        Status rs = ReadFull(fd, value->data(), req.value_bytes, deadline);
-        inflight_bytes_.fetch_sub(n);
-        if (!rs.ok()) return false;
-        if (Xxh3_64(value->data(), value->size()) != req.value_checksum) {
-          return reject(Status::Corruption("kvstore frame: value checksum mismatch"));
-        }
-        value->set_checksum(req.value_checksum);
+    if (refused_memory) {
+      refused = Status::ResourceExhausted("kvstore: server memory for incoming values is exhausted; retry later");
+    } else if (req.op == Op::kPut) {
+      if (!value) value = Blob::Allocate(0);
+      if (Xxh3_64(value->data(), value->size()) != req.value_checksum) {
+        return reject(Status::Corruption("kvstore frame: value checksum mismatch"));
       }
+      value->set_checksum(req.value_checksum);
     }
 
     Reply rep;

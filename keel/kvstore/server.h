@@ -1,10 +1,10 @@
 // kvstore Server: the binary protocol (protocol.h) over TCP in front of a Store, on the
 // event-driven ConnectionFront (keel/core/conn_front.h). Connections waiting for their next
-// request sit in one epoll set and hold no thread; the I/O thread reads each frame's header and
-// keys without blocking, then a worker (at most max_workers at once) reads the value straight
-// into a Blob (no intermediate buffer) and writes the reply with one sendmsg() gathering the
-// header, keys and the stored values in place. A connection carries pipelined requests answered
-// in order; a worker keeps serving while whole frame headers are already waiting.
+// request sit in one epoll set and hold no thread; the I/O thread reads each whole frame without
+// blocking (a PUT's value straight into its Blob, no intermediate buffer), then a worker (at most
+// max_workers at once) answers it with one sendmsg() gathering the header, keys and the stored
+// values in place. A connection carries pipelined requests answered in order; a worker keeps
+// serving while whole frames are already waiting.
 //
 // Bounded: a frame must arrive whole within io_timeout_ms of its first byte (a trickling client
 // is closed), idle connections close after idle_timeout_ms, at max_connections (or
@@ -46,6 +46,7 @@ struct ServerOptions {
 struct ServerStats {
   int64_t connections_open = 0;
   int64_t connections_total = 0;
+  int64_t connections_busy = 0;     // being served now (a request, or a worker waiting briefly for the next)
   int64_t connections_rejected = 0;  // refused: every connection or every worker busy
   int64_t connections_shed = 0;      // idle connections displaced by newer ones at a cap
   int64_t frame_timeouts = 0;        // frames not complete within io_timeout_ms (closed)
@@ -73,7 +74,9 @@ class Server {
   Server(Store& store, const ServerOptions& options);
   class Session;
   // Serves one frame whose header and keys were read (worker thread). False closes.
-  bool HandleFrame(int fd, const FrameHeader& req, const std::string& keys, Deadline deadline, const std::string& remote);
+  // `value` is a PUT's value (null for other ops, or when `refused_memory`: no room was left).
+  bool HandleFrame(int fd, const FrameHeader& req, const std::string& keys, std::shared_ptr<Blob> value,
+                   bool refused_memory, const std::string& remote);
   // Validation shared by the I/O thread and the worker: OK, or the reason to reject the frame.
   Status CheckFrame(const uint8_t* header, const FrameHeader& req, const std::string& keys) const;
   std::string RejectBytes(const FrameHeader& req, const Status& s, const std::string& remote);

@@ -424,6 +424,10 @@ TEST(KvstoreServer, AtTheConnectionCapIdleClientsAreShedForNewOnes) {
   auto b = ConnectTo(svc->port());
   ASSERT_TRUE(a->Ping().ok());
   ASSERT_TRUE(b->Ping().ok());
+  // Idle: their workers have handed them back (a worker waits briefly for a next request).
+  for (int i = 0; i < 3000 && svc->server().Stats().connections_busy > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   auto c = ConnectTo(svc->port());
   EXPECT_TRUE(c->Put("k", "v").ok()) << "an idle connection made room";
   EXPECT_GE(svc->server().Stats().connections_shed, 1);
@@ -439,15 +443,25 @@ TEST(KvstoreServer, AtTheConnectionCapWithEveryConnectionBusyANewOneGetsAnError)
   o.server.max_connections = 2;
   auto svc = StartService(o);
   ASSERT_TRUE(svc);
-  // Two PUTs whose values are still arriving: both connections are being served.
-  const std::string put = Frame(Op::kPut, "busy", RandomBytes(1000, 4));
-  RawConn a(svc->port()), b(svc->port());
-  ASSERT_TRUE(a.Send(std::string_view(put).substr(0, kHeaderBytes + 4 + 10)));
-  ASSERT_TRUE(b.Send(std::string_view(put).substr(0, kHeaderBytes + 4 + 10)));
-  for (int i = 0; i < 3000 && svc->server().Stats().requests < 2; ++i) {
+  // Two clients pipelining GETs of a 2 MiB value without reading the replies: their workers are
+  // blocked writing, so both connections are being served.
+  {
+    auto setup = ConnectTo(svc->port());
+    ASSERT_TRUE(setup->Put("big", RandomBytes(2 << 20, 4)).ok());
+  }
+  for (int i = 0; i < 3000 && svc->server().Stats().connections_open > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_EQ(svc->server().Stats().requests, 2);
+  std::string gets;
+  for (int i = 0; i < 64; ++i) gets += Frame(Op::kGet, "big", "");
+  auto a = std::make_unique<RawConn>(svc->port());
+  auto b = std::make_unique<RawConn>(svc->port());
+  ASSERT_TRUE(a->Send(gets));
+  ASSERT_TRUE(b->Send(gets));
+  for (int i = 0; i < 3000 && svc->server().Stats().requests < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(svc->server().Stats().requests, 3);
   RawConn third(svc->port());
   FrameHeader h;
   std::string body;
@@ -455,11 +469,16 @@ TEST(KvstoreServer, AtTheConnectionCapWithEveryConnectionBusyANewOneGetsAnError)
   EXPECT_EQ(h.op, Op::kError);
   EXPECT_EQ(StatusFromWire(h.status), StatusCode::kResourceExhausted);
   EXPECT_TRUE(third.Closed());
-  // The busy ones finish normally.
-  ASSERT_TRUE(a.Send(std::string_view(put).substr(kHeaderBytes + 4 + 10)));
-  ASSERT_TRUE(a.ReadReply(&h, &body));
-  EXPECT_EQ(h.op, Op::kPut);
-  EXPECT_EQ(StatusFromWire(h.status), StatusCode::kOk);
+  EXPECT_GE(svc->server().Stats().connections_rejected, 1);
+  a.reset();  // their writes fail; the workers are free again
+  b.reset();
+  auto c = ConnectTo(svc->port());
+  Status st = Status::Unavailable("not tried");
+  for (int i = 0; i < 300 && !st.ok(); ++i) {
+    st = c->Ping();
+    if (!st.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
 TEST(KvstoreServer, ATricklingFrameIsClosedAtItsDeadline) {
@@ -473,6 +492,33 @@ TEST(KvstoreServer, ATricklingFrameIsClosedAtItsDeadline) {
   EXPECT_GE(svc->server().Stats().frame_timeouts, 1);
   auto c = ConnectTo(svc->port());
   EXPECT_TRUE(c->Put("fast", "ok").ok());
+}
+
+TEST(KvstoreServer, ValuesStillArrivingHoldNoWorker) {
+  ServiceOptions o = Options();
+  o.server.max_workers = 2;
+  auto svc = StartService(o);
+  ASSERT_TRUE(svc);
+  // Ten PUTs whose values stop half way: none of them may take one of the two workers.
+  const std::string put = Frame(Op::kPut, "stuck", RandomBytes(1000, 5));
+  std::vector<std::unique_ptr<RawConn>> stuck;
+  for (int i = 0; i < 10; ++i) {
+    stuck.push_back(std::make_unique<RawConn>(svc->port()));
+    ASSERT_TRUE(stuck.back()->Send(std::string_view(put).substr(0, put.size() / 2)));
+  }
+  auto c = ConnectTo(svc->port());
+  for (int i = 0; i < 5; ++i) {
+    Status st = c->Put("fresh" + std::to_string(i), "value");
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  EXPECT_EQ(svc->server().Stats().connections_rejected, 0);
+  // A stuck one that finishes its frame is answered normally.
+  ASSERT_TRUE(stuck[0]->Send(std::string_view(put).substr(put.size() / 2)));
+  FrameHeader h;
+  std::string body;
+  ASSERT_TRUE(stuck[0]->ReadReply(&h, &body));
+  EXPECT_EQ(h.op, Op::kPut);
+  EXPECT_EQ(StatusFromWire(h.status), StatusCode::kOk);
 }
 
 // Raises RLIMIT_NOFILE's soft limit to the hard one; true when at least `need` descriptors fit.
