@@ -43,7 +43,7 @@ struct DramTier::State {
   std::unordered_map<std::string, Entry, KeyHash, std::equal_to<>> entries;  // guarded by mu
   std::unique_ptr<EvictionPolicy> policy;                                     // guarded by mu
   int64_t bytes = 0;
-  int64_t hits = 0, misses = 0, puts = 0, evictions = 0, expirations = 0;
+  int64_t hits = 0, misses = 0, puts = 0, evictions = 0, expirations = 0, stale_puts = 0;
 };
 
 DramTier::DramTier(DramOptions options, EvictCallback on_evict)
@@ -70,8 +70,12 @@ Status DramTier::Put(std::string_view key, const Entry& entry) {
   Entry replaced;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    ++s.puts;
     auto it = s.entries.find(key);
+    if (it != s.entries.end() && it->second.seq > entry.seq) {
+      ++s.stale_puts;  // a newer write already holds the key (tier.h: ordering)
+      return Status::Ok();
+    }
+    ++s.puts;
     if (Expired(entry, now)) {
       if (it != s.entries.end()) replaced = s.RemoveLocked(it);
       return Status::Ok();
@@ -104,10 +108,12 @@ Status DramTier::Put(std::string_view key, const Entry& entry) {
         dropped.push_back(std::move(e));
       }
     }
+    if (s.options.evict_callback_under_lock) {
+      for (auto& [k, e] : evicted) s.on_evict(std::move(k), std::move(e));
+      evicted.clear();
+    }
   }
-  if (s.on_evict) {
-    for (auto& [k, e] : evicted) s.on_evict(std::move(k), std::move(e));
-  }
+  for (auto& [k, e] : evicted) s.on_evict(std::move(k), std::move(e));
   return Status::Ok();
 }
 
@@ -169,6 +175,7 @@ TierStats DramTier::Stats() const {
   t.puts = s.puts;
   t.evictions = s.evictions;
   t.expirations = s.expirations;
+  t.stale_puts = s.stale_puts;
   return t;
 }
 

@@ -34,12 +34,16 @@ struct DramOptions {
   // DRAM tier usually sits; ARC leads S3-FIFO there by 0.4-0.7 points and trails it by at most
   // 0.1 at 10-25%. S3-FIFO (no list move on a hit) is the near-tie alternative.
   EvictionKind eviction = EvictionKind::kArc;
+  // Run on_evict with the tier's lock held, so no reader can see the key gone from this tier
+  // before the callback has put it somewhere else (the Store's write-behind queue). The callback
+  // must then be quick and must not call into this tier.
+  bool evict_callback_under_lock = false;
 };
 
 class DramTier : public Tier {
  public:
-  // Called once per entry evicted for capacity, outside the tier's lock, on the thread whose Put
-  // caused the eviction.
+  // Called once per entry evicted for capacity, outside the tier's lock (unless
+  // evict_callback_under_lock), on the thread whose Put caused the eviction.
   using EvictCallback = std::function<void(std::string key, Entry entry)>;
 
   explicit DramTier(DramOptions options = {}, EvictCallback on_evict = nullptr);

@@ -1,5 +1,6 @@
 #include "keel/kvstore/redis_tier.h"
 
+#include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 
@@ -118,8 +119,8 @@ timeval ToTimeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
 // One command; arguments point at caller-owned bytes that outlive the round trip.
 struct Command {
   int argc = 0;
-  std::array<const char*, 5> argv{};
-  std::array<size_t, 5> len{};
+  std::array<const char*, 8> argv{};
+  std::array<size_t, 8> len{};
   Command& Arg(std::string_view s) {
     argv[argc] = s.data();
     len[argc] = s.size();
@@ -395,22 +396,76 @@ Status ReplyError(const NodePool& pool, std::string_view cmd, const redisReply* 
   return Status::IOError(msg + std::string(err));
 }
 
-constexpr std::string_view kGet = "GET", kPexpiretime = "PEXPIRETIME", kSet = "SET", kPxat = "PXAT", kDel = "DEL",
-                           kExists = "EXISTS", kPing = "PING";
+constexpr std::string_view kHmget = "HMGET", kHexists = "HEXISTS", kPexpiretime = "PEXPIRETIME", kEval = "EVAL",
+                           kDel = "DEL", kPing = "PING", kValueField = "v", kSeqField = "s";
 
-// GET + PEXPIRETIME replies → the entry.
+// Writes are ordered by sequence number (tier.h) inside Redis itself, so instances sharing it
+// and a write-behind that arrives late agree on the newest: each key is a hash {v: value,
+// s: seq as 20 decimal digits (so that string order is number order)}, replaced only by a write
+// whose s is not lower. A delete leaves a tombstone {s} for kTombstoneMs so an older write still
+// in flight cannot resurrect the key. A key of another type (a plain string of an older Keel)
+// is replaced.
+constexpr std::string_view kPutScript = R"lua(
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'hash' then
+  local cur = redis.call('HGET', KEYS[1], 's')
+  if cur and cur > ARGV[1] then return 0 end
+elseif t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 's', ARGV[1])
+if ARGV[3] ~= '0' then redis.call('PEXPIREAT', KEYS[1], ARGV[3]) else redis.call('PERSIST', KEYS[1]) end
+return 1
+)lua";
+constexpr std::string_view kDeleteScript = R"lua(
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  local cur = redis.call('HGET', KEYS[1], 's')
+  if cur and cur > ARGV[1] then return 0 end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 's', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+)lua";
+constexpr int64_t kTombstoneMs = 10 * 60 * 1000;  // far longer than any write-behind delay
+
+std::string SeqDigits(uint64_t seq) { return fmt::format("{:020}", seq); }
+
+// A WRONGTYPE reply: the key holds a value in an older Keel's format, i.e. nothing readable.
+bool IsWrongType(const redisReply* r) { return IsError(r, "WRONGTYPE"); }
+
+// HMGET v s + PEXPIRETIME replies → the entry.
 Result<Entry> DecodeEntry(const NodePool& pool, const redisReply* get, const redisReply* ttl) {
-  if (get->type == REDIS_REPLY_NIL) return Status::NotFound("redis: no such key");
-  if (get->type != REDIS_REPLY_STRING) return ReplyError(pool, "GET", get);
+  if (IsWrongType(get)) return Status::NotFound("redis: no such key (a value in an older format)");
+  if (get->type != REDIS_REPLY_ARRAY || get->elements != 2) return ReplyError(pool, "HMGET", get);
+  const redisReply* value = get->element[0];
+  const redisReply* seq = get->element[1];
+  if (value->type == REDIS_REPLY_NIL) return Status::NotFound("redis: no such key");
+  if (value->type != REDIS_REPLY_STRING) return ReplyError(pool, "HMGET", value);
   Entry e;
+  if (seq->type == REDIS_REPLY_STRING) {
+    std::string_view digits(seq->str, seq->len);
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), e.seq);
+    if (ec != std::errc() || end != digits.data() + digits.size()) {
+      return Status::Corruption("redis " + pool.address() + ": sequence field is not a number");
+    }
+  }
   if (ttl->type == REDIS_REPLY_INTEGER) {
     if (ttl->integer == -2) return Status::NotFound("redis: no such key");  // expired between the two
     if (ttl->integer > 0) e.expires_at_ms = ttl->integer;
   }  // an error here is a server before 7.0 without PEXPIRETIME: expiry unknown, report none
-  std::shared_ptr<Blob> blob = Blob::Allocate(get->len);
-  if (get->len > 0) std::memcpy(blob->data(), get->str, get->len);
+  std::shared_ptr<Blob> blob = Blob::Allocate(value->len);
+  if (value->len > 0) std::memcpy(blob->data(), value->str, value->len);
   e.value = std::move(blob);
   return e;
+}
+
+// HEXISTS key v → whether a live value is there (a tombstone or an old-format value is not).
+Result<bool> ContainsReply(const NodePool& pool, const redisReply* r, std::atomic<int64_t>& errors) {
+  if (r->type == REDIS_REPLY_INTEGER) return r->integer > 0;
+  if (IsWrongType(r)) return false;
+  errors.fetch_add(1, std::memory_order_relaxed);
+  return ReplyError(pool, "HEXISTS", r);
 }
 
 // Batch set-up: the prefixed keys, and invalid ones answered in place.
@@ -596,7 +651,7 @@ class RedisTier::Impl {
     else errors.fetch_add(1, std::memory_order_relaxed);
   }
 
-  std::atomic<int64_t> hits{0}, misses{0}, puts{0}, errors{0}, bytes{0};
+  std::atomic<int64_t> hits{0}, misses{0}, puts{0}, errors{0}, bytes{0}, stale_puts{0};
   std::atomic<int64_t> moved_{0}, ask_{0}, refreshes_{0};
 
  private:
@@ -686,22 +741,32 @@ const RedisOptions& RedisTier::options() const { return impl_->options(); }
 Status RedisTier::Put(std::string_view key, const Entry& entry) {
   KEEL_RETURN_IF_ERROR(ValidateKey(key));
   if (entry.value == nullptr) return Status::InvalidArgument("redis: entry has no value");
+  // Replacing with an already expired entry leaves only a tombstone behind.
+  if (entry.expires_at_ms != 0 && entry.expires_at_ms <= NowUnixMs()) return DeleteAt(key, entry.seq);
   std::string full = impl_->options().key_prefix + std::string(key);
-  std::string expiry;
+  const std::string seq = SeqDigits(entry.seq);
+  const std::string expiry = std::to_string(entry.expires_at_ms);
   Command cmd;
-  bool expired = entry.expires_at_ms != 0 && entry.expires_at_ms <= NowUnixMs();
-  if (expired) {
-    cmd.Arg(kDel).Arg(full);  // replacing with an expired entry leaves nothing behind
-  } else {
-    cmd.Arg(kSet).Arg(full).Arg(entry.value->view());
-    if (entry.expires_at_ms != 0) {
-      expiry = std::to_string(entry.expires_at_ms);
-      cmd.Arg(kPxat).Arg(expiry);
-    }
+  cmd.Arg(kEval).Arg(kPutScript).Arg("1").Arg(full).Arg(seq).Arg(entry.value->view()).Arg(expiry);
+  KEEL_ASSIGN_OR_RETURN(Reply r, impl_->RunKeyCommand(full, cmd, "EVAL (put)"));
+  if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
+    impl_->stale_puts.fetch_add(1, std::memory_order_relaxed);
+    return Status::Ok();
   }
-  KEEL_ASSIGN_OR_RETURN(Reply r, impl_->RunKeyCommand(full, cmd, expired ? kDel : kSet));
   impl_->puts.fetch_add(1, std::memory_order_relaxed);
-  if (!expired) impl_->bytes.fetch_add(static_cast<int64_t>(entry.value->size()), std::memory_order_relaxed);
+  impl_->bytes.fetch_add(static_cast<int64_t>(entry.value->size()), std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status RedisTier::DeleteAt(std::string_view key, uint64_t seq) {
+  KEEL_RETURN_IF_ERROR(ValidateKey(key));
+  std::string full = impl_->options().key_prefix + std::string(key);
+  const std::string digits = SeqDigits(seq);
+  const std::string ttl = std::to_string(kTombstoneMs);
+  Command cmd;
+  cmd.Arg(kEval).Arg(kDeleteScript).Arg("1").Arg(full).Arg(digits).Arg(ttl);
+  KEEL_ASSIGN_OR_RETURN(Reply r, impl_->RunKeyCommand(full, cmd, "EVAL (delete)"));
+  if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) impl_->stale_puts.fetch_add(1, std::memory_order_relaxed);
   return Status::Ok();
 }
 
@@ -709,7 +774,7 @@ Result<Entry> RedisTier::Get(std::string_view key) {
   KEEL_RETURN_IF_ERROR(ValidateKey(key));
   std::string full = impl_->options().key_prefix + std::string(key);
   std::vector<Command> cmds(2);
-  cmds[0].Arg(kGet).Arg(full);
+  cmds[0].Arg(kHmget).Arg(full).Arg(kValueField).Arg(kSeqField);
   cmds[1].Arg(kPexpiretime).Arg(full);
   NodePool* node = nullptr;
   Result<std::vector<Reply>> r = impl_->RunOnSlot(RedisClusterSlot(full), cmds, &node);
@@ -721,8 +786,14 @@ Result<Entry> RedisTier::Get(std::string_view key) {
 Result<bool> RedisTier::Contains(std::string_view key) {
   KEEL_RETURN_IF_ERROR(ValidateKey(key));
   std::string full = impl_->options().key_prefix + std::string(key);
-  KEEL_ASSIGN_OR_RETURN(Reply r, impl_->RunKeyCommand(full, Command().Arg(kExists).Arg(full), kExists));
-  return r->integer > 0;
+  NodePool* node = nullptr;
+  Result<std::vector<Reply>> r =
+      impl_->RunOnSlot(RedisClusterSlot(full), {Command().Arg(kHexists).Arg(full).Arg(kValueField)}, &node);
+  if (!r.ok()) {
+    impl_->errors.fetch_add(1, std::memory_order_relaxed);
+    return r.status();
+  }
+  return ContainsReply(*node, (*r)[0].get(), impl_->errors);
 }
 
 Status RedisTier::Delete(std::string_view key) {
@@ -737,7 +808,7 @@ std::vector<Result<Entry>> RedisTier::GetMany(const std::vector<std::string_view
   std::vector<bool> valid;
   PrepareKeys(impl_->options().key_prefix, keys, &out, &full, &valid);
   std::vector<NodeBatch> batches = impl_->GroupByNode(full, valid, [&](size_t i, std::vector<Command>* cmds) {
-    cmds->emplace_back().Arg(kGet).Arg(full[i]);
+    cmds->emplace_back().Arg(kHmget).Arg(full[i]).Arg(kValueField).Arg(kSeqField);
     cmds->emplace_back().Arg(kPexpiretime).Arg(full[i]);
   });
   RoundTripAll(batches);
@@ -766,7 +837,7 @@ std::vector<Result<bool>> RedisTier::ContainsMany(const std::vector<std::string_
   std::vector<bool> valid;
   PrepareKeys(impl_->options().key_prefix, keys, &out, &full, &valid);
   std::vector<NodeBatch> batches = impl_->GroupByNode(full, valid, [&](size_t i, std::vector<Command>* cmds) {
-    cmds->emplace_back().Arg(kExists).Arg(full[i]);
+    cmds->emplace_back().Arg(kHexists).Arg(full[i]).Arg(kValueField);
   });
   RoundTripAll(batches);
   for (NodeBatch& b : batches) {
@@ -780,11 +851,8 @@ std::vector<Result<bool>> RedisTier::ContainsMany(const std::vector<std::string_
       const redisReply* r = b.replies[c].get();
       if (impl_->options().cluster && ParseRedirect(r)) {
         out[i] = Contains(keys[i]);
-      } else if (r->type == REDIS_REPLY_INTEGER) {
-        out[i] = r->integer > 0;
       } else {
-        out[i] = ReplyError(*b.pool, "EXISTS", r);
-        impl_->errors.fetch_add(1, std::memory_order_relaxed);
+        out[i] = ContainsReply(*b.pool, r, impl_->errors);
       }
     }
   }
@@ -799,6 +867,7 @@ TierStats RedisTier::Stats() const {
   s.hits = impl_->hits.load(std::memory_order_relaxed);
   s.misses = impl_->misses.load(std::memory_order_relaxed);
   s.puts = impl_->puts.load(std::memory_order_relaxed);
+  s.stale_puts = impl_->stale_puts.load(std::memory_order_relaxed);
   s.errors = impl_->errors.load(std::memory_order_relaxed);
   return s;
 }

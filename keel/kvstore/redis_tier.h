@@ -1,9 +1,14 @@
 // RedisTier: the shared, cross-instance tier of the KV cache, backed by Redis (standalone or
 // Redis Cluster) through hiredis.
 //
-// Each key is stored as the Redis string `key_prefix + key` holding the value bytes unchanged;
-// an entry with expires_at_ms is stored with SET ... PXAT, so Redis itself expires it. Get reads
-// the expiry back with PEXPIRETIME (Redis >= 7.0; older servers give expires_at_ms = 0).
+// Each key is stored as the Redis hash `key_prefix + key` = {v: the value bytes unchanged,
+// s: the write's sequence number as 20 decimal digits}, written by a Lua script that refuses a
+// write older than the stored one (tier.h: ordering), atomically inside Redis, so every instance
+// sharing the server and every late write-behind agree on the newest write. DeleteAt leaves a
+// tombstone {s} for 10 minutes for the same reason; Delete is an unordered DEL. An entry with
+// expires_at_ms is given PEXPIREAT, so Redis itself expires it. Get reads the expiry back with
+// PEXPIRETIME (Redis >= 7.0; older servers give expires_at_ms = 0). A key holding another type
+// (a plain string written by an older Keel) reads as absent and is replaced by the next Put.
 //
 // Thread-safe. Each node gets a small connection pool (created lazily, up to max_connections);
 // a connection that fails is closed together with the node's idle ones, and the next call
@@ -69,6 +74,8 @@ class RedisTier : public Tier {
   Result<Entry> Get(std::string_view key) override;
   Result<bool> Contains(std::string_view key) override;
   Status Delete(std::string_view key) override;
+  // A delete ordered as write `seq`: ignored when the key holds a newer write.
+  Status DeleteAt(std::string_view key, uint64_t seq);
   // items = -1 (DBSIZE would count other users' keys); bytes = value bytes written so far.
   TierStats Stats() const override;
   std::vector<Result<Entry>> GetMany(const std::vector<std::string_view>& keys) override;

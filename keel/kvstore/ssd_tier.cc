@@ -26,22 +26,32 @@ static_assert(std::endian::native == std::endian::little, "the on-disk integers 
 // Segment file header, 32 bytes:
 //   0 u32 magic "KSSG"   4 u32 format version   8 u64 segment id   16 u64 reserved (0)
 //   24 u64 XXH3-64 of bytes [0,24)
+// Version 2 records carry the write's sequence number; version 1 segments (no sequence
+// numbers: their records count as seq 0, ordered by position) are still read, never appended to.
 constexpr uint32_t kSegmentMagic = 0x4753534B;  // "KSSG"
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kOldestReadableVersion = 1;
 constexpr size_t kSegmentHeaderBytes = 32;
 
-// Record = 48-byte header, key, value:
+// Record (version 2) = 56-byte header, key, value:
 //   0 u32 magic "KSRC"   4 u8 type (1 PUT, 2 DELETE)   5..7 reserved (0)   8 u32 key_len
 //   12 u32 reserved (0)   16 u64 value_len   24 i64 expires_at_ms (0 = never)
-//   32 u64 value_checksum: XXH3-64 of the value
-//   40 u64 header_checksum: XXH3-64 of bytes [0,40) + key
+//   32 u64 seq: the write's sequence number (tier.h); recovery keeps each key's highest
+//   40 u64 value_checksum: XXH3-64 of the value
+//   48 u64 header_checksum: XXH3-64 of bytes [0,48) + key
+// Version 1 had no seq field: value_checksum at 32, header_checksum at 40 over [0,40) + key.
 // Why two checksums (as in the wire protocol): the header checksum makes the lengths
 // trustworthy before they are used, so recovery can step over a record whose value rotted
 // instead of losing the rest of the segment; and the value checksum is the Blob's own
 // checksum, reused from Put (the server verified it on receipt) and handed back on Get, so a
 // value is hashed once per write and once per read. Together they cover header, key and value.
 constexpr uint32_t kRecordMagic = 0x4352534B;  // "KSRC"
-constexpr size_t kRecordHeaderBytes = 48;
+constexpr size_t kRecordHeaderBytes = 56;       // what Append writes (version 2)
+constexpr size_t kRecordHeaderBytesV1 = 48;
+
+constexpr size_t RecordHeaderBytes(uint32_t version) {
+  return version == 1 ? kRecordHeaderBytesV1 : kRecordHeaderBytes;
+}
 constexpr uint8_t kTypePut = 1;
 constexpr uint8_t kTypeDelete = 2;
 
@@ -63,13 +73,15 @@ struct RecordHeader {
   uint32_t key_len = 0;
   uint64_t value_len = 0;
   int64_t expires_at_ms = 0;
+  uint64_t seq = 0;
   uint64_t value_checksum = 0;
   uint64_t header_checksum = 0;
 };
 
-uint64_t HeaderChecksum(const uint8_t* header, std::string_view key) {
+// Over the header up to its own checksum field, then the key.
+uint64_t HeaderChecksum(const uint8_t* header, std::string_view key, uint32_t version) {
   Hasher64 h;
-  h.update(header, 40);
+  h.update(header, RecordHeaderBytes(version) - 8);
   h.update(key);
   return h.digest();
 }
@@ -81,13 +93,14 @@ void EncodeRecordHeader(const RecordHeader& r, std::string_view key, uint8_t* ou
   Store<uint32_t>(out + 8, r.key_len);
   Store<uint64_t>(out + 16, r.value_len);
   Store<int64_t>(out + 24, r.expires_at_ms);
-  Store<uint64_t>(out + 32, r.value_checksum);
-  Store<uint64_t>(out + 40, HeaderChecksum(out, key));
+  Store<uint64_t>(out + 32, r.seq);
+  Store<uint64_t>(out + 40, r.value_checksum);
+  Store<uint64_t>(out + 48, HeaderChecksum(out, key, kFormatVersion));
 }
 
-// Parses and bounds-checks a record header; nullptr when well-formed, else why not. The header
-// checksum needs the key and is checked by the caller.
-const char* DecodeRecordHeader(const uint8_t* p, RecordHeader* r) {
+// Parses and bounds-checks a record header of a segment of `version`; nullptr when well-formed,
+// else why not. The header checksum needs the key and is checked by the caller.
+const char* DecodeRecordHeader(const uint8_t* p, uint32_t version, RecordHeader* r) {
   if (Load<uint32_t>(p) != kRecordMagic) return "bad record magic";
   r->type = p[4];
   if (r->type != kTypePut && r->type != kTypeDelete) return "unknown record type";
@@ -95,8 +108,15 @@ const char* DecodeRecordHeader(const uint8_t* p, RecordHeader* r) {
   r->key_len = Load<uint32_t>(p + 8);
   r->value_len = Load<uint64_t>(p + 16);
   r->expires_at_ms = Load<int64_t>(p + 24);
-  r->value_checksum = Load<uint64_t>(p + 32);
-  r->header_checksum = Load<uint64_t>(p + 40);
+  if (version == 1) {
+    r->seq = 0;
+    r->value_checksum = Load<uint64_t>(p + 32);
+    r->header_checksum = Load<uint64_t>(p + 40);
+  } else {
+    r->seq = Load<uint64_t>(p + 32);
+    r->value_checksum = Load<uint64_t>(p + 40);
+    r->header_checksum = Load<uint64_t>(p + 48);
+  }
   if (r->key_len == 0 || r->key_len > kMaxKeyBytes) return "key length out of range";
   if (r->value_len > kSsdMaxValueBytes) return "value length over the limit";
   if (r->type == kTypeDelete && r->value_len != 0) return "tombstone with a value";
@@ -111,10 +131,12 @@ void EncodeSegmentHeader(uint64_t id, uint8_t* out) {
   Store<uint64_t>(out + 24, Xxh3_64(out, 24));
 }
 
-const char* CheckSegmentHeader(const uint8_t* p, uint64_t id) {
+// nullptr and the segment's format version in *version when the header is sound.
+const char* CheckSegmentHeader(const uint8_t* p, uint64_t id, uint32_t* version) {
   if (Load<uint32_t>(p) != kSegmentMagic) return "bad segment magic";
   if (Load<uint64_t>(p + 24) != Xxh3_64(p, 24)) return "segment header checksum mismatch";
-  if (Load<uint32_t>(p + 4) != kFormatVersion) return "unsupported format version";
+  *version = Load<uint32_t>(p + 4);
+  if (*version < kOldestReadableVersion || *version > kFormatVersion) return "unsupported format version";
   if (Load<uint64_t>(p + 8) != id) return "segment id does not match the file name";
   return nullptr;
 }
@@ -239,38 +261,40 @@ struct ScannedRecord {
 
 // Reads the record at `off`. kInvalid: no trustworthy record starts here (torn or garbage);
 // kBadValue: header and key are sound but the value fails its checksum.
-Result<ScannedRecord> ScanRecord(ScanReader& reader, uint64_t off, uint64_t file_size, bool verify_value) {
+Result<ScannedRecord> ScanRecord(ScanReader& reader, uint64_t off, uint64_t file_size, uint32_t version,
+                                 bool verify_value) {
   ScannedRecord rec;
   const uint64_t left = file_size - off;
-  if (left < kRecordHeaderBytes) {
+  const size_t header_bytes = RecordHeaderBytes(version);
+  if (left < header_bytes) {
     rec.why = "torn record header (" + std::to_string(left) + " bytes left)";
     return rec;
   }
   uint8_t hdr[kRecordHeaderBytes];
-  KEEL_RETURN_IF_ERROR(reader.Read(off, kRecordHeaderBytes, hdr));
-  if (const char* why = DecodeRecordHeader(hdr, &rec.header)) {
+  KEEL_RETURN_IF_ERROR(reader.Read(off, header_bytes, hdr));
+  if (const char* why = DecodeRecordHeader(hdr, version, &rec.header)) {
     rec.why = why;
     return rec;
   }
   const RecordHeader& h = rec.header;
-  if (left < kRecordHeaderBytes + h.key_len) {
+  if (left < header_bytes + h.key_len) {
     rec.why = "torn key";
     return rec;
   }
   rec.key.resize(h.key_len);
-  KEEL_RETURN_IF_ERROR(reader.Read(off + kRecordHeaderBytes, h.key_len, reinterpret_cast<uint8_t*>(rec.key.data())));
-  if (HeaderChecksum(hdr, rec.key) != h.header_checksum) {
+  KEEL_RETURN_IF_ERROR(reader.Read(off + header_bytes, h.key_len, reinterpret_cast<uint8_t*>(rec.key.data())));
+  if (HeaderChecksum(hdr, rec.key, version) != h.header_checksum) {
     rec.why = "record header checksum mismatch";
     return rec;
   }
-  const uint64_t record_bytes = kRecordHeaderBytes + h.key_len + h.value_len;
+  const uint64_t record_bytes = header_bytes + h.key_len + h.value_len;
   if (left < record_bytes) {
     rec.why = "torn value (record needs " + std::to_string(record_bytes) + " bytes, " + std::to_string(left) + " left)";
     return rec;
   }
   rec.end = off + record_bytes;
   if (verify_value) {
-    KEEL_ASSIGN_OR_RETURN(uint64_t sum, reader.Hash(off + kRecordHeaderBytes + h.key_len, h.value_len));
+    KEEL_ASSIGN_OR_RETURN(uint64_t sum, reader.Hash(off + header_bytes + h.key_len, h.value_len));
     if (sum != h.value_checksum) {
       rec.state = ScannedRecord::State::kBadValue;
       rec.why = "value checksum mismatch";
@@ -309,6 +333,7 @@ struct SsdTier::Segment {
   const uint64_t id;
   const std::string path;
   const int fd;
+  uint32_t version = kFormatVersion;  // set by the recovery scan; only kFormatVersion is appended to
   // Below: guarded by append_mu_ once Open returns.
   uint64_t size = 0;              // bytes in the file
   bool appendable = true;         // false when its header is bad: never written to again
@@ -378,6 +403,7 @@ Status SsdTier::Recover() {
     disk_bytes_ += static_cast<int64_t>(seg->size);
     recovery_.segments++;
   }
+  recovered_seq_ = {};  // only the scan needs it
   next_segment_id_ = ids.empty() ? 1 : ids.back() + 1;
   if (!ids.empty() && segments_.rbegin()->second->appendable) {
     active_ = segments_.rbegin()->second;
@@ -403,7 +429,7 @@ Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
   const char* bad_header = "file shorter than a segment header";
   if (file_size >= kSegmentHeaderBytes) {
     KEEL_RETURN_IF_ERROR(reader.Read(0, kSegmentHeaderBytes, seg_header));
-    bad_header = CheckSegmentHeader(seg_header, seg.id);
+    bad_header = CheckSegmentHeader(seg_header, seg.id, &seg.version);
   }
   if (bad_header != nullptr) {
     // Kept (it ages out FIFO like any segment) but never read or appended to.
@@ -413,12 +439,15 @@ Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
     return Status::Ok();
   }
 
+  // Only the newest format is appended to; an older segment is read, then left to age out.
+  if (seg.version != kFormatVersion) seg.appendable = false;
   const int64_t now_ms = NowUnixMs();
   uint64_t off = kSegmentHeaderBytes;
   while (off < file_size) {
-    KEEL_ASSIGN_OR_RETURN(ScannedRecord rec, ScanRecord(reader, off, file_size, /*verify_value=*/is_last));
+    KEEL_ASSIGN_OR_RETURN(ScannedRecord rec, ScanRecord(reader, off, file_size, seg.version, /*verify_value=*/is_last));
     if (rec.state == ScannedRecord::State::kValid) {
-      const Location loc{seg.id, off, rec.header.key_len, rec.header.value_len, rec.header.expires_at_ms};
+      const Location loc{seg.id,         off, rec.header.key_len, rec.header.value_len, rec.header.expires_at_ms,
+                         rec.header.seq, static_cast<uint32_t>(RecordHeaderBytes(seg.version))};
       ApplyRecovered(rec.header.type, rec.key, loc, seg, now_ms);
       recovery_.records++;
       off = rec.end;
@@ -427,11 +456,15 @@ Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
     if (rec.state == ScannedRecord::State::kBadValue && rec.end < file_size) {
       // A rotted value with a sound record after it is damage, not a torn tail: drop the key
       // (an older version must not resurface) and go on.
-      KEEL_ASSIGN_OR_RETURN(ScannedRecord next, ScanRecord(reader, rec.end, file_size, is_last));
+      KEEL_ASSIGN_OR_RETURN(ScannedRecord next, ScanRecord(reader, rec.end, file_size, seg.version, is_last));
       if (next.state == ScannedRecord::State::kValid) {
         Log().warn("ssd: {}: record at offset {}: {}; dropped", seg.path, off, rec.why);
         recovery_.corrupt_records++;
-        IndexEraseLocked(rec.key);
+        uint64_t& newest = recovered_seq_[rec.key];
+        if (rec.header.seq >= newest) {  // an older rotted record hides nothing newer
+          newest = rec.header.seq;
+          IndexEraseLocked(rec.key);
+        }
         off = rec.end;
         continue;
       }
@@ -454,8 +487,20 @@ Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
   return Status::Ok();
 }
 
+// Records of a key are applied in sequence order, not file order: a record older than one
+// already seen (put, tombstone or expired put) is skipped, so a late append of an old write
+// never wins. Equal numbers (seq 0 of version 1 segments) fall back to file order.
 void SsdTier::ApplyRecovered(uint8_t type, const std::string& key, const Location& loc, Segment& seg,
                              int64_t now_ms) {
+  max_seq_ = std::max(max_seq_, loc.seq);
+  auto [newest, first] = recovered_seq_.try_emplace(key, loc.seq);
+  if (!first) {
+    if (loc.seq < newest->second) {
+      recovery_.stale_records++;
+      return;
+    }
+    newest->second = loc.seq;
+  }
   if (type == kTypeDelete || (loc.expires_at_ms != 0 && loc.expires_at_ms <= now_ms)) {
     IndexEraseLocked(key);  // an expired put still hides whatever came before it
     return;
@@ -466,17 +511,35 @@ void SsdTier::ApplyRecovered(uint8_t type, const std::string& key, const Locatio
 
 Status SsdTier::Put(std::string_view key, const Entry& entry) {
   KEEL_RETURN_IF_ERROR(ValidateKey(key));
-  KEEL_RETURN_IF_ERROR(Append(kTypePut, key, entry.value.get(), entry.expires_at_ms));
-  puts_++;
-  return Status::Ok();
+  return Append(kTypePut, key, entry.value.get(), entry.expires_at_ms, entry.seq);
 }
 
 Status SsdTier::Delete(std::string_view key) {
   KEEL_RETURN_IF_ERROR(ValidateKey(key));
-  return Append(kTypeDelete, key, nullptr, 0);
+  std::optional<uint64_t> seq = SeqOf(key);
+  return Append(kTypeDelete, key, nullptr, 0, seq.value_or(0));
 }
 
-Status SsdTier::Append(uint8_t type, std::string_view key, const Blob* value, int64_t expires_at_ms) {
+Status SsdTier::DeleteAt(std::string_view key, uint64_t seq) {
+  KEEL_RETURN_IF_ERROR(ValidateKey(key));
+  return Append(kTypeDelete, key, nullptr, 0, seq);
+}
+
+std::optional<uint64_t> SsdTier::SeqOf(std::string_view key) {
+  std::lock_guard<std::mutex> lock(index_mu_);
+  auto it = index_.find(key);
+  if (it == index_.end() || (it->second.expires_at_ms != 0 && it->second.expires_at_ms <= NowUnixMs())) {
+    return std::nullopt;
+  }
+  return it->second.seq;
+}
+
+uint64_t SsdTier::max_seq() const {
+  std::lock_guard<std::mutex> lock(index_mu_);
+  return max_seq_;
+}
+
+Status SsdTier::Append(uint8_t type, std::string_view key, const Blob* value, int64_t expires_at_ms, uint64_t seq) {
   const uint64_t value_len = value != nullptr ? value->size() : 0;  // a null value stores as empty
   if (value_len > kSsdMaxValueBytes) {
     return Status::InvalidArgument("ssd: value of " + std::to_string(value_len) + " bytes exceeds the limit of " +
@@ -492,11 +555,22 @@ Status SsdTier::Append(uint8_t type, std::string_view key, const Blob* value, in
   h.key_len = static_cast<uint32_t>(key.size());
   h.value_len = value_len;
   h.expires_at_ms = expires_at_ms;
+  h.seq = seq;
   h.value_checksum = value != nullptr ? value->checksum() : Xxh3_64(nullptr, 0);
   uint8_t hdr[kRecordHeaderBytes];
   EncodeRecordHeader(h, key, hdr);
 
+  // append_mu_ serialises appends, so no other write of the key can land between this check
+  // and the index update below.
   std::lock_guard<std::mutex> lock(append_mu_);
+  {
+    std::lock_guard<std::mutex> index_lock(index_mu_);
+    auto it = index_.find(key);
+    if (it != index_.end() && it->second.seq > seq) {
+      stale_puts_++;  // a newer write of the key is already here (tier.h: ordering)
+      return Status::Ok();
+    }
+  }
   if (Status s = MakeRoomLocked(record_bytes); !s.ok()) {
     errors_++;
     return s;
@@ -520,11 +594,14 @@ Status SsdTier::Append(uint8_t type, std::string_view key, const Blob* value, in
     errors_++;
     return Status::IOError(seg.path + ": fdatasync: " + Errno(errno));  // not acknowledged, not indexed
   }
+  if (type == kTypePut) puts_++;
   std::lock_guard<std::mutex> index_lock(index_mu_);
+  max_seq_ = std::max(max_seq_, seq);
   if (type == kTypeDelete || (expires_at_ms != 0 && expires_at_ms <= NowUnixMs())) {
     IndexEraseLocked(key);
   } else {
-    IndexPutLocked(key, Location{seg.id, off, h.key_len, value_len, expires_at_ms});
+    IndexPutLocked(key, Location{seg.id, off, h.key_len, value_len, expires_at_ms, seq,
+                                 static_cast<uint32_t>(kRecordHeaderBytes)});
   }
   return Status::Ok();
 }
@@ -661,7 +738,7 @@ BatchRead SsdTier::RecordRead(const Location& loc, const Segment& seg, uint8_t* 
   r.fd = seg.fd;
   r.path = &seg.path;
   r.offset = loc.offset;
-  r.iov[0] = {head, kRecordHeaderBytes + loc.key_len};
+  r.iov[0] = {head, loc.header_bytes + loc.key_len};
   r.iov[1] = {value.data(), loc.value_len};
   r.iovcnt = 2;
   return r;
@@ -672,11 +749,12 @@ Result<Entry> SsdTier::FinishRead(std::string_view key, const Location& loc, con
   const char* why = nullptr;
   RecordHeader h;
   if (s.ok()) {
-    why = DecodeRecordHeader(head, &h);
-    const std::string_view stored_key(reinterpret_cast<const char*>(head + kRecordHeaderBytes), loc.key_len);
-    if (why == nullptr && (h.type != kTypePut || h.key_len != loc.key_len || h.value_len != loc.value_len)) {
+    why = DecodeRecordHeader(head, seg.version, &h);
+    const std::string_view stored_key(reinterpret_cast<const char*>(head + loc.header_bytes), loc.key_len);
+    if (why == nullptr &&
+        (h.type != kTypePut || h.key_len != loc.key_len || h.value_len != loc.value_len || h.seq != loc.seq)) {
       why = "record does not match the index";
-    } else if (why == nullptr && HeaderChecksum(head, stored_key) != h.header_checksum) {
+    } else if (why == nullptr && HeaderChecksum(head, stored_key, seg.version) != h.header_checksum) {
       why = "record header checksum mismatch";
     } else if (why == nullptr && stored_key != key) {
       why = "record holds another key";
@@ -687,7 +765,7 @@ Result<Entry> SsdTier::FinishRead(std::string_view key, const Location& loc, con
       s = Status::Corruption(seg.path + ": record at offset " + std::to_string(loc.offset) + ": " + why);
     }
   }
-  if (options_.uncached_reads) DropCache(seg.fd, loc.offset, kRecordHeaderBytes + loc.key_len + loc.value_len);
+  if (options_.uncached_reads) DropCache(seg.fd, loc.offset, loc.header_bytes + loc.key_len + loc.value_len);
   if (!s.ok()) {
     errors_++;
     Log().warn("ssd: {}", s.message());
@@ -696,7 +774,7 @@ Result<Entry> SsdTier::FinishRead(std::string_view key, const Location& loc, con
   }
   value->set_checksum(h.value_checksum);
   hits_++;
-  return Entry{std::move(value), loc.expires_at_ms};
+  return Entry{std::move(value), loc.expires_at_ms, loc.seq};
 }
 
 Result<Entry> SsdTier::Get(std::string_view key) {
@@ -802,6 +880,7 @@ TierStats SsdTier::Stats() const {
   s.puts = puts_.load();
   s.evictions = evictions_.load();
   s.expirations = expirations_.load();
+  s.stale_puts = stale_puts_.load();
   s.errors = errors_.load();
   return s;
 }

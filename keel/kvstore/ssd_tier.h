@@ -7,6 +7,10 @@
 // acknowledged Put durable. After an unclean shutdown Open keeps every complete record and cuts
 // the torn tail of the last segment (logged with file and offset), so appends follow valid data.
 //
+// Ordering: every record carries its Entry's sequence number (tier.h). A Put or DeleteAt older
+// than the key's indexed entry is ignored (counted in stale_puts), and recovery keeps each key's
+// highest-numbered record whatever the file order, so a late append of an old write never wins.
+//
 // Reads go through io_uring (one ring per thread) or pread, without holding the index lock, so
 // Gets run in parallel with each other and with Puts; GetMany submits all its reads to the ring
 // at once (uring_batch.h), so a batch costs about one device round trip. Every read is verified
@@ -23,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -68,6 +73,7 @@ struct SsdRecovery {
   int64_t records = 0;          // valid records replayed (puts and tombstones)
   int64_t corrupt_records = 0;  // records skipped or cut: bad checksum, torn tail, bad segment header
   int64_t truncated_bytes = 0;  // bytes cut from the end of the last segment
+  int64_t stale_records = 0;    // records skipped because a newer write of their key was seen
 };
 
 class SsdTier : public Tier {
@@ -86,8 +92,15 @@ class SsdTier : public Tier {
   // checks it; one result per key, in order.
   std::vector<Result<Entry>> GetMany(const std::vector<std::string_view>& keys) override;
   Result<bool> Contains(std::string_view key) override;
-  // Appends a tombstone, so the delete survives a restart.
+  // Appends a tombstone (ordered as the key's current entry), so the delete survives a restart.
   Status Delete(std::string_view key) override;
+  // A delete ordered as write `seq`: ignored when the key holds a newer write; its tombstone
+  // hides every older record of the key on recovery.
+  Status DeleteAt(std::string_view key, uint64_t seq);
+  // The sequence number of the key's live entry; nullopt when absent or expired.
+  std::optional<uint64_t> SeqOf(std::string_view key);
+  // The highest sequence number recovered or written (a restarted Store continues above it).
+  uint64_t max_seq() const;
   TierStats Stats() const override;
 
   // fdatasyncs the active segment: every Put/Delete acknowledged before the call is durable.
@@ -106,6 +119,8 @@ class SsdTier : public Tier {
     uint32_t key_len = 0;
     uint64_t value_len = 0;
     int64_t expires_at_ms = 0;
+    uint64_t seq = 0;
+    uint32_t header_bytes = 0;  // of the record's format version
   };
 
   struct KeyHash {  // lets lookups take a string_view without building a std::string
@@ -117,7 +132,7 @@ class SsdTier : public Tier {
   Status Recover();
   Status ScanSegment(Segment& seg, bool is_last);
   void ApplyRecovered(uint8_t type, const std::string& key, const Location& loc, Segment& seg, int64_t now_ms);
-  Status Append(uint8_t type, std::string_view key, const Blob* value, int64_t expires_at_ms);
+  Status Append(uint8_t type, std::string_view key, const Blob* value, int64_t expires_at_ms, uint64_t seq);
   Status MakeRoomLocked(uint64_t record_bytes);
   Status EnforceCapacityLocked(uint64_t record_bytes);
   Status RollLocked();
@@ -152,9 +167,12 @@ class SsdTier : public Tier {
   // By id, oldest first. Changed only with append_mu_ held as well, so either lock reads it.
   std::map<uint64_t, std::shared_ptr<Segment>> segments_;
   int64_t live_bytes_ = 0;
+  uint64_t max_seq_ = 0;
+  // During Recover only: each key's highest sequence number seen so far, tombstones included.
+  std::unordered_map<std::string, uint64_t> recovered_seq_;
 
   std::atomic<int64_t> disk_bytes_{0};
-  std::atomic<int64_t> hits_{0}, misses_{0}, puts_{0}, evictions_{0}, expirations_{0}, errors_{0};
+  std::atomic<int64_t> hits_{0}, misses_{0}, puts_{0}, evictions_{0}, expirations_{0}, errors_{0}, stale_puts_{0};
 };
 
 }  // namespace keel::kvstore

@@ -5,6 +5,14 @@
 //
 // Every Tier is thread-safe. Get/Contains of an expired entry behave as if it were absent and
 // drop it. Tiers never change the bytes of a value.
+//
+// Ordering: each Entry carries the sequence number of the write that made it (Store assigns
+// them, increasing per key in acknowledgement order). A tier never lets a Put replace an entry
+// with a higher sequence number: the stale Put is accepted and ignored, so a write that reaches a
+// tier late (write-behind, a demotion, a promotion racing a newer write, another instance's
+// older write to a shared Redis) cannot bring back an older value. Equal numbers replace, so
+// seq 0 everywhere (users that do not order writes) keeps last-writer-wins. Tiers that persist
+// (SSD, Redis) store the number with the value, and SSD recovery keeps each key's highest.
 #pragma once
 
 #include <atomic>
@@ -53,6 +61,7 @@ using BlobPtr = std::shared_ptr<const Blob>;
 struct Entry {
   BlobPtr value;
   int64_t expires_at_ms = 0;  // Unix time in ms; 0 = never
+  uint64_t seq = 0;           // the write's sequence number (see above); 0 = unordered
 };
 
 // Milliseconds since the Unix epoch (system clock: expiry times survive restarts).
@@ -69,6 +78,7 @@ struct TierStats {
   int64_t puts = 0;
   int64_t evictions = 0;        // dropped for capacity
   int64_t expirations = 0;      // dropped for TTL
+  int64_t stale_puts = 0;       // Puts ignored because the tier held a newer write of the key
   int64_t errors = 0;           // I/O, corruption, connection failures
 };
 

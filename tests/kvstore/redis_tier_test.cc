@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -160,6 +161,56 @@ TEST_F(RedisTierTest, RoundTripsBinaryValuesOfAllSizes) {
   ASSERT_TRUE(tier_->Put(key, MakeEntry("v")).ok());
   EXPECT_EQ(tier_->Get(key)->value->view(), "v");
   EXPECT_EQ(tier_->Get(std::string("a\0b", 3)).status().code(), StatusCode::kNotFound);
+}
+
+Entry SeqEntry(std::string_view bytes, uint64_t seq) { return Entry{Blob::Copy(bytes), 0, seq}; }
+
+// Redis orders writes by sequence number itself: a late write-behind or another instance's
+// older write cannot replace a newer value or resurrect a deleted key.
+TEST_F(RedisTierTest, AnOlderWriteNeverReplacesANewerOneAndTombstonesHoldBackOlderWrites) {
+  ASSERT_TRUE(tier_->Put("k", SeqEntry("newer", 2000)).ok());
+  ASSERT_TRUE(tier_->Put("k", SeqEntry("older", 1000)).ok());  // accepted, ignored
+  Result<Entry> got = tier_->Get("k");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value->view(), "newer");
+  EXPECT_EQ(got->seq, 2000u);
+  EXPECT_EQ(tier_->Stats().stale_puts, 1);
+  // 20-digit numbers: 10^19 > 9 * 10^18 compares right as text.
+  ASSERT_TRUE(tier_->Put("big", SeqEntry("a", 9000000000000000000ull)).ok());
+  ASSERT_TRUE(tier_->Put("big", SeqEntry("b", 10000000000000000000ull)).ok());
+  ASSERT_TRUE(tier_->Put("big", SeqEntry("c", 9999999999999999999ull)).ok());
+  EXPECT_EQ(tier_->Get("big")->value->view(), "b");
+
+  ASSERT_TRUE(tier_->DeleteAt("k", 3000).ok());
+  EXPECT_EQ(tier_->Get("k").status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(*tier_->Contains("k"));
+  EXPECT_FALSE(*tier_->ContainsMany({"k"})[0]);
+  ASSERT_TRUE(tier_->Put("k", SeqEntry("late", 2500)).ok());  // older than the delete
+  EXPECT_EQ(tier_->Get("k").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(tier_->Put("k", SeqEntry("after", 3500)).ok());
+  EXPECT_EQ(tier_->Get("k")->value->view(), "after");
+  ASSERT_TRUE(tier_->DeleteAt("k", 3400).ok());  // older than the value: ignored
+  EXPECT_EQ(tier_->Get("k")->value->view(), "after");
+
+  // The tombstone expires by itself.
+  DirectConn c(SharedRedis().port(), SharedRedis().host());
+  ASSERT_TRUE(tier_->DeleteAt("k", 4000).ok());
+  const std::string full = tier_->options().key_prefix + "k";
+  const long long ttl = std::atoll(c.Text({"PTTL", full}).c_str());
+  EXPECT_GT(ttl, 0);
+  EXPECT_LE(ttl, 10 * 60 * 1000);
+}
+
+TEST_F(RedisTierTest, AValueInTheOlderPlainStringFormatReadsAsAbsentAndIsReplaced) {
+  DirectConn c(SharedRedis().port(), SharedRedis().host());
+  const std::string full = tier_->options().key_prefix + "legacy";
+  ASSERT_EQ(c.Text({"SET", full, "raw-bytes"}), "OK");
+  EXPECT_EQ(tier_->Get("legacy").status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(*tier_->Contains("legacy"));
+  EXPECT_EQ(tier_->GetMany({"legacy"})[0].status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(tier_->Put("legacy", SeqEntry("fresh", 1)).ok());
+  EXPECT_EQ(tier_->Get("legacy")->value->view(), "fresh");
+  EXPECT_EQ(tier_->Stats().errors, 0);
 }
 
 TEST_F(RedisTierTest, OverwriteReplacesValue) {
@@ -562,7 +613,7 @@ TEST_F(RedisClusterTest, HashTagPinsNamespaceAndAskMovedFollowMigration) {
   int source = -1;
   for (int i = 0; i < 3; ++i) {
     DirectConn c(nodes_[i]->port());
-    if (c.Text({"GET", prefix + "old"}) == "old-value") source = i;
+    if (c.Text({"HGET", prefix + "old", "v"}) == "old-value") source = i;
   }
   ASSERT_GE(source, 0);
   int target = (source + 1) % 3;
@@ -577,7 +628,7 @@ TEST_F(RedisClusterTest, HashTagPinsNamespaceAndAskMovedFollowMigration) {
   ASSERT_TRUE(tier->Put("new", MakeEntry("new-value", NowUnixMs() + 60000)).ok());
   EXPECT_GE(tier->cluster_counters().ask, 1);
   EXPECT_EQ(dst.Text({"ASKING"}), "OK");
-  EXPECT_EQ(dst.Text({"GET", prefix + "new"}), "new-value");  // it landed on the target
+  EXPECT_EQ(dst.Text({"HGET", prefix + "new", "v"}), "new-value");  // it landed on the target
   Result<Entry> fresh = tier->Get("new");
   ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   EXPECT_EQ(fresh->value->view(), "new-value");

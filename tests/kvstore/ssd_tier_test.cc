@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 // The on-disk layout, as documented in ssd_tier.cc; tests that damage files aim with these.
 constexpr uint64_t kSegHeader = 32;
-constexpr uint64_t kRecHeader = 48;
+constexpr uint64_t kRecHeader = 56;  // format version 2 (with the write's sequence number)
 
 std::string MakeValue(size_t size, uint64_t seed) {
   std::string v(size, '\0');
@@ -529,10 +529,10 @@ TEST_F(SsdTierTest, RecordWithOversizedValueLengthIsRejectedOnRead) {
   std::memcpy(hdr + 8, &key_len, 4);
   std::memcpy(hdr + 16, &value_len, 8);
   Hasher64 h;
-  h.update(hdr, 40);
+  h.update(hdr, 48);
   h.update("big");
   const uint64_t sum = h.digest();
-  std::memcpy(hdr + 40, &sum, 8);
+  std::memcpy(hdr + 48, &sum, 8);
   AppendBytes(seg, std::string(reinterpret_cast<char*>(hdr), kRecHeader) + "big" + MakeValue(100, 1));
   auto t = MustOpen(o);
   ASSERT_NE(t, nullptr);
@@ -735,6 +735,118 @@ TEST_F(SsdTierTest, InvalidOptions) {
   o = Options();
   o.segment_bytes = 100;
   EXPECT_EQ(SsdTier::Open(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace keel::kvstore
+
+namespace keel::kvstore {
+namespace {
+
+Entry SeqEntry(std::string_view bytes, uint64_t seq) { return Entry{Blob::Copy(bytes), 0, seq}; }
+
+TEST_F(SsdTierTest, AnOlderWriteNeverReplacesANewerOne) {
+  const SsdOptions o = Options();
+  {
+    auto t = MustOpen(o);
+    ASSERT_NE(t, nullptr);
+    ASSERT_TRUE(t->Put("k", SeqEntry("newer", 20)).ok());
+    ASSERT_TRUE(t->Put("k", SeqEntry("older", 10)).ok());  // accepted, ignored
+    ExpectValue(*t, "k", "newer");
+    EXPECT_EQ(t->Stats().stale_puts, 1);
+    EXPECT_EQ(t->SeqOf("k"), std::optional<uint64_t>(20));
+    ASSERT_TRUE(t->DeleteAt("k", 15).ok());  // older than the value: ignored too
+    ExpectValue(*t, "k", "newer");
+    ASSERT_TRUE(t->Put("k", SeqEntry("same", 20)).ok());  // equal numbers replace
+    ExpectValue(*t, "k", "same");
+    EXPECT_EQ(t->max_seq(), 20u);
+  }
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  ExpectValue(*t, "k", "same");
+  EXPECT_EQ(t->max_seq(), 20u);
+  Result<Entry> e = t->Get("k");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->seq, 20u);
+}
+
+TEST_F(SsdTierTest, RecoveryKeepsTheHighestSequenceNumberNotTheLastRecord) {
+  const SsdOptions o = Options();
+  {
+    auto t = MustOpen(o);
+    ASSERT_NE(t, nullptr);
+    // File order: put 30, tombstone 30, put 12 (the tier accepts it: nothing is indexed after
+    // the delete), put 40 for another key then an older put 35 of it straight after a delete.
+    ASSERT_TRUE(t->Put("a", SeqEntry("a30", 30)).ok());
+    ASSERT_TRUE(t->DeleteAt("a", 30).ok());
+    ASSERT_TRUE(t->Put("a", SeqEntry("a12", 12)).ok());
+    ExpectValue(*t, "a", "a12");
+    ASSERT_TRUE(t->Put("b", SeqEntry("b40", 40)).ok());
+    ASSERT_TRUE(t->Put("c", SeqEntry("c5", 5)).ok());
+    ASSERT_TRUE(t->Put("c", SeqEntry("c7", 7)).ok());
+  }
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  ExpectNotFound(*t, "a");  // the tombstone at 30 hides the later-written put at 12
+  ExpectValue(*t, "b", "b40");
+  ExpectValue(*t, "c", "c7");
+  EXPECT_EQ(t->recovery().stale_records, 1);
+  EXPECT_EQ(t->max_seq(), 40u);
+}
+
+// A segment in format version 1 (no sequence numbers), as Keel wrote it before: read on Open
+// (file order decides between its records), never appended to, and older than any new write.
+void AppendV1Record(std::string* seg, uint8_t type, std::string_view key, std::string_view value) {
+  uint8_t hdr[48] = {};
+  const uint32_t magic = 0x4352534B, key_len = static_cast<uint32_t>(key.size());
+  const uint64_t value_len = value.size(), value_sum = Xxh3_64(value.data(), value.size());
+  std::memcpy(hdr, &magic, 4);
+  hdr[4] = type;
+  std::memcpy(hdr + 8, &key_len, 4);
+  std::memcpy(hdr + 16, &value_len, 8);
+  std::memcpy(hdr + 32, &value_sum, 8);
+  Hasher64 h;
+  h.update(hdr, 40);
+  h.update(key);
+  const uint64_t sum = h.digest();
+  std::memcpy(hdr + 40, &sum, 8);
+  seg->append(reinterpret_cast<const char*>(hdr), 48);
+  seg->append(key);
+  seg->append(value);
+}
+
+TEST_F(SsdTierTest, ReadsVersion1SegmentsAndAppendsOnlyToNewOnes) {
+  const SsdOptions o = Options();
+  fs::create_directories(o.dir);
+  std::string seg(32, '\0');
+  const uint32_t magic = 0x4753534B, version = 1;
+  const uint64_t id = 1;
+  std::memcpy(seg.data(), &magic, 4);
+  std::memcpy(seg.data() + 4, &version, 4);
+  std::memcpy(seg.data() + 8, &id, 8);
+  const uint64_t header_sum = Xxh3_64(seg.data(), 24);
+  std::memcpy(seg.data() + 24, &header_sum, 8);
+  AppendV1Record(&seg, 1, "old", "first");
+  AppendV1Record(&seg, 1, "old", "second");  // same key: the later record wins in version 1
+  AppendV1Record(&seg, 1, "gone", "x");
+  AppendV1Record(&seg, 2, "gone", "");
+  const std::string path = o.dir + "/seg-00000001.kvs";
+  AppendBytes(path, seg);
+  {
+    auto t = MustOpen(o);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->recovery().records, 4);
+    EXPECT_EQ(t->recovery().corrupt_records, 0);
+    ExpectValue(*t, "old", "second");
+    ExpectNotFound(*t, "gone");
+    ASSERT_TRUE(t->Put("new", SeqEntry("v2", 1)).ok());
+    ASSERT_TRUE(t->Put("old", SeqEntry("third", 1)).ok());
+  }
+  EXPECT_EQ(fs::file_size(path), seg.size()) << "a version 1 segment must not be appended to";
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  ExpectValue(*t, "old", "third");
+  ExpectValue(*t, "new", "v2");
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ using test::TempDir;
 // The cold tier is an SsdTier of zstd frames: its on-disk layout is ssd_tier.cc's (segment and
 // record headers); damage is aimed with these.
 constexpr uint64_t kSegHeader = 32;
-constexpr uint64_t kRecHeader = 48;
+constexpr uint64_t kRecHeader = 56;  // the SSD tier's record header (format version 2)
 
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
