@@ -106,18 +106,6 @@ class RawConn {
   int fd_ = -1;
 };
 
-// Raises RLIMIT_NOFILE's soft limit to the hard one; true when at least `need` descriptors fit.
-bool EnsureFds(rlim_t need) {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
-  if (rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-    ::getrlimit(RLIMIT_NOFILE, &rl);
-  }
-  return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need;
-}
-
 // Opens n connections and waits (bounded) for all to complete; returns how many did.
 int OpenMany(int port, int n, std::vector<std::unique_ptr<RawConn>>* out) {
   const size_t first = out->size();
@@ -540,7 +528,7 @@ void FloodThenProbe(HttpServer& server, int slow, int idle, std::vector<std::uni
 }
 
 TEST_F(HttpServerTest, SlowAndIdleFloodDoesNotStarveAFreshClient) {
-  if (!EnsureFds(2 * 2400 + 256)) GTEST_SKIP() << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
+  ASSERT_TRUE(test::EnsureFds(2 * 2400 + 256)) << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
   StartServer();
   std::vector<std::unique_ptr<RawConn>> flood;
   FloodThenProbe(*server_, 300, 2000, flood);
@@ -551,7 +539,7 @@ TEST_F(HttpServerTest, SlowAndIdleFloodDoesNotStarveAFreshClient) {
 }
 
 TEST_F(HttpServerTest, FloodBeyondTheCapIsShedForAFreshClient) {
-  if (!EnsureFds(2 * 2400 + 256)) GTEST_SKIP() << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
+  ASSERT_TRUE(test::EnsureFds(2 * 2400 + 256)) << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
   HttpServerOptions o;
   o.max_connections = 256;
   StartServer(o);

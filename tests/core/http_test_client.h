@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +22,19 @@
 #include <vector>
 
 namespace keel::test {
+
+// Raises RLIMIT_NOFILE's soft limit to the hard one; true when at least `need` descriptors fit.
+inline bool EnsureFds(rlim_t need) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
+  if (rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need;
+}
+
 
 struct HttpTestResponse {
   int status = 0;  // 0 when no response could be read

@@ -521,18 +521,6 @@ TEST(KvstoreServer, ValuesStillArrivingHoldNoWorker) {
   EXPECT_EQ(StatusFromWire(h.status), StatusCode::kOk);
 }
 
-// Raises RLIMIT_NOFILE's soft limit to the hard one; true when at least `need` descriptors fit.
-bool EnsureFds(rlim_t need) {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
-  if (rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-    ::getrlimit(RLIMIT_NOFILE, &rl);
-  }
-  return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need;
-}
-
 // Opens n loopback connections at once (non-blocking connects, one overall bound); returns the fds.
 std::vector<int> OpenMany(int port, int n) {
   std::vector<int> fds;
@@ -557,7 +545,7 @@ std::vector<int> OpenMany(int port, int n) {
 // 2,000 idle connections and 300 that stopped mid-frame: a fresh client is still served, with
 // the default cap and with a cap far below the flood (idle connections shed).
 void FloodThenPutGet(int max_connections) {
-  ASSERT_TRUE(EnsureFds(2 * 2400 + 256)) << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
+  ASSERT_TRUE(test::EnsureFds(2 * 2400 + 256)) << "RLIMIT_NOFILE's hard limit is below the ~5,100 descriptors this test needs";
   ServiceOptions o = Options();
   if (max_connections > 0) o.server.max_connections = max_connections;
   auto svc = StartService(o);
