@@ -44,18 +44,23 @@ json Items(uint64_t begin, uint64_t end) {
 class VectorServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    StartService(1 << 20);
+    auto res = Post("/v1/upsert", Items(0, 200).dump());
+    ASSERT_EQ(res.status, 200) << res.body;
+  }
+
+  // (Re)starts the service on this test's shard directory.
+  void StartService(size_t max_body_bytes) {
     ServiceOptions o;
     o.shard.dir = dir_.path() + "/shard";
     o.shard.text_dim = kDim;
     o.shard.image_dim = kDim;
     o.shard.max_k = 100;
     o.port = 0;
-    o.max_body_bytes = 1 << 20;
+    o.max_body_bytes = max_body_bytes;
     auto s = Service::Start(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(*s);
-    auto res = Post("/v1/upsert", Items(0, 200).dump());
-    ASSERT_EQ(res.status, 200) << res.body;
   }
 
   test::HttpTestResponse Post(const std::string& path, const std::string& body) {
@@ -169,19 +174,11 @@ TEST_F(VectorServerTest, BadInputIs400WithAMessageAndTheServerKeepsServing) {
 // on every JSON endpoint, refused before parsing (8 MiB of '[' once cost ~630 MiB and seconds).
 TEST_F(VectorServerTest, JsonBombsAre400OnEveryEndpoint) {
   ASSERT_TRUE(service_->Stop().ok());
-  ServiceOptions o;
-  o.shard.dir = dir_.path() + "/shard";
-  o.shard.text_dim = kDim;
-  o.shard.image_dim = kDim;
-  o.shard.max_k = 100;
-  o.port = 0;
-  o.max_body_bytes = 16 << 20;
-  auto s = Service::Start(o);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
-  service_ = std::move(*s);
+  StartService(16 << 20);
+  if (HasFatalFailure()) return;
   const std::string depth_bomb(8 << 20, '[');
   std::string flat = R"({"ids":[)";
-  for (size_t i = 0; i < o.max_json_values; ++i) flat += "1,";
+  for (size_t i = 0; i < ServiceOptions{}.max_json_values; ++i) flat += "1,";
   flat += "1]}";
   for (const char* path : {"/v1/upsert", "/v1/search", "/v1/delete"}) {
     auto res = Post(path, depth_bomb);
