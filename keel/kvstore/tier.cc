@@ -4,8 +4,62 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 namespace keel::kvstore {
+
+namespace {
+
+constexpr size_t kPooledMinBytes = 16 << 10;
+constexpr size_t kPoolMaxBytes = 32 << 20;
+
+struct BufferPool {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<uint8_t*>> free;  // by exact size
+  size_t bytes = 0;
+};
+
+BufferPool& Pool() {
+  static BufferPool* pool = new BufferPool;  // never destroyed: blobs may outlive static destruction
+  return *pool;
+}
+
+}  // namespace
+
+Blob::Blob(size_t size) : data_(nullptr, ReturnBuffer{size == 0 ? 1 : size}), size_(size) {
+  const size_t n = data_.get_deleter().size;
+  if (n >= kPooledMinBytes) {
+    BufferPool& pool = Pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    auto it = pool.free.find(n);
+    if (it != pool.free.end() && !it->second.empty()) {
+      data_.reset(it->second.back());
+      it->second.pop_back();
+      pool.bytes -= n;
+      return;
+    }
+  }
+  data_.reset(new uint8_t[n]);
+}
+
+void Blob::ReturnBuffer::operator()(uint8_t* p) const {
+  if (p == nullptr) return;
+  if (size >= kPooledMinBytes) {
+    BufferPool& pool = Pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.bytes + size <= kPoolMaxBytes) {
+      try {
+        pool.free[size].push_back(p);
+        pool.bytes += size;
+        return;
+      } catch (...) {  // no memory for the list: free the buffer instead
+      }
+    }
+  }
+  delete[] p;
+}
 
 std::shared_ptr<Blob> Blob::Copy(const void* data, size_t size) {
   std::shared_ptr<Blob> b = Allocate(size);

@@ -50,8 +50,18 @@ class Blob {
   }
 
  private:
-  explicit Blob(size_t size) : data_(new uint8_t[size == 0 ? 1 : size]), size_(size) {}
-  std::unique_ptr<uint8_t[]> data_;
+  // Buffers of values (>= 16 KiB) go back to a process-wide pool, by exact size and at most 32 MiB
+  // in all, and Allocate takes from it first: an overwrite then lands in memory that is already
+  // mapped. Without it, a freed value went back to the malloc arena of the thread that allocated
+  // it while the next came from another thread's, so every PUT page-faulted fresh memory and arenas
+  // trimmed with madvise (64 KiB PUT, 4 clients overwriting: 0.27-0.38 -> 1.04-1.14 GB/s). Pooled
+  // bytes are not counted in any tier's capacity.
+  struct ReturnBuffer {
+    size_t size = 0;
+    void operator()(uint8_t* p) const;
+  };
+  explicit Blob(size_t size);
+  std::unique_ptr<uint8_t[], ReturnBuffer> data_;
   size_t size_;
   mutable std::atomic<uint64_t> checksum_{0};
   mutable std::atomic<bool> has_checksum_{false};

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -16,6 +18,37 @@ namespace {
 Entry MakeEntry(std::string_view bytes, int64_t expires_at_ms = 0) { return Entry{Blob::Copy(bytes), expires_at_ms}; }
 
 std::string ValueOf(const Result<Entry>& r) { return std::string(r->value->view()); }
+
+// A large value's buffer freed on one thread is what the next value of that size, allocated on
+// another thread, gets. Plain malloc returns it to the arena of the (still running) thread that
+// allocated it, and the other thread gets fresh pages: checked with new[]/delete[], same=0.
+TEST(BlobTest, FreedValueBufferIsReusedAcrossThreads) {
+  constexpr size_t kSize = (64 << 10) + 123;  // a size no other test uses
+  std::shared_ptr<Blob> first;
+  std::promise<void> allocated, finish;
+  std::thread owner([&] {
+    first = Blob::Allocate(kSize);
+    allocated.set_value();
+    finish.get_future().wait();  // alive, so its malloc arena stays its own
+  });
+  allocated.get_future().wait();
+  const uint8_t* buffer = first->data();
+  first.reset();
+  std::shared_ptr<Blob> second;
+  std::thread([&] {
+    second = Blob::Allocate(kSize);
+    std::memset(second->data(), 'x', kSize);
+  }).join();
+  finish.set_value();
+  owner.join();
+  EXPECT_EQ(second->data(), buffer);
+  EXPECT_EQ(second->size(), kSize);
+  EXPECT_EQ(second->view(), std::string(kSize, 'x'));
+  // A buffer in use is never handed out twice.
+  std::shared_ptr<Blob> third = Blob::Allocate(kSize);
+  EXPECT_NE(third->data(), second->data());
+  EXPECT_EQ(Blob::Copy("hi")->view(), "hi");
+}
 
 TEST(DramTierTest, RoundTripAndStats) {
   DramTier tier(DramOptions{.capacity_bytes = 1 << 20});
