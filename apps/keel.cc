@@ -358,6 +358,13 @@ int main(int argc, char** argv) {
   vecs->add_option("--placement", vec.placement, "background placement: coloc, frequency, off")->capture_default_str()
       ->check(CLI::IsMember({"coloc", "frequency", "off"}));
   vecs->add_option("--max-body-mb", vec.max_body_mb, "largest request body, MiB")->capture_default_str()->check(CLI::Range(1, 4095));
+  vecs->add_option("--max-json-values", vec.service.max_json_values,
+                   "most JSON values (numbers, strings, keys, arrays, objects) in one request body; "
+                   "a 10k-item batch of 128+128 floats is ~2.6M")
+      ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 32));
+  vecs->add_option("--max-connections", vec.service.max_connections,
+                   "open connections (idle ones hold no thread; at the cap the longest-waiting idle one is closed)")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
 
   // ---- gateway (begin)
   std::string gw_config, gw_host;
