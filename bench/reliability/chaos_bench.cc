@@ -608,33 +608,33 @@ CrashRow KvstoreCrash(const Options& o, const std::string& work, std::mt19937_64
   Child server(o.keel, KvstoreArgs(port, http_port, dir, 2), work + "/kvstore-crash.log");
   int64_t plain_newest = 0, plain_survived = 0, lost_missing = 0, lost_older = 0, corrupt = 0, puts = 0;
   double worst_restart_ms = 0;
-  // After a restart: every acknowledged write of the keys, checked (and counted into the row).
-  auto check_crash = [&](int round) {
-    if (o.inject > 0) row.injected += InjectKv(port, w, o.inject, rng);
-    KvVerify v = VerifyKv(port, w, true);
-    row.acked += v.persisted_keys;
-    row.lost += v.lost;
-    lost_missing += v.lost_missing;
-    lost_older += v.lost_older;
-    corrupt += v.corrupt;
-    plain_newest += v.plain_newest;
-    plain_survived += v.plain_survived;
-    if (v.errors) row.harness_ok = false;
-    *log += "kvstore round " + std::to_string(round) + ": persisted keys " + std::to_string(v.persisted_keys) +
-            ", lost " + std::to_string(v.lost) + " (missing " + std::to_string(v.lost_missing) + ", older " +
-            std::to_string(v.lost_older) + "), plain-newest survived " + std::to_string(v.plain_survived) + "/" +
-            std::to_string(v.plain_newest) + "\n";
-  };
-  for (int round = 0; round < o.rounds; ++round) {
+  // Round r starts the server on the data of round r-1's crash and checks it before writing more;
+  // the last start only checks.
+  for (int round = 0; round <= o.rounds; ++round) {
     const auto t0 = Clock::now();
     if (!server.StartReady([&] { return Healthy({http_port, ""}); })) {
       *log += "kvstore did not start: " + Tail(server.log()) + "\n";
       row.harness_ok = false;
       return row;
     }
-    if (round > 0) worst_restart_ms = std::max(worst_restart_ms, MsSince(t0));
-    // The previous round's crash: check before writing more.
-    if (round > 0) check_crash(round);
+    if (round > 0) {
+      worst_restart_ms = std::max(worst_restart_ms, MsSince(t0));
+      if (o.inject > 0) row.injected += InjectKv(port, w, o.inject, rng);
+      KvVerify v = VerifyKv(port, w, true);
+      row.acked += v.persisted_keys;
+      row.lost += v.lost;
+      lost_missing += v.lost_missing;
+      lost_older += v.lost_older;
+      corrupt += v.corrupt;
+      plain_newest += v.plain_newest;
+      plain_survived += v.plain_survived;
+      if (v.errors) row.harness_ok = false;
+      *log += "kvstore round " + std::to_string(round) + ": persisted keys " + std::to_string(v.persisted_keys) +
+              ", lost " + std::to_string(v.lost) + " (missing " + std::to_string(v.lost_missing) + ", older " +
+              std::to_string(v.lost_older) + "), plain-newest survived " + std::to_string(v.plain_survived) + "/" +
+              std::to_string(v.plain_newest) + "\n";
+    }
+    if (round == o.rounds) break;
     std::atomic<bool> stop{false};
     std::vector<KvWriterStats> stats(o.threads);
     std::vector<std::thread> writers;
@@ -650,15 +650,6 @@ CrashRow KvstoreCrash(const Options& o, const std::string& work, std::mt19937_64
     for (auto& s : stats) puts += s.puts_ok;
     ++row.rounds;
   }
-  // The last round's crash.
-  const auto t0 = Clock::now();
-  if (!server.StartReady([&] { return Healthy({http_port, ""}); })) {
-    *log += "kvstore did not restart: " + Tail(server.log()) + "\n";
-    row.harness_ok = false;
-    return row;
-  }
-  worst_restart_ms = std::max(worst_restart_ms, MsSince(t0));
-  check_crash(o.rounds);
   server.Kill9();
   char buf[400];
   std::snprintf(buf, sizeof buf,
