@@ -10,39 +10,61 @@ namespace {
 // block): compact blocks of slightly different sizes then fit each other's holes. Measured under
 // churn (kv_capacity_bench --churn, 99M GQA model): 64-byte ranges stranded ~6 % of the arena in
 // slivers, 256-byte ones ~2 %; coarser granules waste more in rounding than they save.
-uint64_t RangeGranule(const std::vector<uint64_t>& layer_sizes) {
+uint64_t RangeGranule(const std::vector<uint64_t>& group_sizes) {
   uint64_t g = 256;
-  for (uint64_t size : layer_sizes)
-    while (g > 64 && g * 32 > size) g /= 2;
+  for (uint64_t size : group_sizes)
+    while (size > 0 && g > 64 && g * 32 > size) g /= 2;
   return g;
 }
 uint64_t RoundUp16(uint64_t x) { return RoundUp(x, 16); }
 }  // namespace
 
-Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::string& codec_spec,
-                                                 const KvCacheOptions& options) {
+Result<std::unique_ptr<kv::Codec>> MakeCacheCodec(const Model& model, const std::string& codec_spec,
+                                                  const KvCacheOptions& options) {
   const ModelConfig& c = model.config;
   if (options.block_tokens <= 0 || options.block_tokens > 4096) {
     return Status::InvalidArgument("kv cache: block_tokens must be in 1..4096");
   }
-  kv::KvShape shape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), options.block_tokens};
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<kv::Codec> codec, kv::MakeCodec(codec_spec, shape));
+  kv::CodecContext context;
+  context.shape = kv::KvShape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), options.block_tokens};
+  context.shape.dim = c.dim;
+  context.shape.rope_theta = c.rope_theta;
+  context.model_checksum = model.checksum.hex();
+  context.params = options.codec_params;
+  return kv::MakeCodec(codec_spec, context);
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, const std::string& codec_spec,
+                                                 const KvCacheOptions& options) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<kv::Codec> codec, MakeCacheCodec(model, codec_spec, options));
+  return Create(model, std::move(codec), options);
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, std::unique_ptr<kv::Codec> codec,
+                                                 const KvCacheOptions& options) {
+  const ModelConfig& c = model.config;
+  const kv::KvShape& shape = codec->shape();
+  if (shape.n_layers != c.n_layers || shape.n_heads != c.n_heads || shape.n_kv_heads != c.n_kv_heads ||
+      shape.head_dim != c.head_dim() || shape.block_tokens != options.block_tokens) {
+    return Status::InvalidArgument("kv cache: the codec's KV shape does not match the model and block size");
+  }
 
   std::unique_ptr<KvCache> cache(new KvCache());
-  cache->n_layers_ = c.n_layers;
+  cache->n_groups_ = codec->n_groups();
+  for (int l = 0; l < c.n_layers; ++l) cache->group_of_.push_back(codec->group_of(l));
   cache->block_tokens_ = options.block_tokens;
   cache->prefix_sharing_ = options.prefix_sharing;
   uint64_t per_block = 0;
-  for (int l = 0; l < c.n_layers; ++l) {
-    cache->open_sizes_.push_back(RoundUp16(codec->block_bytes(l)));
-    per_block += RoundUp16(codec->block_bytes(l));
+  for (int g = 0; g < cache->n_groups_; ++g) {
+    cache->open_sizes_.push_back(RoundUp16(codec->block_bytes(g)));
+    per_block += RoundUp16(codec->block_bytes(g));
   }
   for (uint64_t size : cache->open_sizes_) {
-    if (size > UINT32_MAX) return Status::InvalidArgument("kv cache: one layer's block exceeds 4 GiB");
+    if (size > UINT32_MAX) return Status::InvalidArgument("kv cache: one layer group's block exceeds 4 GiB");
   }
   const uint64_t granule = RangeGranule(cache->open_sizes_);
   uint64_t slot = 0;  // arena bytes of a block of the open layout
-  for (int l = 0; l < c.n_layers; ++l) slot += RoundUp(cache->open_sizes_[l], granule);
+  for (uint64_t size : cache->open_sizes_) slot += RoundUp(size, granule);
   const uint64_t n_blocks = slot == 0 ? 0 : options.budget_bytes / slot;
   if (n_blocks == 0) {
     return Status::ResourceExhausted("kv cache: budget of " + std::to_string(options.budget_bytes) +
@@ -112,7 +134,7 @@ Result<uint64_t> KvCache::AllocateRange(uint64_t bytes, bool transient) {
   }
 }
 
-Result<int32_t> KvCache::Allocate(const std::vector<uint64_t>& layer_sizes, bool open) {
+Result<int32_t> KvCache::Allocate(const std::vector<uint64_t>& group_sizes, bool open) {
   int32_t b;
   if (!free_ids_.empty()) {
     b = free_ids_.back();
@@ -121,22 +143,25 @@ Result<int32_t> KvCache::Allocate(const std::vector<uint64_t>& layer_sizes, bool
     b = static_cast<int32_t>(blocks_.size());
     std::lock_guard<std::mutex> lock(keys_mu_);  // ChunkPieces reads these from other threads
     blocks_.emplace_back();
-    layer_offset_.resize(blocks_.size() * n_layers_);
-    layer_size_.resize(blocks_.size() * n_layers_);
+    group_offset_.resize(blocks_.size() * n_groups_);
+    group_size_.resize(blocks_.size() * n_groups_);
   }
-  // One range per layer: a block being filled needs no contiguous room for all of its layers,
-  // so the holes between compact blocks stay usable.
+  // One range per layer group: a block being filled needs no contiguous room for all of its
+  // groups, so the holes between compact blocks stay usable. A group of zero bytes takes none.
   uint64_t total = 0;
-  for (int l = 0; l < n_layers_; ++l) {
-    Result<uint64_t> off = AllocateRange(layer_sizes[l], open);
+  for (int g = 0; g < n_groups_; ++g) {
+    group_offset_[Slot(b, g)] = 0;
+    group_size_[Slot(b, g)] = 0;
+    if (group_sizes[g] == 0) continue;
+    Result<uint64_t> off = AllocateRange(group_sizes[g], open);
     if (!off.ok()) {
-      for (int k = 0; k < l; ++k) ranges_.Free(layer_offset_[Slot(b, k)], layer_size_[Slot(b, k)]);
+      FreeRanges(b, g);
       free_ids_.push_back(b);
       return off.status();
     }
-    layer_offset_[Slot(b, l)] = *off;
-    layer_size_[Slot(b, l)] = static_cast<uint32_t>(layer_sizes[l]);
-    total += ranges_.RoundUp(layer_sizes[l]);
+    group_offset_[Slot(b, g)] = *off;
+    group_size_[Slot(b, g)] = static_cast<uint32_t>(group_sizes[g]);
+    total += ranges_.RoundUp(group_sizes[g]);
   }
   Block& blk = blocks_[b];
   blk = Block{};
@@ -146,9 +171,15 @@ Result<int32_t> KvCache::Allocate(const std::vector<uint64_t>& layer_sizes, bool
   return b;
 }
 
+void KvCache::FreeRanges(int32_t b, int n) {
+  for (int g = 0; g < n; ++g) {
+    if (group_size_[Slot(b, g)] > 0) ranges_.Free(group_offset_[Slot(b, g)], group_size_[Slot(b, g)]);
+  }
+}
+
 void KvCache::FreeBlock(int32_t b) {
   Block& blk = blocks_[b];
-  for (int l = 0; l < n_layers_; ++l) ranges_.Free(layer_offset_[Slot(b, l)], layer_size_[Slot(b, l)]);
+  FreeRanges(b, n_groups_);
   if (blk.compact) --compacted_;
   blk = Block{};
   free_ids_.push_back(b);
@@ -181,9 +212,10 @@ void KvCache::Compact(int32_t b) {
   if (!codec_compacts_ || blocks_[b].compact) return;
   thread_local std::vector<uint8_t> scratch;
   Block& blk = blocks_[b];
-  for (int l = 0; l < n_layers_; ++l) {
+  for (int l = 0; l < n_groups_; ++l) {  // l: a layer group
+    if (group_size_[Slot(b, l)] == 0) continue;
     const size_t bytes = codec_->compact_bytes(l, BlockData(l, b));
-    if (bytes == 0 || bytes > layer_size_[Slot(b, l)]) continue;  // keep this layer as it is
+    if (bytes == 0 || bytes > group_size_[Slot(b, l)]) continue;  // keep this group as it is
     // Write the compact copy beside the open one when there is room; else through a scratch
     // buffer, releasing the open range first (then the allocation cannot fail: the range just
     // released is at least as large).
@@ -191,26 +223,26 @@ void KvCache::Compact(int32_t b) {
     std::optional<uint64_t> off = ranges_.Allocate(bytes, RangeAllocator::End::kLowest);
     if (off) {
       codec_->compact(l, src, arena_.data() + *off);
-      ranges_.Free(layer_offset_[Slot(b, l)], layer_size_[Slot(b, l)]);
+      ranges_.Free(group_offset_[Slot(b, l)], group_size_[Slot(b, l)]);
     } else {
       if (scratch.size() < bytes) scratch.resize(bytes);
       codec_->compact(l, src, scratch.data());
-      ranges_.Free(layer_offset_[Slot(b, l)], layer_size_[Slot(b, l)]);
+      ranges_.Free(group_offset_[Slot(b, l)], group_size_[Slot(b, l)]);
       off = ranges_.Allocate(bytes, RangeAllocator::End::kLowest);
       std::memcpy(arena_.data() + *off, scratch.data(), bytes);
     }
-    blk.bytes -= ranges_.RoundUp(layer_size_[Slot(b, l)]) - ranges_.RoundUp(bytes);
-    layer_offset_[Slot(b, l)] = *off;
-    layer_size_[Slot(b, l)] = static_cast<uint32_t>(bytes);
+    blk.bytes -= ranges_.RoundUp(group_size_[Slot(b, l)]) - ranges_.RoundUp(bytes);
+    group_offset_[Slot(b, l)] = *off;
+    group_size_[Slot(b, l)] = static_cast<uint32_t>(bytes);
   }
   blk.compact = true;
   ++compacted_;
 }
 
 void KvCache::RefreshPointers(Sequence& s) {
-  s.layer_ptrs.resize(n_layers_);
-  for (int l = 0; l < n_layers_; ++l) {
-    auto& ptrs = s.layer_ptrs[l];
+  s.group_ptrs.resize(n_groups_);
+  for (int l = 0; l < n_groups_; ++l) {
+    auto& ptrs = s.group_ptrs[l];
     ptrs.resize(s.blocks.size());
     for (size_t i = 0; i < s.blocks.size(); ++i) ptrs[i] = BlockData(l, s.blocks[i]);
   }
@@ -312,13 +344,13 @@ void KvCache::Release(SeqId seq) {
 }
 
 const uint8_t* const* KvCache::LayerBlocks(SeqId seq, int layer) {
-  return seqs_.at(seq).layer_ptrs[layer].data();
+  return seqs_.at(seq).group_ptrs[group_of_[layer]].data();
 }
 
 uint8_t* KvCache::BlockFor(SeqId seq, int layer, int pos, int* slot) {
   Sequence& s = seqs_.at(seq);
   *slot = pos % block_tokens_;
-  return BlockData(layer, s.blocks[pos / block_tokens_]);
+  return BlockData(group_of_[layer], s.blocks[pos / block_tokens_]);
 }
 
 int KvCache::SequenceLength(SeqId seq) const {
@@ -350,9 +382,9 @@ Result<int> KvCache::AdoptChunks(SeqId seq, const std::vector<int>& prompt, int 
   const int shareable = prompt.empty() ? 0 : static_cast<int>(prompt.size() - 1) / block_tokens_;
   int end = std::min(first_chunk + static_cast<int>(values.size()), shareable);
   if (end <= have) return 0;
-  // Validate every value before touching the cache: each layer must be a block the codec wrote,
-  // and the layers must fill the value exactly.
-  std::vector<std::vector<uint64_t>> sizes(end - have, std::vector<uint64_t>(n_layers_));
+  // Validate every value before touching the cache: each layer group must be a block the codec
+  // wrote, and the groups must fill the value exactly.
+  std::vector<std::vector<uint64_t>> sizes(end - have, std::vector<uint64_t>(n_groups_));
   for (int c = have; c < end; ++c) {
     const std::string_view v = values[c - first_chunk];
     const auto* data = reinterpret_cast<const uint8_t*>(v.data());
@@ -364,14 +396,14 @@ Result<int> KvCache::AdoptChunks(SeqId seq, const std::vector<int>& prompt, int 
       return bad("expected 1.." + std::to_string(chunk_value_bytes_) + " bytes");
     }
     size_t at = 0;
-    for (int l = 0; l < n_layers_; ++l) {
-      if (at >= v.size()) return bad("ends before layer " + std::to_string(l));
+    for (int l = 0; l < n_groups_; ++l) {
+      if (at >= v.size() && codec_->block_bytes(l) > 0) return bad("ends before layer group " + std::to_string(l));
       Result<size_t> size = codec_->validate_stored(l, data + at, v.size() - at);
       if (!size.ok()) return bad(size.status().message());
       sizes[c - have][l] = RoundUp16(*size);
       at += RoundUp16(*size);
     }
-    if (at != v.size()) return bad("layers end at byte " + std::to_string(at));
+    if (at != v.size()) return bad("layer groups end at byte " + std::to_string(at));
   }
   const uint64_t need = [&] {
     uint64_t bytes = 0;
@@ -392,8 +424,8 @@ Result<int> KvCache::AdoptChunks(SeqId seq, const std::vector<int>& prompt, int 
     }
     const int32_t b = *got;
     size_t at = 0;
-    for (int l = 0; l < n_layers_; ++l) {
-      std::memcpy(BlockData(l, b), v.data() + at, sizes[c - have][l]);
+    for (int l = 0; l < n_groups_; ++l) {
+      if (sizes[c - have][l] > 0) std::memcpy(BlockData(l, b), v.data() + at, sizes[c - have][l]);
       at += sizes[c - have][l];
     }
     if (codec_compacts_) {
@@ -443,8 +475,10 @@ std::vector<std::pair<const uint8_t*, size_t>> KvCache::ChunkPieces(int32_t bloc
   // under keys_mu_, which Allocate holds while it grows blocks_.
   std::lock_guard<std::mutex> lock(keys_mu_);
   std::vector<std::pair<const uint8_t*, size_t>> pieces;
-  pieces.reserve(n_layers_);
-  for (int l = 0; l < n_layers_; ++l) pieces.emplace_back(BlockData(l, block), layer_size_[Slot(block, l)]);
+  pieces.reserve(n_groups_);
+  for (int g = 0; g < n_groups_; ++g) {
+    if (group_size_[Slot(block, g)] > 0) pieces.emplace_back(BlockData(g, block), group_size_[Slot(block, g)]);
+  }
   return pieces;
 }
 

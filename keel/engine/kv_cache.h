@@ -1,7 +1,8 @@
 // KvCache: paged K/V storage for every sequence of one engine instance.
 //
-// Memory is one arena holding blocks (block_tokens tokens each; each layer of a block in a range
-// of its own); a block id means the same token range in every layer. A block is allocated at
+// Memory is one arena holding blocks (block_tokens tokens each; each layer group of a block -- see
+// kv::Codec: a layer for per-layer codecs -- in a range of its own); a block id means the same
+// token range in every layer. A block is allocated at
 // the codec's worst-case size; when its last token is committed and the codec
 // has a compact form (zipfusion), the block moves to a range of its stored size, so the budget
 // holds as many more tokens as the data compresses. Each sequence has a block table. Blocks are
@@ -19,6 +20,7 @@
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,7 +45,13 @@ struct KvCacheOptions {
   size_t budget_bytes = 256ull << 20;  // all layers, K and V
   int block_tokens = 16;
   bool prefix_sharing = true;
+  // Named codec parameters (kv::CodecContext::params), e.g. {"bellows": "/path/model.bkv"}.
+  std::map<std::string, std::string> codec_params;
 };
+
+// The codec a cache for `model` would use: shape and context from the model and options.
+Result<std::unique_ptr<kv::Codec>> MakeCacheCodec(const Model& model, const std::string& codec_spec,
+                                                  const KvCacheOptions& options);
 
 struct KvCacheStats {
   int64_t blocks_total = 0;     // blocks the budget holds at the worst-case (uncompacted) size
@@ -62,6 +70,9 @@ class KvCache {
   // budget cannot hold even one block per layer.
   static Result<std::unique_ptr<KvCache>> Create(const Model& model, const std::string& codec_spec,
                                                  const KvCacheOptions& options);
+  // The same with a codec built elsewhere (its shape must be `model`'s with options.block_tokens).
+  static Result<std::unique_ptr<KvCache>> Create(const Model& model, std::unique_ptr<kv::Codec> codec,
+                                                 const KvCacheOptions& options);
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -79,10 +90,10 @@ class KvCache {
   // Drops the sequence; its blocks' refcounts fall and unreferenced blocks become cached/free.
   void Release(SeqId seq);
 
-  // Block pointers of `seq` for `layer`, in position order (valid until the next Reserve, Commit
-  // or Release of `seq`).
+  // Block pointers of `seq` for `layer` (its layer group's blocks), in position order (valid
+  // until the next Reserve, Commit or Release of `seq`).
   const uint8_t* const* LayerBlocks(SeqId seq, int layer);
-  // Block holding position `pos` of `seq` in `layer`, and the slot inside it.
+  // Block holding position `pos` of `seq` in `layer`'s group, and the slot inside it.
   uint8_t* BlockFor(SeqId seq, int layer, int pos, int* slot);
 
   int SequenceLength(SeqId seq) const;
@@ -108,8 +119,8 @@ class KvCache {
   std::vector<Hash128> ChunkKeys(const int* tokens, int n) const;
 
   // ---- Sharing chunks with a kvstore (kvstore_link.h) ----
-  // A chunk value is every layer's block of one chunk as stored (compacted where the codec
-  // compacts), in layer order, each layer's bytes rounded up to 16: at most ChunkValueBytes().
+  // A chunk value is every layer group's block of one chunk as stored (compacted where the codec
+  // compacts), in layer order, each group's bytes rounded up to 16: at most ChunkValueBytes().
   size_t ChunkValueBytes() const { return chunk_value_bytes_; }
   // Thread-safe hint: whether `key` is registered now (it may be evicted by the next step).
   bool HasChunk(const Hash128& key) const;
@@ -135,7 +146,7 @@ class KvCache {
   KvCache() = default;
   struct Sequence {
     std::vector<int32_t> blocks;
-    std::vector<std::vector<const uint8_t*>> layer_ptrs;  // cached pointer tables per layer
+    std::vector<std::vector<const uint8_t*>> group_ptrs;  // cached pointer tables per layer group
     std::vector<int> tokens;
     Hash128 last_key;   // key of the last registered full chunk
     int registered = 0; // full chunks registered
@@ -147,11 +158,11 @@ class KvCache {
     bool compact = false;
     Hash128 key;
     std::list<int32_t>::iterator lru;  // position in cached_ when refcount == 0 && has_key
-    uint64_t bytes = 0;   // arena bytes of all its layers; 0: the id is free
+    uint64_t bytes = 0;   // arena bytes of all its layer groups; 0: the id is free
   };
-  // A block id whose layer l holds layer_sizes[l] bytes of arena, evicting cached prefixes
-  // (oldest first) for room. `open`: the worst-case layout of a block being filled.
-  Result<int32_t> Allocate(const std::vector<uint64_t>& layer_sizes, bool open);
+  // A block id whose group g holds group_sizes[g] bytes of arena (none for 0), evicting cached
+  // prefixes (oldest first) for room. `open`: the worst-case layout of a block being filled.
+  Result<int32_t> Allocate(const std::vector<uint64_t>& group_sizes, bool open);
   Result<uint64_t> AllocateRange(uint64_t bytes, bool transient);
   void FreeBlock(int32_t block);
   void Unref(int32_t block);
@@ -159,25 +170,28 @@ class KvCache {
   // Moves a full block to its codec's compact form (no-op when the codec has none).
   void Compact(int32_t block);
   void RefreshPointers(Sequence& s);
-  size_t Slot(int32_t block, int layer) const { return static_cast<size_t>(block) * n_layers_ + layer; }
-  uint8_t* BlockData(int layer, int32_t block) { return arena_.data() + layer_offset_[Slot(block, layer)]; }
-  const uint8_t* BlockData(int layer, int32_t block) const { return arena_.data() + layer_offset_[Slot(block, layer)]; }
+  size_t Slot(int32_t block, int group) const { return static_cast<size_t>(block) * n_groups_ + group; }
+  uint8_t* BlockData(int group, int32_t block) { return arena_.data() + group_offset_[Slot(block, group)]; }
+  const uint8_t* BlockData(int group, int32_t block) const { return arena_.data() + group_offset_[Slot(block, group)]; }
+  // Frees the ranges of groups [0, n) of `block`.
+  void FreeRanges(int32_t block, int n);
   Hash128 NextKey(const Hash128& parent, const int* chunk) const;
 
   std::unique_ptr<kv::Codec> codec_;
-  int n_layers_ = 0;
+  int n_groups_ = 0;                     // storage units per block: the codec's layer groups
+  std::vector<int> group_of_;            // [layer]
   int block_tokens_ = 16;
   bool prefix_sharing_ = true;
   size_t budget_bytes_ = 0;
   int64_t total_blocks_ = 0;
   bool codec_compacts_ = false;
-  std::vector<uint64_t> open_sizes_;     // per layer, a block of the open layout
-  uint64_t open_bytes_ = 0;              // arena bytes of a block of the open layout, all layers
+  std::vector<uint64_t> open_sizes_;     // per layer group, a block of the open layout
+  uint64_t open_bytes_ = 0;              // arena bytes of a block of the open layout, all groups
   PageArena arena_;                      // huge-page advised
   RangeAllocator ranges_{0, 64};
   std::vector<Block> blocks_;
-  std::vector<uint64_t> layer_offset_;   // [block][layer]: its range in arena_
-  std::vector<uint32_t> layer_size_;     // [block][layer]: that range's bytes
+  std::vector<uint64_t> group_offset_;   // [block][group]: its range in arena_
+  std::vector<uint32_t> group_size_;     // [block][group]: that range's bytes (0: no range)
   std::vector<int32_t> free_ids_;        // block ids holding no memory
   std::list<int32_t> cached_;            // unreferenced registered blocks, oldest first
   uint64_t cached_bytes_ = 0;

@@ -87,11 +87,11 @@ Result<ThroughputReport> MeasureThroughput(const Model& model, const ThroughputO
   for (int seqs : o.concurrency) {
     KvCacheOptions ko;
     ko.prefix_sharing = false;  // measure compute, not cache hits
+    ko.codec_params = o.kv_codec_params;
     // Room for every sequence plus slack.
-    kv::KvShape shape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), ko.block_tokens};
-    KEEL_ASSIGN_OR_RETURN(std::unique_ptr<kv::Codec> codec, kv::MakeCodec(o.kv_codec, shape));
+    KEEL_ASSIGN_OR_RETURN(std::unique_ptr<kv::Codec> codec, MakeCacheCodec(model, o.kv_codec, ko));
     size_t per_block = 0;
-    for (int l = 0; l < c.n_layers; ++l) per_block += codec->block_bytes(l);
+    for (int g = 0; g < codec->n_groups(); ++g) per_block += codec->block_bytes(g);
     const double per_token = static_cast<double>(per_block) / ko.block_tokens;
     ko.budget_bytes = static_cast<size_t>(per_block) * static_cast<size_t>((len + 31) / 16 + 1) * seqs;
     ThroughputRow row;

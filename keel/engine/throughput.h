@@ -4,6 +4,7 @@
 // measured memory bandwidth.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ struct ThroughputOptions {
   int decode_tokens = 64;
   std::vector<int> concurrency = {1, 16};
   std::string kv_codec = "raw";
+  std::map<std::string, std::string> kv_codec_params;  // KvCacheOptions::codec_params
   int repeats = 3;  // best of
 };
 

@@ -1,6 +1,7 @@
 #include "keel/engine/transformer.h"
 
 #include "keel/kv/attention.h"
+#include "keel/kv/rope.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 namespace keel::engine {
 
@@ -153,20 +155,11 @@ void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) 
 
 namespace {
 
-// Rotates one head's vector for position `pos` and writes it in interleaved pair order.
+// Rotates one head for position `pos`, leaving it in interleaved pair order. Half-style heads are
+// moved into that order first, so both layouts give the same values (kv/rope.h).
 void RopeHead(float* v, int hd, int pos, float theta, RopeStyle style, float* tmp) {
-  const int half = hd / 2;
-  for (int j = 0; j < half; ++j) {
-    const float freq = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(hd));
-    const float val = static_cast<float>(pos) * freq;
-    const float c = std::cos(val), s = std::sin(val);
-    const int a = style == RopeStyle::kInterleaved ? 2 * j : j;
-    const int b = style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
-    const float v0 = v[a], v1 = v[b];
-    tmp[2 * j] = v0 * c - v1 * s;
-    tmp[2 * j + 1] = v0 * s + v1 * c;
-  }
-  std::memcpy(v, tmp, sizeof(float) * hd);
+  if (style == RopeStyle::kHalf) kv::ToInterleavedPairs(v, hd, tmp);
+  kv::RopeInterleaved(v, hd, pos, theta);
 }
 
 void AddBias(float* x, const float* bias, int rows, int cols) {
@@ -191,6 +184,7 @@ void Transformer::EnsureScratch(int n) {
   q_.resize(static_cast<size_t>(n) * c.dim);
   att_.resize(static_cast<size_t>(n) * c.dim);
   k_.resize(static_cast<size_t>(n) * c.kv_dim());
+  kpre_.resize(static_cast<size_t>(n) * c.kv_dim());
   v_.resize(static_cast<size_t>(n) * c.kv_dim());
   hb_.resize(static_cast<size_t>(n) * c.hidden_dim);
   hb2_.resize(static_cast<size_t>(n) * c.hidden_dim);
@@ -199,7 +193,7 @@ void Transformer::EnsureScratch(int n) {
 Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache, std::vector<float>& logits) {
   const ModelConfig& c = model_.config;
   const int n = static_cast<int>(batch.size());
-  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hidden = c.hidden_dim;
+  const int dim = c.dim;
   if (n == 0) {
     logits.clear();
     return Status::Ok();
@@ -225,73 +219,10 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
                  &x_[static_cast<size_t>(i) * dim], dim);
   }
 
-  const kv::Codec& codec = cache.codec();
-  std::vector<const uint8_t* const*> tables(n);
-  // Runs of consecutive positions of one sequence, at most kManyQueries long: runs[r]..runs[r+1].
-  std::vector<int> n_tokens(n), runs{0};
-  for (int i = 0; i < n; ++i) {
-    n_tokens[i] = batch[i].pos + 1;
-    const bool extends = i > 0 && batch[i].seq == batch[i - 1].seq && batch[i].pos == batch[i - 1].pos + 1 &&
-                         i - runs.back() < kv::kManyQueries;
-    if (i > 0 && !extends) runs.push_back(i);
-  }
-  runs.push_back(n);
-  std::vector<float> rope_tmp(hd);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = model_.layers[l];
-    for (int i = 0; i < n; ++i) RmsNorm(&x_[i * dim], w.attn_norm, dim, c.rms_eps, &xb_[i * dim]);
-    MatMul(w.wq, xb_.data(), n, q_.data());
-    MatMul(w.wk, xb_.data(), n, k_.data());
-    MatMul(w.wv, xb_.data(), n, v_.data());
-    AddBias(q_.data(), w.bq, n, dim);
-    AddBias(k_.data(), w.bk, n, kvd);
-    AddBias(v_.data(), w.bv, n, kvd);
-    for (int i = 0; i < n; ++i) {
-      const BatchToken& t = batch[i];
-      for (int h = 0; h < c.n_heads; ++h) RopeHead(&q_[i * dim + h * hd], hd, t.pos, c.rope_theta, c.rope_style, rope_tmp.data());
-      for (int h = 0; h < c.n_kv_heads; ++h) RopeHead(&k_[i * kvd + h * hd], hd, t.pos, c.rope_theta, c.rope_style, rope_tmp.data());
-      int slot;
-      uint8_t* block = cache.BlockFor(t.seq, l, t.pos, &slot);
-      codec.append(l, block, slot, &k_[i * kvd], &v_[i * kvd]);
-    }
-    for (int i = 0; i < n; ++i) tables[i] = cache.LayerBlocks(batch[i].seq, l);
-    // Every K/V of this layer for this batch is stored before any token attends, so tokens of
-    // one sequence see their predecessors in the same batch (causal by n_tokens = pos + 1).
-    // Consecutive tokens of one sequence attend together (attend_many reads each stored row once
-    // for all of them); results equal attending one token at a time.
-    const int n_runs = static_cast<int>(runs.size()) - 1;
-    const bool par = n_runs > 1 && static_cast<int64_t>(n) * (batch.back().pos + 1) * dim >= (1 << 14);
-    auto attend_run = [&](int r) {
-      kv::AttendScratch& scratch = attend_scratch_[static_cast<size_t>(omp_get_thread_num())];
-      const int i = runs[r], m = runs[r + 1] - runs[r];
-      const size_t at = static_cast<size_t>(i) * dim;
-      if (m == 1) {
-        codec.attend(l, tables[i], batch[i].pos + 1, &q_[at], &att_[at], scratch);
-      } else {
-        codec.attend_many(l, tables[i], m, &n_tokens[i], &q_[at], &att_[at], scratch);
-      }
-    };
-    // Not `parallel for if (par)`: an inactive region still counts as a nesting level, and the
-    // codec's own split across KV heads would then start a second thread team next to the
-    // pool's spinning workers (three threads on two cores).
-    if (par) {
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int r = 0; r < n_runs; ++r) attend_run(r);
-    } else {
-      for (int r = 0; r < n_runs; ++r) attend_run(r);
-    }
-    MatMul(w.wo, att_.data(), n, xo_.data());
-    for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xo_[j];
-
-    for (int i = 0; i < n; ++i) RmsNorm(&x_[i * dim], w.ffn_norm, dim, c.rms_eps, &xb_[i * dim]);
-    MatMul(w.w1, xb_.data(), n, hb_.data());
-    MatMul(w.w3, xb_.data(), n, hb2_.data());
-    for (size_t j = 0; j < static_cast<size_t>(n) * hidden; ++j) {
-      float g = hb_[j];
-      hb_[j] = g / (1.0f + std::exp(-g)) * hb2_[j];
-    }
-    MatMul(w.w2, hb_.data(), n, xo_.data());
-    for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xo_[j];
+  if (cache.codec().stores_at_group_end()) {
+    ForwardByGroupSteps(batch, cache);
+  } else {
+    for (int l = 0; l < c.n_layers; ++l) RunLayer(l, batch.data(), n, x_.data(), cache, KvMode::kAppend, 0);
   }
 
   int n_out = 0;
@@ -303,6 +234,193 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
   logits.resize(static_cast<size_t>(n_out) * c.vocab_size);
   if (n_out > 0) MatMul(model_.classifier, xb_.data(), n_out, logits.data());
   return Status::Ok();
+}
+
+void Transformer::ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCache& cache) {
+  const ModelConfig& c = model_.config;
+  const kv::Codec& codec = cache.codec();
+  const int n = static_cast<int>(batch.size()), dim = c.dim, kvd = c.kv_dim();
+  const int gs = codec.group_size();
+  // Step of a row: its offset from its sequence's first row in the batch. Rows are reordered by
+  // step (stably), so each step's rows (at most one per sequence) are contiguous.
+  std::vector<int> step(n), order(n);
+  std::unordered_map<SeqId, int> first_pos;
+  for (int i = 0; i < n; ++i) {
+    auto [it, fresh] = first_pos.emplace(batch[i].seq, batch[i].pos);
+    if (!fresh) it->second = std::min(it->second, batch[i].pos);
+  }
+  int n_steps = 0;
+  for (int i = 0; i < n; ++i) {
+    step[i] = batch[i].pos - first_pos[batch[i].seq];
+    n_steps = std::max(n_steps, step[i] + 1);
+  }
+  std::vector<int> step_begin(n_steps + 1, 0);
+  for (int i = 0; i < n; ++i) ++step_begin[step[i] + 1];
+  for (int s = 0; s < n_steps; ++s) step_begin[s + 1] += step_begin[s];
+  {
+    std::vector<int> at(step_begin.begin(), step_begin.end() - 1);
+    for (int i = 0; i < n; ++i) order[at[step[i]]++] = i;
+  }
+  std::vector<BatchToken> rows(n);
+  AlignedFloats xs(static_cast<size_t>(n) * dim);
+  for (int j = 0; j < n; ++j) {
+    rows[j] = batch[order[j]];
+    std::memcpy(&xs[static_cast<size_t>(j) * dim], &x_[static_cast<size_t>(order[j]) * dim], sizeof(float) * dim);
+  }
+  if (static_cast<int>(gx_.size()) < gs) {
+    gx_.resize(gs);
+    gkpre_.resize(gs);
+    gk_.resize(gs);
+    gv_.resize(gs);
+  }
+  if (group_cap_ < n) {
+    for (int i = 0; i < gs; ++i) {
+      gx_[i].resize(static_cast<size_t>(n) * dim);
+      gkpre_[i].resize(static_cast<size_t>(n) * kvd);
+      gk_[i].resize(static_cast<size_t>(n) * kvd);
+      gv_[i].resize(static_cast<size_t>(n) * kvd);
+    }
+    group_cap_ = n;
+  }
+  std::vector<kv::TokenKv> tk(gs);
+  for (int g = 0; g < codec.n_groups(); ++g) {
+    const int l0 = codec.first_layer(g), nl = codec.layers_in(g);
+    for (int s = 0; s < n_steps; ++s) {
+      const int b = step_begin[s], m = step_begin[s + 1] - b;
+      for (int li = 0; li < nl; ++li) {
+        RunLayer(l0 + li, rows.data() + b, m, &xs[static_cast<size_t>(b) * dim], cache, KvMode::kPending, li);
+      }
+      for (int j = 0; j < m; ++j) {
+        const BatchToken& t = rows[b + j];
+        for (int li = 0; li < nl; ++li) {
+          tk[li].pos = t.pos;
+          tk[li].x = &gx_[li][static_cast<size_t>(j) * dim];
+          tk[li].k_pre = &gkpre_[li][static_cast<size_t>(j) * kvd];
+          tk[li].k = &gk_[li][static_cast<size_t>(j) * kvd];
+          tk[li].v = &gv_[li][static_cast<size_t>(j) * kvd];
+        }
+        int slot;
+        uint8_t* block = cache.BlockFor(t.seq, l0, t.pos, &slot);
+        codec.store_group(g, block, slot, tk.data());
+      }
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    std::memcpy(&x_[static_cast<size_t>(order[j]) * dim], &xs[static_cast<size_t>(j) * dim], sizeof(float) * dim);
+  }
+}
+
+void Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvCache& cache, KvMode mode,
+                           int in_group) {
+  const ModelConfig& c = model_.config;
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim();
+  const LayerWeights& w = model_.layers[l];
+  const kv::Codec& codec = cache.codec();
+  for (int i = 0; i < m; ++i) RmsNorm(&x[i * dim], w.attn_norm, dim, c.rms_eps, &xb_[i * dim]);
+  MatMul(w.wq, xb_.data(), m, q_.data());
+  MatMul(w.wk, xb_.data(), m, k_.data());
+  MatMul(w.wv, xb_.data(), m, v_.data());
+  AddBias(q_.data(), w.bq, m, dim);
+  AddBias(k_.data(), w.bk, m, kvd);
+  AddBias(v_.data(), w.bv, m, kvd);
+  float rope_tmp[kv::kMaxHeadDim];
+  // Heads in interleaved pair order from here on; kpre_ keeps K before RoPE.
+  if (c.rope_style == RopeStyle::kHalf) {
+    for (int i = 0; i < m; ++i) {
+      for (int h = 0; h < c.n_heads; ++h) kv::ToInterleavedPairs(&q_[i * dim + h * hd], hd, rope_tmp);
+      for (int h = 0; h < c.n_kv_heads; ++h) kv::ToInterleavedPairs(&k_[i * kvd + h * hd], hd, rope_tmp);
+    }
+  }
+  std::memcpy(kpre_.data(), k_.data(), sizeof(float) * static_cast<size_t>(m) * kvd);
+  if (observer_) observer_(LayerTrace{l, m, rows, xb_.data(), q_.data(), kpre_.data(), v_.data()});
+  for (int i = 0; i < m; ++i) {
+    const BatchToken& t = rows[i];
+    for (int h = 0; h < c.n_heads; ++h) kv::RopeInterleaved(&q_[i * dim + h * hd], hd, t.pos, c.rope_theta);
+    for (int h = 0; h < c.n_kv_heads; ++h) kv::RopeInterleaved(&k_[i * kvd + h * hd], hd, t.pos, c.rope_theta);
+  }
+  if (mode == KvMode::kAppend) {
+    for (int i = 0; i < m; ++i) {
+      const BatchToken& t = rows[i];
+      int slot;
+      uint8_t* block = cache.BlockFor(t.seq, l, t.pos, &slot);
+      codec.append_token(l, block, slot,
+                         kv::TokenKv{t.pos, &xb_[i * dim], &kpre_[i * kvd], &k_[i * kvd], &v_[i * kvd]});
+    }
+  } else {
+    const size_t bytes_x = sizeof(float) * static_cast<size_t>(m) * dim, bytes_kv = sizeof(float) * m * kvd;
+    std::memcpy(gx_[in_group].data(), xb_.data(), bytes_x);
+    std::memcpy(gkpre_[in_group].data(), kpre_.data(), bytes_kv);
+    std::memcpy(gk_[in_group].data(), k_.data(), bytes_kv);
+    std::memcpy(gv_[in_group].data(), v_.data(), bytes_kv);
+  }
+  Attention(l, rows, m, cache, mode);
+  MatMul(w.wo, att_.data(), m, xo_.data());
+  for (size_t j = 0; j < static_cast<size_t>(m) * dim; ++j) x[j] += xo_[j];
+  FeedForward(l, m, x);
+}
+
+void Transformer::Attention(int l, const BatchToken* rows, int m, KvCache& cache, KvMode mode) {
+  const ModelConfig& c = model_.config;
+  const int dim = c.dim, kvd = c.kv_dim();
+  const kv::Codec& codec = cache.codec();
+  tables_.resize(m);
+  n_tokens_.resize(m);
+  for (int i = 0; i < m; ++i) tables_[i] = cache.LayerBlocks(rows[i].seq, l);
+  // Runs of consecutive positions of one sequence, at most kManyQueries long: runs[r]..runs[r+1].
+  // Pending rows are one per sequence: each row is its own run.
+  runs_.assign(1, 0);
+  for (int i = 0; i < m; ++i) {
+    n_tokens_[i] = rows[i].pos + 1;
+    const bool extends = mode == KvMode::kAppend && i > 0 && rows[i].seq == rows[i - 1].seq &&
+                         rows[i].pos == rows[i - 1].pos + 1 && i - runs_.back() < kv::kManyQueries;
+    if (i > 0 && !extends) runs_.push_back(i);
+  }
+  runs_.push_back(m);
+  // Every K/V of this layer for this batch is stored before any token attends, so tokens of
+  // one sequence see their predecessors in the same batch (causal by n_tokens = pos + 1).
+  // Consecutive tokens of one sequence attend together (attend_many reads each stored row once
+  // for all of them); results equal attending one token at a time.
+  const int n_runs = static_cast<int>(runs_.size()) - 1;
+  int max_pos = 0;
+  for (int i = 0; i < m; ++i) max_pos = std::max(max_pos, rows[i].pos);
+  const bool par = n_runs > 1 && static_cast<int64_t>(m) * (max_pos + 1) * dim >= (1 << 14);
+  auto attend_run = [&](int r) {
+    kv::AttendScratch& scratch = attend_scratch_[static_cast<size_t>(omp_get_thread_num())];
+    const int i = runs_[r], len = runs_[r + 1] - runs_[r];
+    const size_t at = static_cast<size_t>(i) * dim;
+    if (mode == KvMode::kPending) {
+      codec.attend_pending(l, tables_[i], rows[i].pos, &q_[at], &k_[static_cast<size_t>(i) * kvd],
+                           &v_[static_cast<size_t>(i) * kvd], 1, &att_[at], scratch);
+    } else if (len == 1) {
+      codec.attend(l, tables_[i], rows[i].pos + 1, &q_[at], &att_[at], scratch);
+    } else {
+      codec.attend_many(l, tables_[i], len, &n_tokens_[i], &q_[at], &att_[at], scratch);
+    }
+  };
+  // Not `parallel for if (par)`: an inactive region still counts as a nesting level, and the
+  // codec's own split across KV heads would then start a second thread team next to the
+  // pool's spinning workers (three threads on two cores).
+  if (par) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int r = 0; r < n_runs; ++r) attend_run(r);
+  } else {
+    for (int r = 0; r < n_runs; ++r) attend_run(r);
+  }
+}
+
+void Transformer::FeedForward(int l, int m, float* x) {
+  const ModelConfig& c = model_.config;
+  const int dim = c.dim, hidden = c.hidden_dim;
+  const LayerWeights& w = model_.layers[l];
+  for (int i = 0; i < m; ++i) RmsNorm(&x[i * dim], w.ffn_norm, dim, c.rms_eps, &xb_[i * dim]);
+  MatMul(w.w1, xb_.data(), m, hb_.data());
+  MatMul(w.w3, xb_.data(), m, hb2_.data());
+  for (size_t j = 0; j < static_cast<size_t>(m) * hidden; ++j) {
+    float g = hb_[j];
+    hb_[j] = g / (1.0f + std::exp(-g)) * hb2_[j];
+  }
+  MatMul(w.w2, hb_.data(), m, xo_.data());
+  for (size_t j = 0; j < static_cast<size_t>(m) * dim; ++j) x[j] += xo_[j];
 }
 
 }  // namespace keel::engine

@@ -7,6 +7,7 @@
 // Not thread-safe: one caller at a time (it owns scratch buffers).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "keel/core/aligned.h"
@@ -24,6 +25,22 @@ struct BatchToken {
   bool want_logits = false;  // produce next-token logits for this row
 };
 
+// What one layer computed for the rows of a batch, before RoPE: for calibration (BellowsKV) and
+// analysis. Row-major: x [n_rows][dim] (the layer input after RMSNorm), q_pre [n_rows][dim],
+// k_pre and v [n_rows][kv_dim]; q and k heads in interleaved RoPE pair order (kv/rope.h). Rows are
+// in batch order for per-layer codecs; codecs that store at group end see a group's rows a token
+// step at a time.
+struct LayerTrace {
+  int layer = 0;
+  int n_rows = 0;
+  const BatchToken* rows = nullptr;
+  const float* x = nullptr;
+  const float* q_pre = nullptr;
+  const float* k_pre = nullptr;
+  const float* v = nullptr;
+};
+using LayerObserver = std::function<void(const LayerTrace&)>;
+
 class Transformer {
  public:
   explicit Transformer(const Model& model);
@@ -36,12 +53,32 @@ class Transformer {
   Status Forward(const std::vector<BatchToken>& batch, KvCache& cache, std::vector<float>& logits);
 
   const Model& model() const { return model_; }
+  // Called at every layer of every Forward (empty: none).
+  void SetLayerObserver(LayerObserver observer) { observer_ = std::move(observer); }
 
  private:
+  // How one layer's rows reach the cache.
+  enum class KvMode { kAppend, kPending };
   void EnsureScratch(int n);
+  // One decoder layer for `m` rows whose residual stream is x[0..m) (updated in place). kAppend:
+  // K/V stored through the codec, then attention over the cache (consecutive rows of a sequence
+  // attend together). kPending: nothing stored; each row attends over its stored predecessors
+  // plus its own K/V, and the layer's TokenKv inputs are kept in group slot `in_group` for
+  // store_group().
+  void RunLayer(int l, const BatchToken* rows, int m, float* x, KvCache& cache, KvMode mode, int in_group);
+  void Attention(int l, const BatchToken* rows, int m, KvCache& cache, KvMode mode);
+  void FeedForward(int l, int m, float* x);
+  // The codec stores at group end: each group runs one token step (one row per sequence) at a time.
+  void ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCache& cache);
   const Model& model_;
+  LayerObserver observer_;
   int cap_ = 0;
-  AlignedFloats x_, xb_, q_, k_, v_, att_, hb_, hb2_, xo_;
+  int group_cap_ = 0;
+  AlignedFloats x_, xb_, q_, k_, v_, kpre_, att_, hb_, hb2_, xo_;
+  // Per layer of a group ([in_group][row]): the inputs store_group() needs.
+  std::vector<AlignedFloats> gx_, gkpre_, gk_, gv_;
+  std::vector<int> n_tokens_, runs_;
+  std::vector<const uint8_t* const*> tables_;
   std::vector<kv::AttendScratch> attend_scratch_;
 };
 

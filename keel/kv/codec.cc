@@ -1,23 +1,62 @@
 #include "keel/kv/codec.h"
 
-#include "keel/kv/raw_codec.h"
-#include "keel/kv/zipfusion/zipfusion_codec.h"
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "keel/kv/attention_math.h"
+#include "keel/kv/registry.h"
 
 namespace keel::kv {
 
-Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const KvShape& shape) {
-  if (shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_tokens <= 0 ||
-      shape.n_heads % shape.n_kv_heads != 0) {
+Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const CodecContext& context) {
+  const KvShape& shape = context.shape;
+  if (shape.n_layers < 0 || shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.block_tokens <= 0 || shape.n_heads % shape.n_kv_heads != 0) {
     return Status::InvalidArgument("kv codec: invalid KV shape");
   }
-  if (spec == "raw" || spec == "raw:f32") return std::unique_ptr<Codec>(new RawCodec(shape, DType::kF32));
-  if (spec == "raw:bf16") return std::unique_ptr<Codec>(new RawCodec(shape, DType::kBF16));
-  if (spec == "raw:f16") return std::unique_ptr<Codec>(new RawCodec(shape, DType::kF16));
-  if (spec == "zipfusion" || spec == "zipfusion:bf16") return zipfusion::MakeZipFusionCodec(shape, DType::kBF16);
-  if (spec == "zipfusion:f16") return zipfusion::MakeZipFusionCodec(shape, DType::kF16);
-  return Status::InvalidArgument("unknown KV codec '" + std::string(spec) +
-                                 "'; known codecs: raw (= raw:f32), raw:f32, raw:bf16, raw:f16, "
-                                 "zipfusion (= zipfusion:bf16), zipfusion:f16");
+  const size_t colon = spec.find(':');
+  const std::string_view name = spec.substr(0, colon);
+  const std::string_view variant = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
+  for (const CodecFamily& family : CodecFamilies()) {
+    if (family.name == name) return family.make(variant, context);
+  }
+  return Status::InvalidArgument("unknown KV codec '" + std::string(spec) + "'; known codecs: " + KnownCodecs());
+}
+
+Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const KvShape& shape) {
+  CodecContext context;
+  context.shape = shape;
+  return MakeCodec(spec, context);
+}
+
+// The reference: every stored token read back through read(), then the shared arithmetic
+// (DotF32, SoftmaxF32, AxpyF32) over stored then pending rows. Codecs that store at group end
+// override it with something faster.
+void Codec::attend_pending(int layer, const uint8_t* const* blocks, int n_stored, const float* q,
+                           const float* pending_k, const float* pending_v, int n_pending, float* out,
+                           AttendScratch& scratch) const {
+  const KvShape& s = shape();
+  const int hd = s.head_dim, kvd = s.kv_dim(), n = n_stored + n_pending, group = s.n_heads / s.n_kv_heads;
+  float* k = scratch.get(static_cast<size_t>(n) * kvd * 2 + n);
+  float* v = k + static_cast<size_t>(n) * kvd;
+  float* p = v + static_cast<size_t>(n) * kvd;
+  for (int t = 0; t < n_stored; ++t) {
+    read(layer, blocks[t / s.block_tokens], t % s.block_tokens, k + static_cast<size_t>(t) * kvd,
+         v + static_cast<size_t>(t) * kvd);
+  }
+  std::copy(pending_k, pending_k + static_cast<size_t>(n_pending) * kvd, k + static_cast<size_t>(n_stored) * kvd);
+  std::copy(pending_v, pending_v + static_cast<size_t>(n_pending) * kvd, v + static_cast<size_t>(n_stored) * kvd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int h = 0; h < s.n_heads; ++h) {
+    const int kvh = h / group;
+    const float* qh = q + static_cast<size_t>(h) * hd;
+    for (int t = 0; t < n; ++t) p[t] = DotF32(qh, k + static_cast<size_t>(t) * kvd + kvh * hd, hd) * scale;
+    SoftmaxF32(p, n);
+    float* o = out + static_cast<size_t>(h) * hd;
+    std::fill(o, o + hd, 0.0f);
+    for (int t = 0; t < n; ++t) AxpyF32(p[t], v + static_cast<size_t>(t) * kvd + kvh * hd, o, hd);
+  }
 }
 
 }  // namespace keel::kv

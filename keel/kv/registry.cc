@@ -1,0 +1,42 @@
+#include "keel/kv/registry.h"
+
+#include "keel/kv/raw_codec.h"
+#include "keel/kv/zipfusion/zipfusion_codec.h"
+
+namespace keel::kv {
+
+namespace {
+
+Result<std::unique_ptr<Codec>> MakeRaw(std::string_view variant, const CodecContext& context) {
+  if (variant.empty() || variant == "f32") return std::unique_ptr<Codec>(new RawCodec(context.shape, DType::kF32));
+  if (variant == "bf16") return std::unique_ptr<Codec>(new RawCodec(context.shape, DType::kBF16));
+  if (variant == "f16") return std::unique_ptr<Codec>(new RawCodec(context.shape, DType::kF16));
+  return Status::InvalidArgument("unknown raw KV dtype '" + std::string(variant) + "'; known: f32, bf16, f16");
+}
+
+Result<std::unique_ptr<Codec>> MakeZipFusion(std::string_view variant, const CodecContext& context) {
+  if (variant.empty() || variant == "bf16") return zipfusion::MakeZipFusionCodec(context.shape, DType::kBF16);
+  if (variant == "f16") return zipfusion::MakeZipFusionCodec(context.shape, DType::kF16);
+  return Status::InvalidArgument("unknown zipfusion dtype '" + std::string(variant) + "'; known: bf16, f16");
+}
+
+}  // namespace
+
+const std::vector<CodecFamily>& CodecFamilies() {
+  static const std::vector<CodecFamily> families = {
+      {"raw", "raw (= raw:f32), raw:f32, raw:bf16, raw:f16", MakeRaw},
+      {"zipfusion", "zipfusion (= zipfusion:bf16), zipfusion:f16", MakeZipFusion},
+  };
+  return families;
+}
+
+std::string KnownCodecs() {
+  std::string out;
+  for (const CodecFamily& family : CodecFamilies()) {
+    if (!out.empty()) out += ", ";
+    out += family.variants;
+  }
+  return out;
+}
+
+}  // namespace keel::kv
