@@ -2,11 +2,15 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "keel/core/log.h"
 #include "keel/core/signal.h"
+#include "keel/engine/bellows_calibration.h"
 #include "keel/engine/convert.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/server.h"
@@ -14,6 +18,8 @@
 #include "keel/gateway/fake_vendor.h"  // fake-vendor
 #include "keel/gateway/gateway.h"
 #include "keel/gateway/policy_service.h"  // gateway-policy
+#include "keel/kv/bellows/calibration.h"
+#include "keel/kv/registry.h"
 #include "keel/kvstore/service.h"
 #include "keel/vector/service.h"
 
@@ -27,8 +33,27 @@ int Fail(const Status& s) {
   return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+// --kv-codec and the codec parameters beside it, shared by generate, serve and bench.
+struct KvCodecArgs {
+  std::string codec = "raw";
+  std::string bellows;  // calibration file for --kv-codec bellows
+  std::map<std::string, std::string> Params() const {
+    std::map<std::string, std::string> p;
+    if (!bellows.empty()) p["bellows"] = bellows;
+    return p;
+  }
+};
+
+void AddKvCodecFlags(CLI::App* cmd, KvCodecArgs& a) {
+  cmd->add_option("--kv-codec", a.codec, "KV cache codec: " + kv::KnownCodecs())->capture_default_str();
+  cmd->add_option("--bellows", a.bellows,
+                  "BellowsKV calibration file for --kv-codec bellows (written by `keel bellows calibrate` for this model)")
+      ->check(CLI::ExistingFile);
+}
+
 struct GenerateArgs {
-  std::string model, tokenizer, prompt, codec = "raw";
+  std::string model, tokenizer, prompt;
+  KvCodecArgs kv;
   float temperature = 1.0f, top_p = 1.0f;
   int top_k = 0, max_tokens = 256;
   uint64_t seed = 0;
@@ -43,7 +68,8 @@ int RunGenerate(const GenerateArgs& a) {
   EngineOptions opt;
   opt.model_path = a.model;
   opt.tokenizer_path = a.tokenizer;
-  opt.kv_codec = a.codec;
+  opt.kv_codec = a.kv.codec;
+  opt.kv.codec_params = a.kv.Params();
   opt.kvstore = a.kvstore;
   auto engine = Engine::Open(opt);
   if (!engine.ok()) return Fail(engine.status());
@@ -94,7 +120,8 @@ int RunGenerate(const GenerateArgs& a) {
 }
 
 struct ServeArgs {
-  std::string model, tokenizer, codec = "raw", host = "127.0.0.1", name;
+  std::string model, tokenizer, host = "127.0.0.1", name;
+  KvCodecArgs kv;
   int port = 8080, max_queue = 64, max_running = 32, max_batch_tokens = 512;
   size_t kv_mb = 256;
   double drain = 10;
@@ -105,7 +132,8 @@ int RunServe(const ServeArgs& a) {
   EngineOptions opt;
   opt.model_path = a.model;
   opt.tokenizer_path = a.tokenizer;
-  opt.kv_codec = a.codec;
+  opt.kv_codec = a.kv.codec;
+  opt.kv.codec_params = a.kv.Params();
   opt.kv.budget_bytes = a.kv_mb << 20;
   opt.scheduler.max_queue = a.max_queue;
   opt.scheduler.max_running = a.max_running;
@@ -203,7 +231,8 @@ void AddKvStoreLinkFlags(CLI::App* cmd, KvStoreLinkOptions& o) {
 }
 
 struct BenchArgs {
-  std::string model, codec = "raw";
+  std::string model;
+  KvCodecArgs kv;
   int prompt = 64, decode = 64, repeats = 3;
   std::vector<int> concurrency = {1, 16};
 };
@@ -215,12 +244,13 @@ int RunBench(const BenchArgs& a) {
   o.prompt_tokens = a.prompt;
   o.decode_tokens = a.decode;
   o.concurrency = a.concurrency;
-  o.kv_codec = a.codec;
+  o.kv_codec = a.kv.codec;
+  o.kv_codec_params = a.kv.Params();
   o.repeats = a.repeats;
   auto rep = MeasureThroughput(*m, o);
   if (!rep.ok()) return Fail(rep.status());
   std::string title = m->source + " (" + std::to_string(m->config.ParameterCount()) + " parameters, " +
-                      std::to_string(a.prompt) + " prompt + " + std::to_string(a.decode) + " decode tokens, KV " + a.codec + ")";
+                      std::to_string(a.prompt) + " prompt + " + std::to_string(a.decode) + " decode tokens, KV " + a.kv.codec + ")";
   std::fputs(rep->Table(title).c_str(), stdout);
   return 0;
 }
@@ -282,6 +312,77 @@ int RunGatewayPolicy(GatewayPolicyArgs a) {
 }
 // ---- gateway-policy (end)
 
+// ---- bellows
+struct BellowsArgs {
+  std::string model, tokenizer, out, objective = "attention";
+  BellowsCalibrationOptions o;
+};
+
+// One progress line per stage on a pipe, a redrawn bar on a terminal.
+CalibrationProgress ProgressBar() {
+  const bool tty = isatty(fileno(stderr));
+  return [tty, last = std::string(), shown = -1](const std::string& stage, double f) mutable {
+    const int pct = static_cast<int>(f * 100);
+    if (stage == last && (pct == shown || (!tty && pct < shown + 10 && pct < 100))) return;
+    if (stage != last && tty && !last.empty()) std::fputc('\n', stderr);
+    last = stage;
+    shown = pct;
+    const int filled = pct * 30 / 100;
+    std::fprintf(stderr, "%s%-16s [%s%s] %3d%%%s", tty ? "\r" : "", stage.c_str(), std::string(filled, '#').c_str(),
+                 std::string(30 - filled, '.').c_str(), pct, tty ? "" : "\n");
+    if (tty && pct >= 100) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+}
+
+int RunBellowsCalibrate(BellowsArgs a) {
+  auto m = LoadModel(a.model);
+  if (!m.ok()) return Fail(m.status());
+  std::string tok_path = a.tokenizer;
+  if (tok_path.empty()) {
+    auto found = FindTokenizer(a.model);
+    if (!found.ok()) return Fail(found.status());
+    tok_path = *found;
+  }
+  auto tok = Tokenizer::Load(tok_path, m->config.vocab_size);
+  if (!tok.ok()) return Fail(tok.status());
+  a.o.objective = a.objective == "plain" ? kv::bellows::Objective::kPlain : kv::bellows::Objective::kAttentionAware;
+  auto cal = CalibrateBellows(*m, *tok, a.o, ProgressBar());
+  if (!cal.ok()) return Fail(cal.status());
+  if (Status s = kv::bellows::WriteCalibration(a.out, *cal); !s.ok()) return Fail(s);
+  Log().info("wrote {}: {}", a.out, cal->method);
+  for (const auto& g : cal->groups) {
+    for (int i = 0; i < g.n_layers; ++i) {
+      const auto& e = g.layers[i].errors;
+      Log().info("layer {}: relative error K {:.4f} V {:.4f} (weighted K {:.4f} V {:.4f})", g.first_layer + i, e.k_rel,
+                 e.v_rel, e.k_weighted_rel, e.v_weighted_rel);
+    }
+  }
+  return 0;
+}
+
+int RunBellowsInspect(const std::string& path) {
+  auto cal = kv::bellows::ReadCalibration(path);
+  if (!cal.ok()) return Fail(cal.status());
+  const auto& c = *cal;
+  std::printf("%s\n  model checksum %s; dim %d, %d layers, %d heads, %d KV heads of %d, RoPE theta %g\n", path.c_str(),
+              c.model_checksum.hex().c_str(), c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_theta);
+  std::printf("  method: %s\n  fingerprint %s\n", c.method.c_str(), kv::bellows::CalibrationFingerprint(c).c_str());
+  for (const auto& g : c.groups) {
+    const double raw = 2.0 * g.n_layers * c.kv_dim();
+    std::printf("  group layers %d..%d: latent %d (K [%d,%d), V [%d,%d)), %.2fx vs raw K/V at equal width\n",
+                g.first_layer, g.first_layer + g.n_layers - 1, g.rank, g.k_begin, g.k_end, g.v_begin, g.v_end,
+                raw / g.rank);
+    for (int i = 0; i < g.n_layers; ++i) {
+      const auto& e = g.layers[i].errors;
+      std::printf("    layer %d: relative error K %.4f V %.4f (weighted K %.4f V %.4f)\n", g.first_layer + i, e.k_rel,
+                  e.v_rel, e.k_weighted_rel, e.v_weighted_rel);
+    }
+  }
+  return 0;
+}
+// ---- bellows (end)
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -303,7 +404,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   generate->add_option("--seed,-s", gen.seed, "random seed (default: random)")->each([&](const std::string&) { gen.seed_set = true; });
   generate->add_option("--stop", gen.stop, "stop sequence (repeatable)");
-  generate->add_option("--kv-codec", gen.codec, "KV cache codec: raw (= raw:f32), raw:bf16, raw:f16, zipfusion (= zipfusion:bf16), zipfusion:f16")->capture_default_str();
+  AddKvCodecFlags(generate, gen.kv);
   generate->add_flag("--print-ids", gen.print_ids, "print generated token ids on stderr");
   generate->add_option("--logprobs", gen.logprobs,
                        "print each generated token's log-probability and this many most likely alternatives on stderr")
@@ -317,7 +418,7 @@ int main(int argc, char** argv) {
   serve->add_option("--host", serve_args.host, "address to bind")->capture_default_str();
   serve->add_option("--port", serve_args.port, "port to bind (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   serve->add_option("--model-name", serve_args.name, "name clients use in \"model\" (default: model file stem)");
-  serve->add_option("--kv-codec", serve_args.codec, "KV cache codec: raw (= raw:f32), raw:bf16, raw:f16, zipfusion (= zipfusion:bf16), zipfusion:f16")->capture_default_str();
+  AddKvCodecFlags(serve, serve_args.kv);
   serve->add_option("--kv-memory-mb", serve_args.kv_mb, "KV cache budget in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   serve->add_option("--max-queue", serve_args.max_queue, "queued requests before 429")->capture_default_str()->check(CLI::Range(0, 100000));
   serve->add_option("--max-running", serve_args.max_running, "sequences batched per step")->capture_default_str()->check(CLI::Range(1, 4096));
@@ -409,7 +510,7 @@ int main(int argc, char** argv) {
   bench->add_option("--decode-tokens", bench_args.decode, "generated tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
   bench->add_option("--concurrency", bench_args.concurrency, "sequences decoded together (list)")->capture_default_str()->delimiter(',');
   bench->add_option("--repeats", bench_args.repeats, "best of N runs")->capture_default_str()->check(CLI::PositiveNumber);
-  bench->add_option("--kv-codec", bench_args.codec, "KV cache codec: raw (= raw:f32), raw:bf16, raw:f16, zipfusion (= zipfusion:bf16), zipfusion:f16")->capture_default_str();
+  AddKvCodecFlags(bench, bench_args.kv);
 
   std::string inspect_path;
   auto* inspect = app.add_subcommand("inspect", "Print a model's header, tensor list and checksum");
@@ -438,8 +539,33 @@ int main(int argc, char** argv) {
   make_model->add_flag("--tie-embeddings", mk.tie_embeddings, "share the embedding as the classifier");
   make_model->add_option("--out", mk.out_dir, "output directory")->required();
 
+  BellowsArgs bw;
+  std::string bw_inspect;
+  auto* bellows = app.add_subcommand("bellows", "BellowsKV: calibrate the shared-latent KV codec for a model, inspect a calibration");
+  bellows->require_subcommand(1);
+  auto* bw_cal = bellows->add_subcommand("calibrate", "Run the model over calibration text and solve the compress/restore matrices of every layer group");
+  bw_cal->add_option("--model,-m", bw.model, "llama2.c .bin checkpoint or Hugging Face model directory")->required();
+  bw_cal->add_option("--tokenizer,-z", bw.tokenizer, "llama2.c tokenizer.bin (default: found beside the model)");
+  bw_cal->add_option("--text", bw.o.text_path, "calibration text (documents separated by blank lines), e.g. data/text/train.txt")->required()->check(CLI::ExistingFile);
+  bw_cal->add_option("--out,-o", bw.out, "calibration file to write (.bkv)")->required();
+  bw_cal->add_option("--group-size", bw.o.group_size, "adjacent layers sharing one latent (0 = all layers)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bw_cal->add_option("--ratio", bw.o.ratio, "latent size from a compression target vs raw bf16 K/V of the group, e.g. 14")->check(CLI::PositiveNumber);
+  bw_cal->add_option("--rank", bw.o.rank, "joint K/V latent size per group")->check(CLI::PositiveNumber);
+  bw_cal->add_option("--rank-k", bw.o.rank_k, "split latent: the part restoring K")->check(CLI::PositiveNumber);
+  bw_cal->add_option("--rank-v", bw.o.rank_v, "split latent: the part restoring V")->check(CLI::PositiveNumber);
+  bw_cal->add_option("--k-fraction", bw.o.k_fraction, "with --ratio: split the latent, this fraction restoring K (0 = joint latent)")->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  bw_cal->add_option("--objective", bw.objective, "plain (K/V squared error) or attention (K error weighted by query energy, V error by the output projection)")->capture_default_str()->check(CLI::IsMember({"plain", "attention"}));
+  bw_cal->add_flag("--equalize", bw.o.equalize_blocks, "weigh every layer's K and V block equally (a sum of relative errors)");
+  bw_cal->add_option("--ridge", bw.o.ridge, "ridge term, relative to the mean variance of the inputs")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bw_cal->add_option("--tokens", bw.o.tokens, "calibration tokens to run")->capture_default_str()->check(CLI::PositiveNumber);
+  bw_cal->add_option("--window", bw.o.window, "tokens per forward window (0 = the model's context)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  auto* bw_ins = bellows->add_subcommand("inspect", "Print a calibration file's model, groups, latent sizes and calibration errors");
+  bw_ins->add_option("file", bw_inspect, "calibration file (.bkv)")->required();
+
   CLI11_PARSE(app, argc, argv);
   SetLogLevel(log_level);
+  if (bw_cal->parsed()) return RunBellowsCalibrate(bw);
+  if (bw_ins->parsed()) return RunBellowsInspect(bw_inspect);
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);
   if (kvs->parsed()) return RunKvstore(kv);

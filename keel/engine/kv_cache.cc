@@ -29,6 +29,7 @@ Result<std::unique_ptr<kv::Codec>> MakeCacheCodec(const Model& model, const std:
   context.shape = kv::KvShape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), options.block_tokens};
   context.shape.dim = c.dim;
   context.shape.rope_theta = c.rope_theta;
+  context.shape.max_positions = c.max_seq_len;
   context.model_checksum = model.checksum.hex();
   context.params = options.codec_params;
   return kv::MakeCodec(codec_spec, context);

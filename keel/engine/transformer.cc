@@ -267,20 +267,20 @@ void Transformer::ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCa
     rows[j] = batch[order[j]];
     std::memcpy(&xs[static_cast<size_t>(j) * dim], &x_[static_cast<size_t>(order[j]) * dim], sizeof(float) * dim);
   }
+  // Sized per call: one Transformer may serve caches of different group sizes.
   if (static_cast<int>(gx_.size()) < gs) {
     gx_.resize(gs);
     gkpre_.resize(gs);
     gk_.resize(gs);
     gv_.resize(gs);
   }
-  if (group_cap_ < n) {
-    for (int i = 0; i < gs; ++i) {
-      gx_[i].resize(static_cast<size_t>(n) * dim);
+  for (int i = 0; i < gs; ++i) {
+    if (gx_[i].size() < static_cast<size_t>(n) * dim) gx_[i].resize(static_cast<size_t>(n) * dim);
+    if (gkpre_[i].size() < static_cast<size_t>(n) * kvd) {
       gkpre_[i].resize(static_cast<size_t>(n) * kvd);
       gk_[i].resize(static_cast<size_t>(n) * kvd);
       gv_[i].resize(static_cast<size_t>(n) * kvd);
     }
-    group_cap_ = n;
   }
   std::vector<kv::TokenKv> tk(gs);
   for (int g = 0; g < codec.n_groups(); ++g) {
@@ -294,6 +294,7 @@ void Transformer::ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCa
         const BatchToken& t = rows[b + j];
         for (int li = 0; li < nl; ++li) {
           tk[li].pos = t.pos;
+          tk[li].token = t.token;
           tk[li].x = &gx_[li][static_cast<size_t>(j) * dim];
           tk[li].k_pre = &gkpre_[li][static_cast<size_t>(j) * kvd];
           tk[li].k = &gk_[li][static_cast<size_t>(j) * kvd];
@@ -344,7 +345,7 @@ void Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvCac
       int slot;
       uint8_t* block = cache.BlockFor(t.seq, l, t.pos, &slot);
       codec.append_token(l, block, slot,
-                         kv::TokenKv{t.pos, &xb_[i * dim], &kpre_[i * kvd], &k_[i * kvd], &v_[i * kvd]});
+                         kv::TokenKv{t.pos, t.token, &xb_[i * dim], &kpre_[i * kvd], &k_[i * kvd], &v_[i * kvd]});
     }
   } else {
     const size_t bytes_x = sizeof(float) * static_cast<size_t>(m) * dim, bytes_kv = sizeof(float) * m * kvd;

@@ -73,7 +73,6 @@ class Transformer {
   const Model& model_;
   LayerObserver observer_;
   int cap_ = 0;
-  int group_cap_ = 0;
   AlignedFloats x_, xb_, q_, k_, v_, kpre_, att_, hb_, hb2_, xo_;
   // Per layer of a group ([in_group][row]): the inputs store_group() needs.
   std::vector<AlignedFloats> gx_, gkpre_, gk_, gv_;

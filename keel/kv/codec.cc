@@ -30,7 +30,7 @@ Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const KvShape& s
   return MakeCodec(spec, context);
 }
 
-// The reference: every stored token read back through read(), then the shared arithmetic
+// The reference: every stored token read back through read_at(), then the shared arithmetic
 // (DotF32, SoftmaxF32, AxpyF32) over stored then pending rows. Codecs that store at group end
 // override it with something faster.
 void Codec::attend_pending(int layer, const uint8_t* const* blocks, int n_stored, const float* q,
@@ -42,8 +42,8 @@ void Codec::attend_pending(int layer, const uint8_t* const* blocks, int n_stored
   float* v = k + static_cast<size_t>(n) * kvd;
   float* p = v + static_cast<size_t>(n) * kvd;
   for (int t = 0; t < n_stored; ++t) {
-    read(layer, blocks[t / s.block_tokens], t % s.block_tokens, k + static_cast<size_t>(t) * kvd,
-         v + static_cast<size_t>(t) * kvd);
+    read_at(layer, blocks[t / s.block_tokens], t % s.block_tokens, t, k + static_cast<size_t>(t) * kvd,
+            v + static_cast<size_t>(t) * kvd);
   }
   std::copy(pending_k, pending_k + static_cast<size_t>(n_pending) * kvd, k + static_cast<size_t>(n_stored) * kvd);
   std::copy(pending_v, pending_v + static_cast<size_t>(n_pending) * kvd, v + static_cast<size_t>(n_stored) * kvd);

@@ -47,12 +47,14 @@ struct KvShape {
   int block_tokens = 16;
   int dim = 0;                  // model hidden size: the width of a layer's input
   float rope_theta = 10000.0f;  // RoPE base; keys are rotated on interleaved pairs (rope.h)
+  int max_positions = 0;        // the model's context length (0: unknown), for position tables
   int kv_dim() const { return n_kv_heads * head_dim; }
 };
 
 // What the forward pass knows about one token at one layer; codecs take what they need.
 struct TokenKv {
   int pos = 0;
+  int token = -1;                // the token id
   const float* x = nullptr;      // the layer input: hidden state after the layer's attention RMSNorm (dim)
   const float* k_pre = nullptr;  // K before RoPE (bias added), RoPE pairs interleaved (2j, 2j+1) (kv_dim)
   const float* k = nullptr;      // K after RoPE (kv_dim)
@@ -136,8 +138,13 @@ class Codec {
     for (int i = 0; i < n_queries; ++i) attend(layer, blocks, n_tokens[i], q + i * stride, out + i * stride, scratch);
   }
 
-  // Reads back K and V of one stored token as fp32 (tests, export to other tiers).
+  // Reads back K and V of one stored token as fp32 (tests, export to other tiers). Codecs that
+  // store keys before RoPE cannot rotate without the position: their read() returns K unrotated,
+  // read_at() rotates it for position `pos`.
   virtual void read(int layer, const uint8_t* block, int slot, float* k, float* v) const = 0;
+  virtual void read_at(int layer, const uint8_t* block, int slot, int /*pos*/, float* k, float* v) const {
+    read(layer, block, slot, k, v);
+  }
 
   // ---- Compaction (optional; `group` as above). The cache allocates a block at block_bytes(), the worst case.
   // Once its last token is appended, a codec whose stored size depends on the data may offer a

@@ -1,5 +1,6 @@
 #include "keel/kv/registry.h"
 
+#include "keel/kv/bellows/bellows_codec.h"
 #include "keel/kv/raw_codec.h"
 #include "keel/kv/zipfusion/zipfusion_codec.h"
 
@@ -26,6 +27,7 @@ const std::vector<CodecFamily>& CodecFamilies() {
   static const std::vector<CodecFamily> families = {
       {"raw", "raw (= raw:f32), raw:f32, raw:bf16, raw:f16", MakeRaw},
       {"zipfusion", "zipfusion (= zipfusion:bf16), zipfusion:f16", MakeZipFusion},
+      {"bellows", "bellows (with --bellows FILE)", bellows::MakeBellowsCodec},
   };
   return families;
 }

@@ -203,6 +203,23 @@ TEST_F(LayerGroupTest, MixedBatchOfSequencesAtDifferentStepsMatchesSeparateRuns)
   }
 }
 
+TEST_F(LayerGroupTest, OneTransformerServesCachesOfDifferentGroupSizes) {
+  Transformer tf(*model_);
+  const std::vector<int> p = Prompt(20);
+  std::vector<float> first;
+  for (int group_size : {1, 2, 4, 3}) {
+    auto cache = GroupCache(group_size);
+    ASSERT_TRUE(cache->BeginSequence(1, {}).ok());
+    ASSERT_TRUE(cache->Reserve(1, 20).ok());
+    std::vector<BatchToken> batch;
+    for (int i = 0; i < 20; ++i) batch.push_back({1, p[i], i, i == 19});
+    std::vector<float> logits;
+    ASSERT_TRUE(tf.Forward(batch, *cache, logits).ok());
+    if (first.empty()) first = logits;
+    EXPECT_EQ(std::memcmp(first.data(), logits.data(), sizeof(float) * logits.size()), 0) << group_size;
+  }
+}
+
 TEST_F(LayerGroupTest, ObserverSeesEveryLayerBeforeRope) {
   Transformer tf(*model_);
   auto raw = RawCache();

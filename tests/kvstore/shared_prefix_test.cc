@@ -62,11 +62,27 @@ nlohmann::json Complete(int port, const std::string& prompt) {
 }
 
 // Per KV codec: raw f32 chunks have a fixed size; zipfusion chunks are compacted blocks of
-// varying size that the receiving instance validates before adopting.
-class SharedPrefix : public ::testing::TestWithParam<std::string> {};
+// varying size that the receiving instance validates before adopting; bellows chunks are one
+// latent per token for all layers, tied to a calibration file (made here by the CLI).
+class SharedPrefix : public ::testing::TestWithParam<std::string> {
+ protected:
+  static std::string CodecArgs(const std::string& codec) {
+    if (codec != "bellows") return " --kv-codec " + codec;
+    static test::TempDir dir("keel-bellows");
+    const std::string file = dir.file("aidreams.bkv");
+    if (::access(file.c_str(), F_OK) != 0) {
+      const std::string data = test::SharedDir() + "/data";
+      const std::string cmd = std::string(KEEL_BINARY) + " bellows calibrate -m " + test::ModelsDir() +
+                              "/aidreams260K.bin --text " + data + "/text/train.txt --ratio 8 --tokens 2048 --out " +
+                              file + " --log-level warn 2>/dev/null";
+      EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    return " --kv-codec bellows --bellows " + file;
+  }
+};
 
 TEST_P(SharedPrefix, InstanceBReusesInstanceAsPrefixAndMatchesARunWithoutAStore) {
-  const std::string model = test::ModelsDir() + "/aidreams260K.bin" + " --kv-codec " + GetParam();
+  const std::string model = test::ModelsDir() + "/aidreams260K.bin" + CodecArgs(GetParam());
   const int store_port = test::FreeLoopbackPort();
   const int a_port = test::FreeLoopbackPort(), b_port = test::FreeLoopbackPort(), c_port = test::FreeLoopbackPort();
   Process store("kvstore --port " + std::to_string(store_port) + " --http-port -1 --dram-mb 64", store_port);
@@ -112,7 +128,7 @@ TEST_P(SharedPrefix, InstanceBReusesInstanceAsPrefixAndMatchesARunWithoutAStore)
   EXPECT_GE(Metric(b_port, "keel_kvstore_link_failures_total"), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, SharedPrefix, ::testing::Values("raw", "zipfusion"),
+INSTANTIATE_TEST_SUITE_P(Codecs, SharedPrefix, ::testing::Values("raw", "zipfusion", "bellows"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

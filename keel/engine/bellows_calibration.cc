@@ -1,0 +1,208 @@
+#include "keel/engine/bellows_calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "keel/engine/kv_cache.h"
+#include "keel/engine/transformer.h"
+
+namespace keel::engine {
+
+namespace kb = kv::bellows;
+
+namespace {
+
+// Windows of `window` tokens, each BOS + the next documents' tokens, until `total` tokens.
+Result<std::vector<std::vector<int>>> CalibrationWindows(const std::string& path, const Tokenizer& tok, int window,
+                                                         int64_t total) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("calibration text " + path + ": cannot open");
+  std::vector<std::vector<int>> windows;
+  std::vector<int> cur{Tokenizer::kBos};
+  int64_t have = 0;
+  std::string line, doc;
+  auto flush = [&]() {
+    if (doc.empty()) return;
+    std::vector<int> ids = tok.Encode(doc, false);
+    doc.clear();
+    for (int id : ids) {
+      cur.push_back(id);
+      if (static_cast<int>(cur.size()) == window) {
+        have += window;
+        windows.push_back(std::move(cur));
+        cur.assign(1, Tokenizer::kBos);
+        if (have >= total) return;
+      }
+    }
+  };
+  while (have < total && std::getline(in, line)) {
+    if (line.empty()) {
+      flush();
+      continue;
+    }
+    if (!doc.empty()) doc += '\n';
+    doc += line;
+  }
+  if (have < total) flush();
+  if (windows.empty()) {
+    return Status::InvalidArgument("calibration text " + path + " holds fewer than one window of " +
+                                   std::to_string(window) + " tokens");
+  }
+  return windows;
+}
+
+std::vector<float> WidenToF32(const TensorView& t) {
+  std::vector<float> out(static_cast<size_t>(t.rows * t.cols));
+  ConvertToF32(t.dtype, t.data, out.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
+Result<kb::SolveOptions> BellowsSolveOptions(const Model& model, int layers, const BellowsCalibrationOptions& o) {
+  const int kvd = model.config.kv_dim();
+  const int full = layers * 2 * kvd;  // raw K/V elements per token of the group
+  kb::SolveOptions so;
+  so.ridge = o.ridge;
+  so.objective = o.objective;
+  so.equalize_blocks = o.equalize_blocks;
+  const int given = (o.rank > 0) + (o.rank_k > 0 || o.rank_v > 0) + (o.ratio > 0);
+  if (given != 1) {
+    return Status::InvalidArgument("bellows calibration: give exactly one of --rank, --rank-k/--rank-v, --ratio");
+  }
+  if (o.ratio > 0) {
+    const int rank = std::max(1, static_cast<int>(std::lround(full / o.ratio)));
+    if (o.k_fraction > 0 && o.k_fraction < 1) {
+      so.rank_k = std::clamp(static_cast<int>(std::lround(rank * o.k_fraction)), 1, std::max(1, rank - 1));
+      so.rank_v = std::max(1, rank - so.rank_k);
+    } else {
+      so.rank = rank;
+    }
+  } else if (o.rank > 0) {
+    so.rank = o.rank;
+  } else {
+    if (o.rank_k <= 0 || o.rank_v <= 0) {
+      return Status::InvalidArgument("bellows calibration: --rank-k and --rank-v go together (both > 0)");
+    }
+    so.rank_k = o.rank_k;
+    so.rank_v = o.rank_v;
+  }
+  return so;
+}
+
+Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& tokenizer,
+                                         const BellowsCalibrationOptions& o, const CalibrationProgress& progress) {
+  const ModelConfig& c = model.config;
+  const int gs = o.group_size == 0 ? c.n_layers : o.group_size;
+  if (gs < 1 || gs > c.n_layers) {
+    return Status::InvalidArgument("bellows calibration: --group-size " + std::to_string(o.group_size) +
+                                   " outside 1.." + std::to_string(c.n_layers) + " (the model's layers)");
+  }
+  if (c.head_dim() % 2 != 0) return Status::InvalidArgument("bellows calibration: head_dim must be even (RoPE pairs)");
+  const int window = o.window == 0 ? c.max_seq_len : o.window;
+  if (window < 2 || window > c.max_seq_len) {
+    return Status::InvalidArgument("bellows calibration: --window " + std::to_string(window) + " outside 2.." +
+                                   std::to_string(c.max_seq_len));
+  }
+  if (o.tokens < window) return Status::InvalidArgument("bellows calibration: --tokens must be at least one window");
+  const int n_groups = (c.n_layers + gs - 1) / gs;
+  std::vector<kb::SolveOptions> solve(n_groups);
+  for (int g = 0; g < n_groups; ++g) {
+    KEEL_ASSIGN_OR_RETURN(solve[g], BellowsSolveOptions(model, std::min(gs, c.n_layers - g * gs), o));
+  }
+  KEEL_ASSIGN_OR_RETURN(std::vector<std::vector<int>> windows,
+                        CalibrationWindows(o.text_path, tokenizer, window, o.tokens));
+
+  // Statistics per group, streamed window by window.
+  std::vector<kb::GroupStats> stats;
+  for (int g = 0; g < n_groups; ++g) {
+    kb::GroupDims d;
+    d.first_layer = g * gs;
+    d.n_layers = std::min(gs, c.n_layers - g * gs);
+    d.dim = c.dim;
+    d.n_heads = c.n_heads;
+    d.n_kv_heads = c.n_kv_heads;
+    d.head_dim = c.head_dim();
+    KEEL_ASSIGN_OR_RETURN(kb::GroupStats s, kb::GroupStats::Create(d));
+    stats.push_back(std::move(s));
+  }
+  KvCacheOptions ko;
+  ko.prefix_sharing = false;
+  ko.budget_bytes = static_cast<size_t>(window + 32) * c.n_layers * c.kv_dim() * 2 * sizeof(float) * 2;
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(model, "raw:f32", ko));
+  Transformer tf(model);
+  struct Trace {
+    std::vector<float> x, q, k, v;
+  };
+  std::vector<Trace> traces(c.n_layers);
+  tf.SetLayerObserver([&](const LayerTrace& t) {
+    Trace& tr = traces[t.layer];
+    tr.x.assign(t.x, t.x + static_cast<size_t>(t.n_rows) * c.dim);
+    tr.q.assign(t.q_pre, t.q_pre + static_cast<size_t>(t.n_rows) * c.dim);
+    tr.k.assign(t.k_pre, t.k_pre + static_cast<size_t>(t.n_rows) * c.kv_dim());
+    tr.v.assign(t.v, t.v + static_cast<size_t>(t.n_rows) * c.kv_dim());
+  });
+  std::vector<float> logits;
+  for (size_t w = 0; w < windows.size(); ++w) {
+    const std::vector<int>& ids = windows[w];
+    const SeqId seq = static_cast<SeqId>(w);
+    KEEL_ASSIGN_OR_RETURN(int reused, cache->BeginSequence(seq, {}));
+    (void)reused;
+    KEEL_RETURN_IF_ERROR(cache->Reserve(seq, static_cast<int>(ids.size())));
+    std::vector<BatchToken> batch(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) batch[i] = BatchToken{seq, ids[i], static_cast<int>(i), false};
+    KEEL_RETURN_IF_ERROR(tf.Forward(batch, *cache, logits));
+    cache->Release(seq);
+    for (int g = 0; g < n_groups; ++g) {
+      kb::GroupSamples gsamp;
+      gsamp.dims = stats[g].dims();
+      gsamp.n_rows = static_cast<int64_t>(ids.size());
+      for (int i = 0; i < gsamp.dims.n_layers; ++i) {
+        const Trace& tr = traces[gsamp.dims.first_layer + i];
+        gsamp.layers.push_back(kb::LayerSamples{tr.x, tr.k, tr.v, tr.q, {}});
+      }
+      KEEL_RETURN_IF_ERROR(stats[g].Add(gsamp));
+    }
+    if (progress) progress("capture", static_cast<double>(w + 1) / windows.size());
+  }
+
+  kb::Calibration cal;
+  cal.model_checksum = model.checksum;
+  cal.dim = c.dim;
+  cal.n_layers = c.n_layers;
+  cal.n_heads = c.n_heads;
+  cal.n_kv_heads = c.n_kv_heads;
+  cal.head_dim = c.head_dim();
+  cal.rope_theta = c.rope_theta;
+  cal.group_size = gs;
+  const int64_t n_tokens = static_cast<int64_t>(windows.size()) * window;
+  for (int g = 0; g < n_groups; ++g) {
+    std::vector<std::vector<float>> wo_f32;
+    std::vector<std::span<const float>> wo;
+    for (int i = 0; i < stats[g].dims().n_layers; ++i) {
+      wo_f32.push_back(WidenToF32(model.layers[stats[g].dims().first_layer + i].wo));
+    }
+    for (const auto& m : wo_f32) wo.emplace_back(m);
+    const std::string stage = "solve group " + std::to_string(g + 1) + "/" + std::to_string(n_groups);
+    KEEL_ASSIGN_OR_RETURN(kb::GroupMatrices gm,
+                          kb::SolveGroup(stats[g], wo, solve[g], [&](std::string_view, double f) {
+                            if (progress) progress(stage, f);
+                          }));
+    cal.groups.push_back(std::move(gm));
+  }
+  std::ostringstream method;
+  const kb::SolveOptions& s0 = solve[0];
+  method << "BellowsKV reduced-rank ridge regression; objective="
+         << (o.objective == kb::Objective::kPlain ? "plain" : "attention-aware")
+         << (o.equalize_blocks ? " (equalized blocks)" : "") << "; group_size=" << gs << "; latent="
+         << (s0.rank > 0 ? "joint rank " + std::to_string(s0.rank)
+                         : "split k " + std::to_string(s0.rank_k) + " + v " + std::to_string(s0.rank_v))
+         << " (first group); ridge=" << o.ridge << "; calibration tokens=" << n_tokens << " from " << o.text_path
+         << " in windows of " << window;
+  cal.method = method.str();
+  return cal;
+}
+
+}  // namespace keel::engine

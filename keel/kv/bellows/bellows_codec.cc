@@ -1,0 +1,249 @@
+#include "keel/kv/bellows/bellows_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "keel/core/aligned.h"
+#include "keel/core/dtype.h"
+#include "keel/kv/attention_math.h"
+#include "keel/kv/rope.h"
+
+namespace keel::kv::bellows {
+
+namespace {
+
+class BellowsCodec final : public Codec {
+ public:
+  BellowsCodec(Calibration cal, const KvShape& shape) : cal_(std::move(cal)), shape_(shape) {
+    fingerprint_ = "bellows:v1;calibration=" + CalibrationFingerprint(cal_) + ";bt=" +
+                   std::to_string(shape_.block_tokens) + ";latent=bf16";
+    const int half = shape_.head_dim / 2;
+    freq_.resize(half);
+    for (int j = 0; j < half; ++j) freq_[j] = RopeFrequency(j, shape_.head_dim, shape_.rope_theta);
+    // cos/sin for every position of the context, computed as the engine computes them.
+    rope_positions_ = std::max(0, shape_.max_positions);
+    rope_cos_.resize(static_cast<size_t>(rope_positions_) * half);
+    rope_sin_.resize(rope_cos_.size());
+    for (int p = 0; p < rope_positions_; ++p) {
+      for (int j = 0; j < half; ++j) {
+        const float val = static_cast<float>(p) * freq_[j];
+        rope_cos_[static_cast<size_t>(p) * half + j] = std::cos(val);
+        rope_sin_[static_cast<size_t>(p) * half + j] = std::sin(val);
+      }
+    }
+    max_rank_ = 0;
+    for (const CalibrationGroup& g : cal_.groups) max_rank_ = std::max(max_rank_, g.rank);
+  }
+
+  std::string spec() const override { return "bellows"; }
+  std::string fingerprint() const override { return fingerprint_; }
+  const KvShape& shape() const override { return shape_; }
+  int group_size() const override { return cal_.group_size; }
+  size_t block_bytes(int group) const override {
+    return RoundUp(2ull * shape_.block_tokens * cal_.groups[group].rank, 16);
+  }
+  bool stores_at_group_end() const override { return true; }
+
+  void append(int, uint8_t*, int, const float*, const float*) const override {
+    // Never called: the forward pass stores group-end codecs through store_group().
+  }
+
+  void store_group(int group, uint8_t* block, int slot, const TokenKv* layers) const override {
+    const CalibrationGroup& g = cal_.groups[group];
+    const int dim = cal_.dim, r = g.rank;
+    thread_local std::vector<float> zbuf;
+    zbuf.assign(r, 0.0f);
+    float* z = zbuf.data();
+    for (int i = 0; i < g.n_layers; ++i) {
+      const float* x = layers[i].x;
+      const float* mean = &g.x_mean[static_cast<size_t>(i) * dim];
+      const float* c = &g.compress[static_cast<size_t>(i) * dim * r];
+      for (int d = 0; d < dim; ++d) AxpyF32(x[d] - mean[d], c + static_cast<size_t>(d) * r, z, r);
+    }
+    uint16_t* out = reinterpret_cast<uint16_t*>(block) + static_cast<size_t>(slot) * r;
+    for (int j = 0; j < r; ++j) out[j] = F32ToBf16(z[j]);
+  }
+
+  void attend(int layer, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
+              AttendScratch& scratch) const override {
+    attend_pending(layer, blocks, n_tokens, q, nullptr, nullptr, 0, out, scratch);
+  }
+
+  void attend_pending(int layer, const uint8_t* const* blocks, int n_stored, const float* q, const float* pending_k,
+                      const float* pending_v, int n_pending, float* out, AttendScratch& scratch) const override {
+    const int group = group_of(layer), in_group = layer - first_layer(group);
+    const CalibrationGroup& g = cal_.groups[group];
+    const LayerRestore& lr = g.layers[in_group];
+    const int hd = shape_.head_dim, kvd = shape_.kv_dim(), nh = shape_.n_heads, bt = shape_.block_tokens;
+    const int per_kv = nh / shape_.n_kv_heads, r = g.rank;
+    const int nk = g.k_end - g.k_begin, nv = g.v_end - g.v_begin;
+    const int n = n_stored + n_pending;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    // Scratch: scores [nh][n], restored keys of one block [bt][kvd], its latents [bt][r],
+    // weighted latent sums [nh][nv].
+    const size_t n_pad = RoundUp(static_cast<size_t>(n), 8);
+    float* p = scratch.get(nh * n_pad + static_cast<size_t>(bt) * kvd + static_cast<size_t>(bt) * r +
+                           static_cast<size_t>(nh) * nv + 64);
+    float* kblk = p + nh * n_pad;
+    float* zblk = kblk + static_cast<size_t>(bt) * kvd;
+    float* zacc = zblk + static_cast<size_t>(bt) * r;
+    const int n_blocks = (n_stored + bt - 1) / bt;
+    for (int b = 0; b < n_blocks; ++b) {
+      const int t0 = b * bt, m = std::min(bt, n_stored - t0);
+      DecodeLatents(blocks[b], m, r, zblk);
+      for (int t = 0; t < m; ++t) {
+        float* k = kblk + static_cast<size_t>(t) * kvd;
+        std::memcpy(k, lr.k_mean.data(), sizeof(float) * kvd);
+        const float* z = zblk + static_cast<size_t>(t) * r + g.k_begin;
+        for (int j = 0; j < nk; ++j) AxpyF32(z[j], &lr.rk[static_cast<size_t>(j) * kvd], k, kvd);
+        Rope(k, t0 + t);
+      }
+      for (int h = 0; h < nh; ++h) {
+        const float* qh = q + static_cast<size_t>(h) * hd;
+        const int off = (h / per_kv) * hd;
+        float* ph = p + h * n_pad + t0;
+        for (int t = 0; t < m; ++t) ph[t] = DotF32(qh, kblk + static_cast<size_t>(t) * kvd + off, hd) * scale;
+      }
+    }
+    for (int h = 0; h < nh; ++h) {
+      const float* qh = q + static_cast<size_t>(h) * hd;
+      const int off = (h / per_kv) * hd;
+      float* ph = p + h * n_pad;
+      for (int t = 0; t < n_pending; ++t) {
+        ph[n_stored + t] = DotF32(qh, pending_k + static_cast<size_t>(t) * kvd + off, hd) * scale;
+      }
+      SoftmaxF32(ph, n);
+    }
+    // Values: weight the latents, restore once per head.
+    std::fill(zacc, zacc + static_cast<size_t>(nh) * nv, 0.0f);
+    for (int b = 0; b < n_blocks; ++b) {
+      const int t0 = b * bt, m = std::min(bt, n_stored - t0);
+      DecodeLatents(blocks[b], m, r, zblk);
+      for (int h = 0; h < nh; ++h) {
+        const float* ph = p + h * n_pad + t0;
+        float* acc = zacc + static_cast<size_t>(h) * nv;
+        for (int t = 0; t < m; ++t) AxpyF32(ph[t], zblk + static_cast<size_t>(t) * r + g.v_begin, acc, nv);
+      }
+    }
+    for (int h = 0; h < nh; ++h) {
+      const float* ph = p + h * n_pad;
+      const int off = (h / per_kv) * hd;
+      float* o = out + static_cast<size_t>(h) * hd;
+      float stored_mass = 0.0f;
+      for (int t = 0; t < n_stored; ++t) stored_mass += ph[t];
+      for (int d = 0; d < hd; ++d) o[d] = stored_mass * lr.v_mean[off + d];
+      const float* acc = zacc + static_cast<size_t>(h) * nv;
+      if (n_stored > 0) {
+        for (int j = 0; j < nv; ++j) AxpyF32(acc[j], &lr.rv[static_cast<size_t>(j) * kvd + off], o, hd);
+      }
+      for (int t = 0; t < n_pending; ++t) AxpyF32(ph[n_stored + t], pending_v + static_cast<size_t>(t) * kvd + off, o, hd);
+    }
+  }
+
+  // K and V of one stored token as restored; without its position K cannot be rotated, so K is
+  // returned before RoPE (read_at() rotates).
+  void read(int layer, const uint8_t* block, int slot, float* k, float* v) const override {
+    Restore(layer, block, slot, -1, k, v);
+  }
+  void read_at(int layer, const uint8_t* block, int slot, int pos, float* k, float* v) const override {
+    Restore(layer, block, slot, pos, k, v);
+  }
+
+  Result<size_t> validate_stored(int group, const uint8_t* data, size_t size) const override {
+    const size_t want = block_bytes(group);
+    if (size < want) {
+      return Status::Corruption("bellows block of layer group " + std::to_string(group) + ": " + std::to_string(size) +
+                                " bytes, expected " + std::to_string(want));
+    }
+    const auto* z = reinterpret_cast<const uint16_t*>(data);
+    const size_t n = static_cast<size_t>(shape_.block_tokens) * cal_.groups[group].rank;
+    for (size_t i = 0; i < n; ++i) {
+      if ((z[i] & 0x7f80) == 0x7f80) {
+        return Status::Corruption("bellows block of layer group " + std::to_string(group) +
+                                  ": latent value at byte " + std::to_string(2 * i) + " is not finite");
+      }
+    }
+    return want;
+  }
+
+ private:
+  void DecodeLatents(const uint8_t* block, int m, int r, float* z) const {
+    const auto* src = reinterpret_cast<const uint16_t*>(block);
+    ConvertToF32(DType::kBF16, src, z, static_cast<size_t>(m) * r);
+  }
+  void Rope(float* k, int pos) const {
+    const int hd = shape_.head_dim, half = hd / 2;
+    if (pos < rope_positions_) {
+      const float* cs = &rope_cos_[static_cast<size_t>(pos) * half];
+      const float* sn = &rope_sin_[static_cast<size_t>(pos) * half];
+      for (int h = 0; h < shape_.n_kv_heads; ++h) {
+        float* v = k + static_cast<size_t>(h) * hd;
+        for (int j = 0; j < half; ++j) {
+          const float v0 = v[2 * j], v1 = v[2 * j + 1];
+          v[2 * j] = v0 * cs[j] - v1 * sn[j];
+          v[2 * j + 1] = v0 * sn[j] + v1 * cs[j];
+        }
+      }
+    } else {
+      for (int h = 0; h < shape_.n_kv_heads; ++h) RopeInterleaved(k + static_cast<size_t>(h) * hd, hd, pos, shape_.rope_theta);
+    }
+  }
+  void Restore(int layer, const uint8_t* block, int slot, int pos, float* k, float* v) const {
+    const int group = group_of(layer);
+    const CalibrationGroup& g = cal_.groups[group];
+    const LayerRestore& lr = g.layers[layer - first_layer(group)];
+    const int kvd = shape_.kv_dim(), r = g.rank;
+    thread_local std::vector<float> z;
+    z.resize(r);
+    DecodeLatents(block + static_cast<size_t>(slot) * r * 2, 1, r, z.data());
+    std::memcpy(k, lr.k_mean.data(), sizeof(float) * kvd);
+    std::memcpy(v, lr.v_mean.data(), sizeof(float) * kvd);
+    for (int j = g.k_begin; j < g.k_end; ++j) AxpyF32(z[j], &lr.rk[static_cast<size_t>(j - g.k_begin) * kvd], k, kvd);
+    for (int j = g.v_begin; j < g.v_end; ++j) AxpyF32(z[j], &lr.rv[static_cast<size_t>(j - g.v_begin) * kvd], v, kvd);
+    if (pos >= 0) Rope(k, pos);
+  }
+
+  Calibration cal_;
+  KvShape shape_;
+  std::string fingerprint_;
+  std::vector<float> freq_;
+  int rope_positions_ = 0;
+  std::vector<float> rope_cos_, rope_sin_;  // [position][head_dim/2]
+  int max_rank_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Codec>> MakeBellowsCodec(const Calibration& calibration, const KvShape& shape) {
+  KEEL_RETURN_IF_ERROR(ValidateCalibration(calibration));
+  if (calibration.n_layers != shape.n_layers || calibration.n_heads != shape.n_heads ||
+      calibration.n_kv_heads != shape.n_kv_heads || calibration.head_dim != shape.head_dim ||
+      (shape.dim > 0 && calibration.dim != shape.dim)) {
+    return Status::InvalidArgument("bellows calibration is for another model shape (" +
+                                   std::to_string(calibration.n_layers) + " layers, dim " +
+                                   std::to_string(calibration.dim) + ", " + std::to_string(calibration.n_kv_heads) +
+                                   " KV heads of " + std::to_string(calibration.head_dim) + ")");
+  }
+  KvShape s = shape;
+  s.dim = calibration.dim;
+  s.rope_theta = calibration.rope_theta;
+  return std::unique_ptr<Codec>(new BellowsCodec(calibration, s));
+}
+
+Result<std::unique_ptr<Codec>> MakeBellowsCodec(std::string_view variant, const CodecContext& context) {
+  if (!variant.empty()) {
+    return Status::InvalidArgument("bellows takes no variant (got 'bellows:" + std::string(variant) +
+                                   "'); the calibration file sets groups and ranks");
+  }
+  auto it = context.params.find("bellows");
+  if (it == context.params.end() || it->second.empty()) {
+    return Status::InvalidArgument(
+        "--kv-codec bellows needs a calibration file: --bellows FILE (make one with `keel bellows calibrate`)");
+  }
+  KEEL_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(it->second));
+  KEEL_RETURN_IF_ERROR(CheckCalibrationFits(cal, context.shape, context.model_checksum));
+  return MakeBellowsCodec(cal, context.shape);
+}
+
+}  // namespace keel::kv::bellows
