@@ -7,6 +7,7 @@
 
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/transformer.h"
+#include "keel/kv/rope.h"
 
 namespace keel::engine {
 
@@ -51,6 +52,43 @@ Result<std::vector<std::vector<int>>> CalibrationWindows(const std::string& path
                                    std::to_string(window) + " tokens");
   }
   return windows;
+}
+
+// Layer 0's pre-RoPE K (interleaved pairs) and V for every token id, computed with the forward
+// pass's own functions, so the values equal what it computes at run time bit for bit.
+std::vector<float> LayerZeroTable(const Model& model) {
+  const ModelConfig& c = model.config;
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), chunk = 256;
+  const LayerWeights& w = model.layers[0];
+  std::vector<float> table(static_cast<size_t>(c.vocab_size) * 2 * kvd);
+  std::vector<float> x(static_cast<size_t>(chunk) * dim), xn(x.size()), k(static_cast<size_t>(chunk) * kvd),
+      v(k.size()), tmp(hd);
+  const size_t row = DTypeSize(model.embedding.dtype) * dim;
+  for (int t0 = 0; t0 < c.vocab_size; t0 += chunk) {
+    const int m = std::min(chunk, c.vocab_size - t0);
+    for (int i = 0; i < m; ++i) {
+      ConvertToF32(model.embedding.dtype, static_cast<const uint8_t*>(model.embedding.data) + row * (t0 + i),
+                   &x[static_cast<size_t>(i) * dim], dim);
+      RmsNorm(&x[static_cast<size_t>(i) * dim], w.attn_norm, dim, c.rms_eps, &xn[static_cast<size_t>(i) * dim]);
+    }
+    MatMul(w.wk, xn.data(), m, k.data());
+    MatMul(w.wv, xn.data(), m, v.data());
+    for (int i = 0; i < m; ++i) {
+      float* kr = &k[static_cast<size_t>(i) * kvd];
+      float* vr = &v[static_cast<size_t>(i) * kvd];
+      for (int j = 0; j < kvd; ++j) {
+        if (w.bk) kr[j] += w.bk[j];
+        if (w.bv) vr[j] += w.bv[j];
+      }
+      if (c.rope_style == RopeStyle::kHalf) {
+        for (int h = 0; h < c.n_kv_heads; ++h) kv::ToInterleavedPairs(kr + h * hd, hd, tmp.data());
+      }
+      float* out = &table[static_cast<size_t>(t0 + i) * 2 * kvd];
+      std::copy(kr, kr + kvd, out);
+      std::copy(vr, vr + kvd, out + kvd);
+    }
+  }
+  return table;
 }
 
 std::vector<float> WidenToF32(const TensorView& t) {
@@ -144,7 +182,7 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
     tr.k.assign(t.k_pre, t.k_pre + static_cast<size_t>(t.n_rows) * c.kv_dim());
     tr.v.assign(t.v, t.v + static_cast<size_t>(t.n_rows) * c.kv_dim());
   });
-  std::vector<float> logits;
+  std::vector<float> logits, zeros;
   for (size_t w = 0; w < windows.size(); ++w) {
     const std::vector<int>& ids = windows[w];
     const SeqId seq = static_cast<SeqId>(w);
@@ -160,8 +198,16 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
       gsamp.dims = stats[g].dims();
       gsamp.n_rows = static_cast<int64_t>(ids.size());
       for (int i = 0; i < gsamp.dims.n_layers; ++i) {
-        const Trace& tr = traces[gsamp.dims.first_layer + i];
-        gsamp.layers.push_back(kb::LayerSamples{tr.x, tr.k, tr.v, tr.q, {}});
+        const int layer = gsamp.dims.first_layer + i;
+        const Trace& tr = traces[layer];
+        if (layer == 0 && o.token_table) {
+          // Layer 0 comes from the table: its targets are constant (zero), so the solver spends
+          // no rank on them, while its input still informs the latent of the later layers.
+          zeros.assign(tr.k.size(), 0.0f);
+          gsamp.layers.push_back(kb::LayerSamples{tr.x, zeros, zeros, tr.q, {}});
+        } else {
+          gsamp.layers.push_back(kb::LayerSamples{tr.x, tr.k, tr.v, tr.q, {}});
+        }
       }
       KEEL_RETURN_IF_ERROR(stats[g].Add(gsamp));
     }
@@ -192,6 +238,10 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
                           }));
     cal.groups.push_back(std::move(gm));
   }
+  if (o.token_table) {
+    cal.vocab = c.vocab_size;
+    cal.token_kv = LayerZeroTable(model);
+  }
   std::ostringstream method;
   const kb::SolveOptions& s0 = solve[0];
   method << "BellowsKV reduced-rank ridge regression; objective="
@@ -200,7 +250,7 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
          << (s0.rank > 0 ? "joint rank " + std::to_string(s0.rank)
                          : "split k " + std::to_string(s0.rank_k) + " + v " + std::to_string(s0.rank_v))
          << " (first group); ridge=" << o.ridge << "; calibration tokens=" << n_tokens << " from " << o.text_path
-         << " in windows of " << window;
+         << " in windows of " << window << (o.token_table ? "; layer 0 from a token table" : "");
   cal.method = method.str();
   return cal;
 }

@@ -29,6 +29,9 @@ struct BellowsCalibrationOptions {
   kv::bellows::Objective objective = kv::bellows::Objective::kAttentionAware;
   double ridge = 1e-6;
   bool equalize_blocks = false;
+  // Layer 0 from a token table (kv::bellows::Calibration::token_kv): exact, costs one 16-bit
+  // token id per token, and the latent serves the other layers only.
+  bool token_table = false;
 };
 
 // Progress of a long calibration: `stage` ("capture", "solve group i/n") and the fraction done.

@@ -30,6 +30,7 @@ Result<std::unique_ptr<kv::Codec>> MakeCacheCodec(const Model& model, const std:
   context.shape.dim = c.dim;
   context.shape.rope_theta = c.rope_theta;
   context.shape.max_positions = c.max_seq_len;
+  context.shape.vocab_size = c.vocab_size;
   context.model_checksum = model.checksum.hex();
   context.params = options.codec_params;
   return kv::MakeCodec(codec_spec, context);

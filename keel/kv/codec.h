@@ -48,6 +48,7 @@ struct KvShape {
   int dim = 0;                  // model hidden size: the width of a layer's input
   float rope_theta = 10000.0f;  // RoPE base; keys are rotated on interleaved pairs (rope.h)
   int max_positions = 0;        // the model's context length (0: unknown), for position tables
+  int vocab_size = 0;           // the model's vocabulary (0: unknown), for token-indexed tables
   int kv_dim() const { return n_kv_heads * head_dim; }
 };
 

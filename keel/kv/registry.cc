@@ -1,6 +1,8 @@
 #include "keel/kv/registry.h"
 
 #include "keel/kv/bellows/bellows_codec.h"
+#include "keel/kv/kivi/kivi_codec.h"
+#include "keel/kv/minicache/minicache_codec.h"
 #include "keel/kv/raw_codec.h"
 #include "keel/kv/zipfusion/zipfusion_codec.h"
 
@@ -21,6 +23,10 @@ Result<std::unique_ptr<Codec>> MakeZipFusion(std::string_view variant, const Cod
   return Status::InvalidArgument("unknown zipfusion dtype '" + std::string(variant) + "'; known: bf16, f16");
 }
 
+Result<std::unique_ptr<Codec>> MakeKivi(std::string_view variant, const CodecContext& context) {
+  return MakeKiviCodec(variant, context.shape);
+}
+
 }  // namespace
 
 const std::vector<CodecFamily>& CodecFamilies() {
@@ -28,6 +34,8 @@ const std::vector<CodecFamily>& CodecFamilies() {
       {"raw", "raw (= raw:f32), raw:f32, raw:bf16, raw:f16", MakeRaw},
       {"zipfusion", "zipfusion (= zipfusion:bf16), zipfusion:f16", MakeZipFusion},
       {"bellows", "bellows (with --bellows FILE)", bellows::MakeBellowsCodec},
+      {"minicache", "minicache, minicache:q4, minicache:[q4,]keepD", minicache::MakeMiniCacheCodec},
+      {"kivi", "kivi (= kivi:2), kivi:4", MakeKivi},
   };
   return families;
 }

@@ -34,14 +34,16 @@ class BellowsTest : public ::testing::Test {
     // to the bf16 latent. Ratio 8: a real lossy one.
     full_ = Calibrate(0, 256, "full.bkv");
     lossy_ = Calibrate(8.0, 0, "lossy.bkv");
+    table_ = Calibrate(0, 63, "table.bkv", /*token_table=*/true);
   }
   static void TearDownTestSuite() {
     delete model_;
     delete tok_;
     delete dir_;
   }
-  static std::string Calibrate(double ratio, int rank, const std::string& name) {
+  static std::string Calibrate(double ratio, int rank, const std::string& name, bool token_table = false) {
     BellowsCalibrationOptions o;
+    o.token_table = token_table;
     o.text_path = test::SharedDir() + "/data/text/train.txt";
     o.tokens = 4096;
     o.ratio = ratio;
@@ -90,12 +92,12 @@ class BellowsTest : public ::testing::Test {
   static Model* model_;
   static Tokenizer* tok_;
   static test::TempDir* dir_;
-  static std::string full_, lossy_;
+  static std::string full_, lossy_, table_;
 };
 Model* BellowsTest::model_ = nullptr;
 Tokenizer* BellowsTest::tok_ = nullptr;
 test::TempDir* BellowsTest::dir_ = nullptr;
-std::string BellowsTest::full_, BellowsTest::lossy_;
+std::string BellowsTest::full_, BellowsTest::lossy_, BellowsTest::table_;
 
 TEST_F(BellowsTest, FullRankCalibrationTracksRawKv) {
   const std::vector<int> ids = Text(120);
@@ -126,6 +128,39 @@ TEST_F(BellowsTest, LossyCalibrationStillPredictsMostlyAlikeAndIsEightTimesSmall
   std::printf("[ agree ] 8x: %d/120 top-1 agreement with raw:bf16\n", agree);
   EXPECT_GE(agree, 80) << "measured 95/120 with 4096 calibration tokens, plain objective";
   EXPECT_LT(agree, 120) << "a rank-64 latent cannot be lossless";
+}
+
+TEST_F(BellowsTest, TokenTableRestoresLayerZeroExactly) {
+  const std::vector<int> ids = Text(40);
+  auto raw = Cache("raw:f32", "");
+  auto bel = Cache("bellows", table_);
+  ASSERT_TRUE(raw && bel);
+  EXPECT_EQ(bel->ChunkValueBytes(), 16u * 64 * 2);  // token id + 63 latent values per token
+  Logits(*raw, ids, 40);
+  Logits(*bel, ids, 40);
+  const int kvd = model_->config.kv_dim();
+  std::vector<float> k1(kvd), v1(kvd), k2(kvd), v2(kvd);
+  int exact0 = 0, exact1 = 0;
+  for (int pos = 0; pos < 40; ++pos) {
+    for (int layer : {0, 1}) {
+      int s1, s2;
+      const uint8_t* b1 = raw->BlockFor(1, layer, pos, &s1);
+      const uint8_t* b2 = bel->BlockFor(1, layer, pos, &s2);
+      raw->codec().read_at(layer, b1, s1, pos, k1.data(), v1.data());
+      bel->codec().read_at(layer, b2, s2, pos, k2.data(), v2.data());
+      const bool same = std::memcmp(k1.data(), k2.data(), sizeof(float) * kvd) == 0 &&
+                        std::memcmp(v1.data(), v2.data(), sizeof(float) * kvd) == 0;
+      (layer == 0 ? exact0 : exact1) += same;
+    }
+  }
+  EXPECT_EQ(exact0, 40) << "layer 0 comes from the token table: bit for bit";
+  EXPECT_LT(exact1, 5) << "layer 1 comes from the latent: lossy";
+  // A fetched block naming a token outside the vocabulary is refused.
+  std::vector<uint8_t> block(bel->codec().block_bytes(0), 0);
+  reinterpret_cast<uint16_t*>(block.data())[64 * 3] = 600;  // slot 3's token id
+  auto v = bel->codec().validate_stored(0, block.data(), block.size());
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("outside the vocabulary"), std::string::npos) << v.status().message();
 }
 
 TEST_F(BellowsTest, PrefillChunksAndDecodeGiveIdenticalLogitsAndCache) {

@@ -63,6 +63,8 @@ Calibration Sample(uint64_t seed = 1) {
     }
     c.groups.push_back(gr);
   }
+  c.vocab = 5;
+  c.token_kv = fill(static_cast<size_t>(c.vocab) * 2 * kv);
   return c;
 }
 
@@ -204,12 +206,44 @@ TEST(BellowsCalibration, EveryTruncationIsRejected) {
 TEST(BellowsCalibration, TrailingBytesAreRejected) {
   const std::string b = Bytes(Sample());
   ExpectCorrupt(b + "x", "1 trailing bytes", b.size());
-  // Also when total_bytes is patched to cover them (and the checksum resealed): the groups end
-  // before the trailer.
+  // Also when total_bytes is patched to cover them (and the checksum resealed): the token table
+  // ends before the trailer.
   std::string longer = b.substr(0, b.size() - 16) + std::string(4, '\0') + std::string(16, '\0');
   Put<uint64_t>(longer, kOffTotal, longer.size());
   Reseal(longer);
-  ExpectCorrupt(longer, "4 unexpected bytes after the last group", b.size() - 16);
+  ExpectCorrupt(longer, "4 unexpected bytes after the token table", b.size() - 16);
+}
+
+TEST(BellowsCalibration, TokenTableIsCheckedLikeEveryOtherArray) {
+  const Calibration c = Sample();
+  const std::string b = Bytes(c);
+  const size_t table_bytes = c.token_kv.size() * sizeof(float);
+  const size_t vocab_off = b.size() - 16 - table_bytes - 4;
+  // NaN inside the table, checksum resealed.
+  std::string nan = b;
+  Put<float>(nan, vocab_off + 4 + 8, std::numeric_limits<float>::quiet_NaN());
+  Reseal(nan);
+  ExpectCorrupt(nan, "token table[2] is NaN", vocab_off + 4 + 8);
+  // A hostile vocabulary: refused before anything is allocated.
+  std::string huge = b;
+  Put<uint32_t>(huge, vocab_off, 1u << 30);
+  Reseal(huge);
+  ExpectCorrupt(huge, "token table vocab", vocab_off);
+  // A vocabulary larger than the bytes that follow.
+  std::string big = b;
+  Put<uint32_t>(big, vocab_off, 6);
+  Reseal(big);
+  ExpectCorrupt(big, "truncated: token table", vocab_off + 4);
+  // In memory: the table must have vocab x 2 x kv_dim values.
+  Calibration short_table = c;
+  short_table.token_kv.pop_back();
+  EXPECT_FALSE(ValidateCalibration(short_table).ok());
+  Calibration none = c;
+  none.vocab = 0;
+  none.token_kv.clear();
+  auto parsed = ParseCalibration(Bytes(none), "none.bkv");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->vocab, 0);
 }
 
 TEST(BellowsCalibration, AnyFlippedByteIsRejected) {
@@ -280,7 +314,9 @@ TEST(BellowsCalibration, NonFiniteValuesAreRejectedEvenWithAValidChecksum) {
 }
 
 TEST(BellowsCalibration, HostileSizesAreRejectedBeforeAllocating) {
-  const Calibration c = Sample();
+  Calibration c = Sample();
+  c.vocab = 0;  // the offsets below assume nothing after the groups
+  c.token_kv.clear();
   const size_t g0 = Group0(c);
   auto patched = [&](size_t off, uint32_t v) {
     std::string b = Bytes(c);

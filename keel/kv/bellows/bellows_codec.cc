@@ -32,17 +32,15 @@ class BellowsCodec final : public Codec {
         rope_sin_[static_cast<size_t>(p) * half + j] = std::sin(val);
       }
     }
-    max_rank_ = 0;
-    for (const CalibrationGroup& g : cal_.groups) max_rank_ = std::max(max_rank_, g.rank);
+    // Group 0 stores each token's id first when layer 0 comes from the token table.
+    id_slots_ = cal_.vocab == 0 ? 0 : cal_.vocab <= 65536 ? 1 : 2;
   }
 
   std::string spec() const override { return "bellows"; }
   std::string fingerprint() const override { return fingerprint_; }
   const KvShape& shape() const override { return shape_; }
   int group_size() const override { return cal_.group_size; }
-  size_t block_bytes(int group) const override {
-    return RoundUp(2ull * shape_.block_tokens * cal_.groups[group].rank, 16);
-  }
+  size_t block_bytes(int group) const override { return RoundUp(2ull * shape_.block_tokens * Stride(group), 16); }
   bool stores_at_group_end() const override { return true; }
 
   void append(int, uint8_t*, int, const float*, const float*) const override {
@@ -61,8 +59,14 @@ class BellowsCodec final : public Codec {
       const float* c = &g.compress[static_cast<size_t>(i) * dim * r];
       for (int d = 0; d < dim; ++d) AxpyF32(x[d] - mean[d], c + static_cast<size_t>(d) * r, z, r);
     }
-    uint16_t* out = reinterpret_cast<uint16_t*>(block) + static_cast<size_t>(slot) * r;
-    for (int j = 0; j < r; ++j) out[j] = F32ToBf16(z[j]);
+    uint16_t* out = reinterpret_cast<uint16_t*>(block) + static_cast<size_t>(slot) * Stride(group);
+    const int ids = IdSlots(group);
+    if (ids > 0) {
+      const uint32_t id = static_cast<uint32_t>(layers[0].token);
+      out[0] = static_cast<uint16_t>(id);
+      if (ids == 2) out[1] = static_cast<uint16_t>(id >> 16);
+    }
+    for (int j = 0; j < r; ++j) out[ids + j] = F32ToBf16(z[j]);
   }
 
   void attend(int layer, const uint8_t* const* blocks, int n_tokens, const float* q, float* out,
@@ -75,29 +79,40 @@ class BellowsCodec final : public Codec {
     const int group = group_of(layer), in_group = layer - first_layer(group);
     const CalibrationGroup& g = cal_.groups[group];
     const LayerRestore& lr = g.layers[in_group];
+    const bool from_table = layer == 0 && cal_.vocab > 0;
     const int hd = shape_.head_dim, kvd = shape_.kv_dim(), nh = shape_.n_heads, bt = shape_.block_tokens;
-    const int per_kv = nh / shape_.n_kv_heads, r = g.rank;
-    const int nk = g.k_end - g.k_begin, nv = g.v_end - g.v_begin;
+    const int per_kv = nh / shape_.n_kv_heads, stride = Stride(group), ids = IdSlots(group);
+    // Table layers read V rows directly; latent layers weight latents and restore V once per head.
+    const int nk = g.k_end - g.k_begin, nv = from_table ? 0 : g.v_end - g.v_begin;
     const int n = n_stored + n_pending;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    // Scratch: scores [nh][n], restored keys of one block [bt][kvd], its latents [bt][r],
-    // weighted latent sums [nh][nv].
+    // Scratch: scores [nh][n], restored keys (and table values) of one block [bt][kvd] each, its
+    // records [bt][stride], weighted latent sums [nh][nv].
     const size_t n_pad = RoundUp(static_cast<size_t>(n), 8);
-    float* p = scratch.get(nh * n_pad + static_cast<size_t>(bt) * kvd + static_cast<size_t>(bt) * r +
+    float* p = scratch.get(nh * n_pad + 2 * static_cast<size_t>(bt) * kvd + static_cast<size_t>(bt) * stride +
                            static_cast<size_t>(nh) * nv + 64);
     float* kblk = p + nh * n_pad;
-    float* zblk = kblk + static_cast<size_t>(bt) * kvd;
-    float* zacc = zblk + static_cast<size_t>(bt) * r;
+    float* vblk = kblk + static_cast<size_t>(bt) * kvd;
+    float* zblk = vblk + static_cast<size_t>(bt) * kvd;
+    float* zacc = zblk + static_cast<size_t>(bt) * stride;
     const int n_blocks = (n_stored + bt - 1) / bt;
     for (int b = 0; b < n_blocks; ++b) {
       const int t0 = b * bt, m = std::min(bt, n_stored - t0);
-      DecodeLatents(blocks[b], m, r, zblk);
-      for (int t = 0; t < m; ++t) {
-        float* k = kblk + static_cast<size_t>(t) * kvd;
-        std::memcpy(k, lr.k_mean.data(), sizeof(float) * kvd);
-        const float* z = zblk + static_cast<size_t>(t) * r + g.k_begin;
-        for (int j = 0; j < nk; ++j) AxpyF32(z[j], &lr.rk[static_cast<size_t>(j) * kvd], k, kvd);
-        Rope(k, t0 + t);
+      if (from_table) {
+        for (int t = 0; t < m; ++t) {
+          const float* row = TableRow(blocks[b], t);
+          std::memcpy(kblk + static_cast<size_t>(t) * kvd, row, sizeof(float) * kvd);
+          Rope(kblk + static_cast<size_t>(t) * kvd, t0 + t);
+        }
+      } else {
+        DecodeRecords(blocks[b], m, stride, zblk);
+        for (int t = 0; t < m; ++t) {
+          float* k = kblk + static_cast<size_t>(t) * kvd;
+          std::memcpy(k, lr.k_mean.data(), sizeof(float) * kvd);
+          const float* z = zblk + static_cast<size_t>(t) * stride + ids + g.k_begin;
+          for (int j = 0; j < nk; ++j) AxpyF32(z[j], &lr.rk[static_cast<size_t>(j) * kvd], k, kvd);
+          Rope(k, t0 + t);
+        }
       }
       for (int h = 0; h < nh; ++h) {
         const float* qh = q + static_cast<size_t>(h) * hd;
@@ -115,28 +130,46 @@ class BellowsCodec final : public Codec {
       }
       SoftmaxF32(ph, n);
     }
-    // Values: weight the latents, restore once per head.
-    std::fill(zacc, zacc + static_cast<size_t>(nh) * nv, 0.0f);
-    for (int b = 0; b < n_blocks; ++b) {
-      const int t0 = b * bt, m = std::min(bt, n_stored - t0);
-      DecodeLatents(blocks[b], m, r, zblk);
+    for (int h = 0; h < nh; ++h) std::fill(out + static_cast<size_t>(h) * hd, out + static_cast<size_t>(h + 1) * hd, 0.0f);
+    if (from_table) {
+      for (int b = 0; b < n_blocks; ++b) {
+        const int t0 = b * bt, m = std::min(bt, n_stored - t0);
+        for (int h = 0; h < nh; ++h) {
+          const int off = (h / per_kv) * hd;
+          for (int t = 0; t < m; ++t) {
+            AxpyF32(p[h * n_pad + t0 + t], TableRow(blocks[b], t) + kvd + off, out + static_cast<size_t>(h) * hd, hd);
+          }
+        }
+      }
+    } else {
+      // Values: weight the latents, restore once per head.
+      std::fill(zacc, zacc + static_cast<size_t>(nh) * nv, 0.0f);
+      for (int b = 0; b < n_blocks; ++b) {
+        const int t0 = b * bt, m = std::min(bt, n_stored - t0);
+        DecodeRecords(blocks[b], m, stride, zblk);
+        for (int h = 0; h < nh; ++h) {
+          const float* ph = p + h * n_pad + t0;
+          float* acc = zacc + static_cast<size_t>(h) * nv;
+          for (int t = 0; t < m; ++t) AxpyF32(ph[t], zblk + static_cast<size_t>(t) * stride + ids + g.v_begin, acc, nv);
+        }
+      }
       for (int h = 0; h < nh; ++h) {
-        const float* ph = p + h * n_pad + t0;
-        float* acc = zacc + static_cast<size_t>(h) * nv;
-        for (int t = 0; t < m; ++t) AxpyF32(ph[t], zblk + static_cast<size_t>(t) * r + g.v_begin, acc, nv);
+        const float* ph = p + h * n_pad;
+        const int off = (h / per_kv) * hd;
+        float* o = out + static_cast<size_t>(h) * hd;
+        float stored_mass = 0.0f;
+        for (int t = 0; t < n_stored; ++t) stored_mass += ph[t];
+        for (int d = 0; d < hd; ++d) o[d] = stored_mass * lr.v_mean[off + d];
+        const float* acc = zacc + static_cast<size_t>(h) * nv;
+        if (n_stored > 0) {
+          for (int j = 0; j < nv; ++j) AxpyF32(acc[j], &lr.rv[static_cast<size_t>(j) * kvd + off], o, hd);
+        }
       }
     }
     for (int h = 0; h < nh; ++h) {
       const float* ph = p + h * n_pad;
       const int off = (h / per_kv) * hd;
       float* o = out + static_cast<size_t>(h) * hd;
-      float stored_mass = 0.0f;
-      for (int t = 0; t < n_stored; ++t) stored_mass += ph[t];
-      for (int d = 0; d < hd; ++d) o[d] = stored_mass * lr.v_mean[off + d];
-      const float* acc = zacc + static_cast<size_t>(h) * nv;
-      if (n_stored > 0) {
-        for (int j = 0; j < nv; ++j) AxpyF32(acc[j], &lr.rv[static_cast<size_t>(j) * kvd + off], o, hd);
-      }
       for (int t = 0; t < n_pending; ++t) AxpyF32(ph[n_stored + t], pending_v + static_cast<size_t>(t) * kvd + off, o, hd);
     }
   }
@@ -156,21 +189,39 @@ class BellowsCodec final : public Codec {
       return Status::Corruption("bellows block of layer group " + std::to_string(group) + ": " + std::to_string(size) +
                                 " bytes, expected " + std::to_string(want));
     }
-    const auto* z = reinterpret_cast<const uint16_t*>(data);
-    const size_t n = static_cast<size_t>(shape_.block_tokens) * cal_.groups[group].rank;
-    for (size_t i = 0; i < n; ++i) {
-      if ((z[i] & 0x7f80) == 0x7f80) {
-        return Status::Corruption("bellows block of layer group " + std::to_string(group) +
-                                  ": latent value at byte " + std::to_string(2 * i) + " is not finite");
+    const auto* rec = reinterpret_cast<const uint16_t*>(data);
+    const int stride = Stride(group), ids = IdSlots(group);
+    for (int t = 0; t < shape_.block_tokens; ++t, rec += stride) {
+      if (ids > 0 && TokenId(rec, ids) >= static_cast<uint32_t>(cal_.vocab)) {
+        return Status::Corruption("bellows block of layer group " + std::to_string(group) + ": token id " +
+                                  std::to_string(TokenId(rec, ids)) + " of slot " + std::to_string(t) +
+                                  " outside the vocabulary of " + std::to_string(cal_.vocab));
+      }
+      for (int j = ids; j < stride; ++j) {
+        if ((rec[j] & 0x7f80) == 0x7f80) {
+          return Status::Corruption("bellows block of layer group " + std::to_string(group) + ": latent value at byte " +
+                                    std::to_string(2 * (t * stride + j)) + " is not finite");
+        }
       }
     }
     return want;
   }
 
  private:
-  void DecodeLatents(const uint8_t* block, int m, int r, float* z) const {
-    const auto* src = reinterpret_cast<const uint16_t*>(block);
-    ConvertToF32(DType::kBF16, src, z, static_cast<size_t>(m) * r);
+  int IdSlots(int group) const { return group == 0 ? id_slots_ : 0; }
+  // uint16 values per token: the token id (group 0 with a token table) then the bf16 latent.
+  int Stride(int group) const { return IdSlots(group) + cal_.groups[group].rank; }
+  static uint32_t TokenId(const uint16_t* rec, int ids) {
+    return ids == 2 ? rec[0] | (static_cast<uint32_t>(rec[1]) << 16) : rec[0];
+  }
+  // Layer 0's table row (k_pre then v) of the token in `slot` of a group-0 block.
+  const float* TableRow(const uint8_t* block, int slot) const {
+    const auto* rec = reinterpret_cast<const uint16_t*>(block) + static_cast<size_t>(slot) * Stride(0);
+    return &cal_.token_kv[static_cast<size_t>(TokenId(rec, id_slots_)) * 2 * shape_.kv_dim()];
+  }
+  // `m` records of `stride` uint16 values widened as bf16 (id slots included; callers skip them).
+  void DecodeRecords(const uint8_t* block, int m, int stride, float* z) const {
+    ConvertToF32(DType::kBF16, reinterpret_cast<const uint16_t*>(block), z, static_cast<size_t>(m) * stride);
   }
   void Rope(float* k, int pos) const {
     const int hd = shape_.head_dim, half = hd / 2;
@@ -193,10 +244,18 @@ class BellowsCodec final : public Codec {
     const int group = group_of(layer);
     const CalibrationGroup& g = cal_.groups[group];
     const LayerRestore& lr = g.layers[layer - first_layer(group)];
-    const int kvd = shape_.kv_dim(), r = g.rank;
-    thread_local std::vector<float> z;
-    z.resize(r);
-    DecodeLatents(block + static_cast<size_t>(slot) * r * 2, 1, r, z.data());
+    const int kvd = shape_.kv_dim(), stride = Stride(group);
+    if (layer == 0 && cal_.vocab > 0) {
+      const float* row = TableRow(block, slot);
+      std::memcpy(k, row, sizeof(float) * kvd);
+      std::memcpy(v, row + kvd, sizeof(float) * kvd);
+      if (pos >= 0) Rope(k, pos);
+      return;
+    }
+    thread_local std::vector<float> rec;
+    rec.resize(stride);
+    DecodeRecords(block + static_cast<size_t>(slot) * stride * 2, 1, stride, rec.data());
+    const float* z = rec.data() + IdSlots(group);
     std::memcpy(k, lr.k_mean.data(), sizeof(float) * kvd);
     std::memcpy(v, lr.v_mean.data(), sizeof(float) * kvd);
     for (int j = g.k_begin; j < g.k_end; ++j) AxpyF32(z[j], &lr.rk[static_cast<size_t>(j - g.k_begin) * kvd], k, kvd);
@@ -210,7 +269,7 @@ class BellowsCodec final : public Codec {
   std::vector<float> freq_;
   int rope_positions_ = 0;
   std::vector<float> rope_cos_, rope_sin_;  // [position][head_dim/2]
-  int max_rank_ = 0;
+  int id_slots_ = 0;
 };
 
 }  // namespace
@@ -224,6 +283,10 @@ Result<std::unique_ptr<Codec>> MakeBellowsCodec(const Calibration& calibration, 
                                    std::to_string(calibration.n_layers) + " layers, dim " +
                                    std::to_string(calibration.dim) + ", " + std::to_string(calibration.n_kv_heads) +
                                    " KV heads of " + std::to_string(calibration.head_dim) + ")");
+  }
+  if (calibration.vocab > 0 && calibration.vocab != shape.vocab_size) {
+    return Status::InvalidArgument("bellows calibration's token table covers " + std::to_string(calibration.vocab) +
+                                   " tokens, the model's vocabulary has " + std::to_string(shape.vocab_size));
   }
   KvShape s = shape;
   s.dim = calibration.dim;

@@ -147,6 +147,8 @@ std::string Encode(const Calibration& c) {
       w.floats(l.rv);
     }
   }
+  w.pod<uint32_t>(static_cast<uint32_t>(c.vocab));
+  w.floats(c.token_kv);
   std::string& s = w.str();
   const uint64_t total = s.size() + kTrailerBytes;
   std::memcpy(s.data() + 16, &total, 8);
@@ -302,8 +304,16 @@ Status ParseBody(Reader& r, Calibration* c) {
   }
   c->groups.resize(static_cast<size_t>(n_groups));
   for (int g = 0; g < n_groups; ++g) KEEL_RETURN_IF_ERROR(ParseGroup(r, *c, g, &c->groups[g]));
+  const size_t vocab_off = r.offset();
+  KEEL_RETURN_IF_ERROR(r.I32("token table vocab", &c->vocab));
+  if (c->vocab < 0 || c->vocab > kMaxVocab) {
+    return r.Corrupt(vocab_off, "token table vocab " + std::to_string(c->vocab) + " outside 0.." +
+                                    std::to_string(kMaxVocab));
+  }
+  KEEL_RETURN_IF_ERROR(
+      r.Floats("token table", static_cast<uint64_t>(c->vocab) * 2 * static_cast<uint64_t>(c->kv_dim()), &c->token_kv));
   if (r.remaining() != 0) {
-    return r.Corrupt(r.offset(), std::to_string(r.remaining()) + " unexpected bytes after the last group");
+    return r.Corrupt(r.offset(), std::to_string(r.remaining()) + " unexpected bytes after the token table");
   }
   return Status::Ok();
 }
@@ -384,6 +394,16 @@ Status ValidateCalibration(const Calibration& c) {
         if (!std::isfinite(e) || e < 0.f) return bad(at + lf + "has an error figure that is not finite and >= 0");
       }
     }
+  }
+  if (c.vocab < 0 || c.vocab > kMaxVocab) {
+    return bad("token table vocab " + std::to_string(c.vocab) + " outside 0.." + std::to_string(kMaxVocab));
+  }
+  if (c.token_kv.size() != static_cast<size_t>(c.vocab) * 2 * kv) {
+    return bad("token table has " + std::to_string(c.token_kv.size()) + " values, expected vocab " +
+               std::to_string(c.vocab) + " x 2 x kv_dim " + std::to_string(kv));
+  }
+  if (const int64_t i = FirstNonFinite(c.token_kv.data(), c.token_kv.size()); i >= 0) {
+    return bad("token table[" + std::to_string(i) + "] is " + NonFiniteName(c.token_kv[i]));
   }
   return Status::Ok();
 }

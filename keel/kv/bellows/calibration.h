@@ -29,6 +29,9 @@
 //       f32  errors[4]      k_rel, v_rel, k_weighted_rel, v_weighted_rel (LayerErrors)
 //       f32  k_mean[kv_dim], v_mean[kv_dim]
 //       f32  rk[k_end-k_begin][kv_dim], rv[v_end-v_begin][kv_dim]
+//   token table (layer 0 by token id; see Calibration::token_kv)
+//     u32    vocab          0: none
+//     f32    token_kv[vocab][2*kv_dim]
 //   trailer
 //     u64    lo, hi         XXH3-128 of every byte before the trailer
 // Invariants checked by every reader and writer: groups are [i*group_size, ...) covering the
@@ -57,6 +60,7 @@ inline constexpr int kMaxHeads = 4096;
 inline constexpr int kMaxHeadDim = 4096;
 inline constexpr int kMaxRank = 65536;
 inline constexpr uint32_t kMaxMethodBytes = 1 << 16;
+inline constexpr int kMaxVocab = 1 << 20;
 
 // Reconstruction errors measured on the calibration samples, relative to the centered energy of
 // the target (so 0 = exact, 1 = no better than the mean). "weighted" is the same under the
@@ -101,6 +105,12 @@ struct Calibration {
   int group_size = 0;      // layers per group (the last group may be shorter)
   std::string method;      // how it was solved (objective, ranks, ridge, tokens): for people
   std::vector<CalibrationGroup> groups;
+  // Layer 0's input is a function of the token id alone (its RMSNorm'd embedding), so its K
+  // (before RoPE) and V are too: with this table (vocab > 0) the codec stores the token id and
+  // reads layer 0 exactly from here instead of restoring it from the latent, and the latent is
+  // fitted to the other layers only. token_kv[t] = k_pre (kv_dim) then v (kv_dim) of token t.
+  int vocab = 0;
+  std::vector<float> token_kv;
 
   int kv_dim() const { return n_kv_heads * head_dim; }
 };
