@@ -140,7 +140,7 @@ TEST_F(BellowsTest, TokenTableRestoresLayerZeroExactly) {
   Logits(*bel, ids, 40);
   const int kvd = model_->config.kv_dim();
   std::vector<float> k1(kvd), v1(kvd), k2(kvd), v2(kvd);
-  int exact0 = 0, exact1 = 0;
+  int exact0 = 0, exact1 = 0, v_exact0 = 0;
   for (int pos = 0; pos < 40; ++pos) {
     for (int layer : {0, 1}) {
       int s1, s2;
@@ -151,8 +151,10 @@ TEST_F(BellowsTest, TokenTableRestoresLayerZeroExactly) {
       const bool same = std::memcmp(k1.data(), k2.data(), sizeof(float) * kvd) == 0 &&
                         std::memcmp(v1.data(), v2.data(), sizeof(float) * kvd) == 0;
       (layer == 0 ? exact0 : exact1) += same;
+      if (layer == 0) v_exact0 += std::memcmp(v1.data(), v2.data(), sizeof(float) * kvd) == 0;
     }
   }
+  EXPECT_EQ(v_exact0, 40) << "layer 0's V comes from the token table: bit for bit";
   EXPECT_EQ(exact0, 40) << "layer 0 comes from the token table: bit for bit";
   EXPECT_LT(exact1, 5) << "layer 1 comes from the latent: lossy";
   // A fetched block naming a token outside the vocabulary is refused.

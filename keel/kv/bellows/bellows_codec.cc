@@ -19,18 +19,13 @@ class BellowsCodec final : public Codec {
     fingerprint_ = "bellows:v1;calibration=" + CalibrationFingerprint(cal_) + ";bt=" +
                    std::to_string(shape_.block_tokens) + ";latent=bf16";
     const int half = shape_.head_dim / 2;
-    freq_.resize(half);
-    for (int j = 0; j < half; ++j) freq_[j] = RopeFrequency(j, shape_.head_dim, shape_.rope_theta);
     // cos/sin for every position of the context, computed as the engine computes them.
     rope_positions_ = std::max(0, shape_.max_positions);
     rope_cos_.resize(static_cast<size_t>(rope_positions_) * half);
     rope_sin_.resize(rope_cos_.size());
     for (int p = 0; p < rope_positions_; ++p) {
-      for (int j = 0; j < half; ++j) {
-        const float val = static_cast<float>(p) * freq_[j];
-        rope_cos_[static_cast<size_t>(p) * half + j] = std::cos(val);
-        rope_sin_[static_cast<size_t>(p) * half + j] = std::sin(val);
-      }
+      RopeAngles(shape_.head_dim, p, shape_.rope_theta, &rope_cos_[static_cast<size_t>(p) * half],
+                 &rope_sin_[static_cast<size_t>(p) * half]);
     }
     // Group 0 stores each token's id first when layer 0 comes from the token table.
     id_slots_ = cal_.vocab == 0 ? 0 : cal_.vocab <= 65536 ? 1 : 2;
@@ -225,20 +220,15 @@ class BellowsCodec final : public Codec {
   }
   void Rope(float* k, int pos) const {
     const int hd = shape_.head_dim, half = hd / 2;
+    float cs_buf[256], sn_buf[256];
+    const float *cs = cs_buf, *sn = sn_buf;
     if (pos < rope_positions_) {
-      const float* cs = &rope_cos_[static_cast<size_t>(pos) * half];
-      const float* sn = &rope_sin_[static_cast<size_t>(pos) * half];
-      for (int h = 0; h < shape_.n_kv_heads; ++h) {
-        float* v = k + static_cast<size_t>(h) * hd;
-        for (int j = 0; j < half; ++j) {
-          const float v0 = v[2 * j], v1 = v[2 * j + 1];
-          v[2 * j] = v0 * cs[j] - v1 * sn[j];
-          v[2 * j + 1] = v0 * sn[j] + v1 * cs[j];
-        }
-      }
+      cs = &rope_cos_[static_cast<size_t>(pos) * half];
+      sn = &rope_sin_[static_cast<size_t>(pos) * half];
     } else {
-      for (int h = 0; h < shape_.n_kv_heads; ++h) RopeInterleaved(k + static_cast<size_t>(h) * hd, hd, pos, shape_.rope_theta);
+      RopeAngles(hd, pos, shape_.rope_theta, cs_buf, sn_buf);
     }
+    for (int h = 0; h < shape_.n_kv_heads; ++h) RotatePairs(k + static_cast<size_t>(h) * hd, hd, cs, sn);
   }
   void Restore(int layer, const uint8_t* block, int slot, int pos, float* k, float* v) const {
     const int group = group_of(layer);
@@ -266,7 +256,6 @@ class BellowsCodec final : public Codec {
   Calibration cal_;
   KvShape shape_;
   std::string fingerprint_;
-  std::vector<float> freq_;
   int rope_positions_ = 0;
   std::vector<float> rope_cos_, rope_sin_;  // [position][head_dim/2]
   int id_slots_ = 0;
@@ -284,6 +273,7 @@ Result<std::unique_ptr<Codec>> MakeBellowsCodec(const Calibration& calibration, 
                                    std::to_string(calibration.dim) + ", " + std::to_string(calibration.n_kv_heads) +
                                    " KV heads of " + std::to_string(calibration.head_dim) + ")");
   }
+  if (shape.head_dim > 512) return Status::InvalidArgument("bellows: head_dim above 512 is not supported");
   if (calibration.vocab > 0 && calibration.vocab != shape.vocab_size) {
     return Status::InvalidArgument("bellows calibration's token table covers " + std::to_string(calibration.vocab) +
                                    " tokens, the model's vocabulary has " + std::to_string(shape.vocab_size));
