@@ -34,7 +34,7 @@ const std::vector<CodecFamily>& CodecFamilies() {
       {"raw", "raw (= raw:f32), raw:f32, raw:bf16, raw:f16", MakeRaw},
       {"zipfusion", "zipfusion (= zipfusion:bf16), zipfusion:f16", MakeZipFusion},
       {"bellows", "bellows (with --bellows FILE)", bellows::MakeBellowsCodec},
-      {"minicache", "minicache, minicache:q4, minicache:[q4,]keepD", minicache::MakeMiniCacheCodec},
+      {"minicache", "minicache, minicache:q4 (options q4, keepD, fromL)", minicache::MakeMiniCacheCodec},
       {"kivi", "kivi (= kivi:2), kivi:4", MakeKivi},
   };
   return families;
