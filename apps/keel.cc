@@ -556,6 +556,7 @@ int main(int argc, char** argv) {
   bw_cal->add_option("--k-fraction", bw.o.k_fraction, "with --ratio: split the latent, this fraction restoring K (0 = joint latent)")->capture_default_str()->check(CLI::Range(0.0, 0.99));
   bw_cal->add_option("--objective", bw.objective, "plain (K/V squared error) or attention (K error weighted by query energy, V error by the output projection)")->capture_default_str()->check(CLI::IsMember({"plain", "attention"}));
   bw_cal->add_flag("--token-table", bw.o.token_table, "layer 0 exactly from a per-token table (its input is the token's embedding): one 16-bit token id per token instead of latent width for layer 0");
+  bw_cal->add_flag("--input-pca", bw.o.input_pca, "baseline: per layer, a PCA of the layer input restored through Wk/Wv (store the input instead of K/V)");
   bw_cal->add_flag("--equalize", bw.o.equalize_blocks, "weigh every layer's K and V block equally (a sum of relative errors)");
   bw_cal->add_option("--ridge", bw.o.ridge, "ridge term, relative to the mean variance of the inputs")->capture_default_str()->check(CLI::NonNegativeNumber);
   bw_cal->add_option("--tokens", bw.o.tokens, "calibration tokens to run")->capture_default_str()->check(CLI::PositiveNumber);

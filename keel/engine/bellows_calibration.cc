@@ -130,10 +130,60 @@ Result<kb::SolveOptions> BellowsSolveOptions(const Model& model, int layers, con
   return so;
 }
 
+namespace {
+
+// One layer's group from a PCA of its input: z = (x - x_mean) C, x ~ x_mean + z R, and
+// K/V = x~ Wk^T (+bias) / x~ Wv^T, so k_mean = Wk x_mean + bk and rk = R Wk^T (rows of R through
+// the same MatMul the forward pass uses).
+Result<kb::CalibrationGroup> InputPcaGroup(const Model& model, int layer, const std::vector<float>& x, int64_t rows,
+                                           int rank) {
+  const ModelConfig& c = model.config;
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim();
+  KEEL_ASSIGN_OR_RETURN(kb::InputPca pca, kb::SolveInputPca(x, rows, dim, rank));
+  const LayerWeights& w = model.layers[layer];
+  kb::CalibrationGroup g;
+  g.first_layer = layer;
+  g.n_layers = 1;
+  g.rank = rank;
+  g.k_begin = g.v_begin = 0;
+  g.k_end = g.v_end = rank;
+  g.x_mean = pca.x_mean;
+  g.compress = pca.compress;
+  kb::LayerRestore lr;
+  lr.k_mean.resize(kvd);
+  lr.v_mean.resize(kvd);
+  MatMul(w.wk, pca.x_mean.data(), 1, lr.k_mean.data());
+  MatMul(w.wv, pca.x_mean.data(), 1, lr.v_mean.data());
+  lr.rk.resize(static_cast<size_t>(rank) * kvd);
+  lr.rv.resize(lr.rk.size());
+  MatMul(w.wk, pca.restore.data(), rank, lr.rk.data());
+  MatMul(w.wv, pca.restore.data(), rank, lr.rv.data());
+  for (int j = 0; j < kvd; ++j) {
+    if (w.bk) lr.k_mean[j] += w.bk[j];
+    if (w.bv) lr.v_mean[j] += w.bv[j];
+  }
+  if (c.rope_style == RopeStyle::kHalf) {
+    std::vector<float> tmp(hd);
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      kv::ToInterleavedPairs(&lr.k_mean[h * hd], hd, tmp.data());
+      for (int r = 0; r < rank; ++r) kv::ToInterleavedPairs(&lr.rk[static_cast<size_t>(r) * kvd + h * hd], hd, tmp.data());
+    }
+  }
+  lr.errors.k_rel = lr.errors.v_rel = lr.errors.k_weighted_rel = lr.errors.v_weighted_rel = pca.rel_err;
+  g.layers.push_back(std::move(lr));
+  return g;
+}
+
+}  // namespace
+
 Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& tokenizer,
                                          const BellowsCalibrationOptions& o, const CalibrationProgress& progress) {
   const ModelConfig& c = model.config;
-  const int gs = o.group_size == 0 ? c.n_layers : o.group_size;
+  if (o.input_pca && (o.group_size > 1 || o.token_table || o.rank_k > 0 || o.rank_v > 0)) {
+    return Status::InvalidArgument("bellows calibration: --input-pca is per layer with one rank (--rank or --ratio), "
+                                   "without --group-size, --token-table or split ranks");
+  }
+  const int gs = o.input_pca ? 1 : o.group_size == 0 ? c.n_layers : o.group_size;
   if (gs < 1 || gs > c.n_layers) {
     return Status::InvalidArgument("bellows calibration: --group-size " + std::to_string(o.group_size) +
                                    " outside 1.." + std::to_string(c.n_layers) + " (the model's layers)");
@@ -183,6 +233,7 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
     tr.v.assign(t.v, t.v + static_cast<size_t>(t.n_rows) * c.kv_dim());
   });
   std::vector<float> logits, zeros;
+  std::vector<std::vector<float>> inputs(o.input_pca ? c.n_layers : 0);  // input_pca: every layer's x
   for (size_t w = 0; w < windows.size(); ++w) {
     const std::vector<int>& ids = windows[w];
     const SeqId seq = static_cast<SeqId>(w);
@@ -193,7 +244,10 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
     for (size_t i = 0; i < ids.size(); ++i) batch[i] = BatchToken{seq, ids[i], static_cast<int>(i), false};
     KEEL_RETURN_IF_ERROR(tf.Forward(batch, *cache, logits));
     cache->Release(seq);
-    for (int g = 0; g < n_groups; ++g) {
+    for (int l = 0; l < static_cast<int>(inputs.size()); ++l) {
+      inputs[l].insert(inputs[l].end(), traces[l].x.begin(), traces[l].x.end());
+    }
+    for (int g = 0; g < n_groups && !o.input_pca; ++g) {
       kb::GroupSamples gsamp;
       gsamp.dims = stats[g].dims();
       gsamp.n_rows = static_cast<int64_t>(ids.size());
@@ -224,7 +278,18 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
   cal.rope_theta = c.rope_theta;
   cal.group_size = gs;
   const int64_t n_tokens = static_cast<int64_t>(windows.size()) * window;
-  for (int g = 0; g < n_groups; ++g) {
+  for (int g = 0; g < n_groups && o.input_pca; ++g) {
+    const int rank = solve[g].rank;
+    if (rank > c.dim) {
+      return Status::InvalidArgument("bellows calibration: --input-pca rank " + std::to_string(rank) +
+                                     " above the layer input width " + std::to_string(c.dim));
+    }
+    KEEL_ASSIGN_OR_RETURN(kb::CalibrationGroup gm, InputPcaGroup(model, g, inputs[g], static_cast<int64_t>(
+                                                                     inputs[g].size() / c.dim), rank));
+    if (progress) progress("solve layer " + std::to_string(g + 1) + "/" + std::to_string(n_groups), 1.0);
+    cal.groups.push_back(std::move(gm));
+  }
+  for (int g = 0; g < n_groups && !o.input_pca; ++g) {
     std::vector<std::vector<float>> wo_f32;
     std::vector<std::span<const float>> wo;
     for (int i = 0; i < stats[g].dims().n_layers; ++i) {
@@ -244,7 +309,8 @@ Result<kb::Calibration> CalibrateBellows(const Model& model, const Tokenizer& to
   }
   std::ostringstream method;
   const kb::SolveOptions& s0 = solve[0];
-  method << "BellowsKV reduced-rank ridge regression; objective="
+  method << (o.input_pca ? "baseline: PCA of each layer's input, restored through Wk/Wv; " : "")
+         << "BellowsKV reduced-rank ridge regression; objective="
          << (o.objective == kb::Objective::kPlain ? "plain" : "attention-aware")
          << (o.equalize_blocks ? " (equalized blocks)" : "") << "; group_size=" << gs << "; latent="
          << (s0.rank > 0 ? "joint rank " + std::to_string(s0.rank)

@@ -32,6 +32,10 @@ struct BellowsCalibrationOptions {
   // Layer 0 from a token table (kv::bellows::Calibration::token_kv): exact, costs one 16-bit
   // token id per token, and the latent serves the other layers only.
   bool token_table = false;
+  // Baseline "store each layer's input": per layer (group size 1) a PCA of the layer input x
+  // with `rank` components, restored through the layer's own Wk/Wv (lossless at rank = dim).
+  // Written as an ordinary calibration, so the same codec runs it.
+  bool input_pca = false;
 };
 
 // Progress of a long calibration: `stage` ("capture", "solve group i/n") and the fraction done.

@@ -165,6 +165,34 @@ TEST_F(BellowsTest, TokenTableRestoresLayerZeroExactly) {
   EXPECT_NE(v.status().message().find("outside the vocabulary"), std::string::npos) << v.status().message();
 }
 
+TEST_F(BellowsTest, InputPcaBaselineAtFullRankStoresTheLayerInputs) {
+  BellowsCalibrationOptions o;
+  o.text_path = test::SharedDir() + "/data/text/train.txt";
+  o.tokens = 2048;
+  o.rank = 64;  // = dim: the PCA keeps every direction of the layer input
+  o.input_pca = true;
+  auto cal = CalibrateBellows(*model_, *tok_, o);
+  ASSERT_TRUE(cal.ok()) << cal.status().ToString();
+  EXPECT_EQ(cal->group_size, 1);
+  const std::string path = dir_->file("input.bkv");
+  ASSERT_TRUE(kb::WriteCalibration(path, *cal).ok());
+  const std::vector<int> ids = Text(100);
+  auto raw = Cache("raw:f32", "");
+  auto bel = Cache("bellows", path);
+  ASSERT_TRUE(raw && bel);
+  const std::vector<float> a = Logits(*raw, ids, 100), b = Logits(*bel, ids, 100);
+  const int V = model_->config.vocab_size;
+  int agree = 0;
+  for (int i = 0; i < 100; ++i) agree += Argmax(&a[i * V], V) == Argmax(&b[i * V], V);
+  EXPECT_GE(agree, 97) << "only the bf16 latent separates them";
+  // Options that do not make sense together are refused.
+  o.token_table = true;
+  EXPECT_FALSE(CalibrateBellows(*model_, *tok_, o).ok());
+  o.token_table = false;
+  o.rank = 65;
+  EXPECT_FALSE(CalibrateBellows(*model_, *tok_, o).ok());
+}
+
 TEST_F(BellowsTest, PrefillChunksAndDecodeGiveIdenticalLogitsAndCache) {
   const std::vector<int> ids = Text(70);
   auto a = Cache("bellows", lossy_), b = Cache("bellows", lossy_), c = Cache("bellows", lossy_);
