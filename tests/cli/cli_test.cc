@@ -35,7 +35,8 @@ CmdResult Keel(const std::string& args, bool merge_stderr = false) {
 std::string Aidreams() { return keel::test::ModelsDir() + "/aidreams260K.bin"; }
 
 TEST(Cli, EverySubcommandHasHelp) {
-  for (const char* sub : {"generate", "serve", "bench", "inspect", "convert", "make-model"}) {
+  for (const char* sub : {"generate", "serve", "bench", "inspect", "convert", "make-model", "bellows calibrate",
+                          "bellows inspect"}) {
     CmdResult r = Keel(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -131,6 +132,42 @@ TEST(Cli, BadInputFailsWithAClearMessage) {
   CmdResult vocab = Keel("make-model --vocab 10 --out " + dir.file("y"), true);
   EXPECT_NE(vocab.code, 0);
   EXPECT_NE(vocab.out.find("259"), std::string::npos) << vocab.out;
+}
+
+TEST(Cli, BellowsCalibrateInspectGenerate) {
+  keel::test::TempDir dir("keel-cli-bellows");
+  const std::string file = dir.file("aid.bkv");
+  const std::string text = keel::test::SharedDir() + "/data/text/train.txt";
+  CmdResult cal = Keel("bellows calibrate -m " + Aidreams() + " --text " + text + " --ratio 8 --tokens 1024 --out " + file,
+                       true);
+  ASSERT_EQ(cal.code, 0) << cal.out;
+  EXPECT_NE(cal.out.find("capture"), std::string::npos) << "progress on stderr: " << cal.out;
+  CmdResult ins = Keel("bellows inspect " + file);
+  ASSERT_EQ(ins.code, 0);
+  EXPECT_NE(ins.out.find("latent 64"), std::string::npos) << ins.out;
+  EXPECT_NE(ins.out.find("8.00x"), std::string::npos) << ins.out;
+  CmdResult gen = Keel("generate -m " + Aidreams() + " --temperature 0 -n 20 --kv-codec bellows --bellows " + file);
+  EXPECT_EQ(gen.code, 0);
+  EXPECT_GT(gen.out.size(), 20u) << gen.out;
+  // Another model's file, a missing file, no file, options that do not fit: exit 2 and a reason.
+  CmdResult other = Keel("generate -m " + keel::test::ModelsDir() + "/en-dense6L.bin -z " + keel::test::ModelsDir() +
+                             "/tok354.bin -n 4 --kv-codec bellows --bellows " +
+                             file,
+                         true);
+  EXPECT_NE(other.code, 0);
+  EXPECT_NE(other.out.find("was made for model"), std::string::npos) << other.out;
+  CmdResult none = Keel("generate -m " + Aidreams() + " -n 4 --kv-codec bellows", true);
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.out.find("--bellows FILE"), std::string::npos) << none.out;
+  EXPECT_NE(Keel("generate -m " + Aidreams() + " -n 4 --kv-codec bellows --bellows " + dir.file("nope.bkv")).code, 0);
+  CmdResult both = Keel("bellows calibrate -m " + Aidreams() + " --text " + text + " --ratio 8 --rank 4 --out " +
+                            dir.file("x.bkv"),
+                        true);
+  EXPECT_EQ(both.code, 2);
+  EXPECT_NE(both.out.find("exactly one of"), std::string::npos) << both.out;
+  CmdResult garbage = Keel("bellows inspect " + text, true);
+  EXPECT_NE(garbage.code, 0);
+  EXPECT_NE(garbage.out.find("bad magic"), std::string::npos) << garbage.out;
 }
 
 TEST(Cli, BenchPrintsARooflineTable) {
