@@ -46,7 +46,7 @@ run_model() {  # tag model tokenizer context ranks(4x 8x 14x 20x: joint) tt_rank
   codecs+=(--codec "bellows-attn-14x=bellows@bellows=$OUT/$tag-tt-attn-14.bkv")
   codecs+=(--codec kivi:2 --codec kivi:4 --codec minicache --codec minicache:q4)
   "$KVQ" --model "$model" --tokenizer "$tok" --text "$D/text/val.txt" --windows "$WINDOWS" --context "$ctx" \
-    --spread --json "$OUT/$tag.json" "${codecs[@]}" 2>"$OUT/$tag.log" | tee "$OUT/$tag.md"
+    --spread --split-docs --json "$OUT/$tag.json" "${codecs[@]}" 2>"$OUT/$tag.log" | tee "$OUT/$tag.md"
 }
 
 # en-dense6L: 6 layers x 2 x kv_dim 64 = 768 bf16 (1536 B) per token. Joint latent r takes 32r B

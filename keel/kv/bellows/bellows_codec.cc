@@ -1,5 +1,7 @@
 #include "keel/kv/bellows/bellows_codec.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +14,52 @@
 namespace keel::kv::bellows {
 
 namespace {
+
+// out[t][c0, c0 + 8*NV) = mean + sum_j z[t*stride + j] * r[j][...] for t < m: one row's 8*NV
+// outputs stay in registers while the latent walks past (r's rows come from L1).
+template <int NV>
+void RestoreTile(const float* z, int stride, int m, const float* r, int nk, int kvd, const float* mean, int c0,
+                 float* out) {
+  for (int t = 0; t < m; ++t) {
+    __m256 acc[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_loadu_ps(mean + c0 + 8 * v);
+    const float* zt = z + static_cast<size_t>(t) * stride;
+    for (int j = 0; j < nk; ++j) {
+      const __m256 zb = _mm256_set1_ps(zt[j]);
+      const float* rj = r + static_cast<size_t>(j) * kvd + c0;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(zb, _mm256_loadu_ps(rj + 8 * v), acc[v]);
+    }
+    float* o = out + static_cast<size_t>(t) * kvd + c0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
+  }
+}
+
+// Rows [m][kvd] = mean + z (m rows of `stride`, first nk used) * r [nk][kvd].
+void RestoreRows(const float* z, int stride, int m, const float* r, int nk, int kvd, const float* mean, float* out) {
+  if (kvd % 8 != 0) {
+    for (int t = 0; t < m; ++t) {
+      float* o = out + static_cast<size_t>(t) * kvd;
+      std::memcpy(o, mean, sizeof(float) * kvd);
+      for (int j = 0; j < nk; ++j) AxpyF32(z[static_cast<size_t>(t) * stride + j], r + static_cast<size_t>(j) * kvd, o, kvd);
+    }
+    return;
+  }
+  for (int c0 = 0; c0 < kvd; c0 += 64) {
+    switch (std::min(64, kvd - c0) / 8) {
+      case 8: RestoreTile<8>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+      case 7: RestoreTile<7>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+      case 6: RestoreTile<6>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+      case 5: RestoreTile<5>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+      case 4: RestoreTile<4>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+      case 3: RestoreTile<3>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+      case 2: RestoreTile<2>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+      default: RestoreTile<1>(z, stride, m, r, nk, kvd, mean, c0, out); break;
+    }
+  }
+}
 
 class BellowsCodec final : public Codec {
  public:
@@ -84,8 +132,9 @@ class BellowsCodec final : public Codec {
     // Scratch: scores [nh][n], restored keys (and table values) of one block [bt][kvd] each, its
     // records [bt][stride], weighted latent sums [nh][nv].
     const size_t n_pad = RoundUp(static_cast<size_t>(n), 8);
+    const size_t nv_pad = RoundUp(static_cast<size_t>(nv), 8);
     float* p = scratch.get(nh * n_pad + 2 * static_cast<size_t>(bt) * kvd + static_cast<size_t>(bt) * stride +
-                           static_cast<size_t>(nh) * nv + 64);
+                           (static_cast<size_t>(nh) + bt) * nv_pad + 64);
     float* kblk = p + nh * n_pad;
     float* vblk = kblk + static_cast<size_t>(bt) * kvd;
     float* zblk = vblk + static_cast<size_t>(bt) * kvd;
@@ -101,13 +150,8 @@ class BellowsCodec final : public Codec {
         }
       } else {
         DecodeRecords(blocks[b], m, stride, zblk);
-        for (int t = 0; t < m; ++t) {
-          float* k = kblk + static_cast<size_t>(t) * kvd;
-          std::memcpy(k, lr.k_mean.data(), sizeof(float) * kvd);
-          const float* z = zblk + static_cast<size_t>(t) * stride + ids + g.k_begin;
-          for (int j = 0; j < nk; ++j) AxpyF32(z[j], &lr.rk[static_cast<size_t>(j) * kvd], k, kvd);
-          Rope(k, t0 + t);
-        }
+        RestoreRows(zblk + ids + g.k_begin, stride, m, lr.rk.data(), nk, kvd, lr.k_mean.data(), kblk);
+        for (int t = 0; t < m; ++t) Rope(kblk + static_cast<size_t>(t) * kvd, t0 + t);
       }
       for (int h = 0; h < nh; ++h) {
         const float* qh = q + static_cast<size_t>(h) * hd;
@@ -137,15 +181,28 @@ class BellowsCodec final : public Codec {
         }
       }
     } else {
-      // Values: weight the latents, restore once per head.
-      std::fill(zacc, zacc + static_cast<size_t>(nh) * nv, 0.0f);
+      // Values: weight the latents (rows padded to whole vectors), restore once per head.
+      const int nvp = static_cast<int>(RoundUp(static_cast<size_t>(nv), 8));
+      float* zv = zacc + static_cast<size_t>(nh) * nvp;  // [bt][nvp]
+      std::fill(zacc, zacc + static_cast<size_t>(nh) * nvp, 0.0f);
       for (int b = 0; b < n_blocks; ++b) {
         const int t0 = b * bt, m = std::min(bt, n_stored - t0);
         DecodeRecords(blocks[b], m, stride, zblk);
+        for (int t = 0; t < m; ++t) {
+          float* row = zv + static_cast<size_t>(t) * nvp;
+          std::memcpy(row, zblk + static_cast<size_t>(t) * stride + ids + g.v_begin, sizeof(float) * nv);
+          std::fill(row + nv, row + nvp, 0.0f);
+        }
         for (int h = 0; h < nh; ++h) {
           const float* ph = p + h * n_pad + t0;
-          float* acc = zacc + static_cast<size_t>(h) * nv;
-          for (int t = 0; t < m; ++t) AxpyF32(ph[t], zblk + static_cast<size_t>(t) * stride + ids + g.v_begin, acc, nv);
+          float* acc = zacc + static_cast<size_t>(h) * nvp;
+          for (int c = 0; c < nvp; c += 8) {
+            __m256 a = _mm256_loadu_ps(acc + c);
+            for (int t = 0; t < m; ++t) {
+              a = _mm256_fmadd_ps(_mm256_set1_ps(ph[t]), _mm256_loadu_ps(zv + static_cast<size_t>(t) * nvp + c), a);
+            }
+            _mm256_storeu_ps(acc + c, a);
+          }
         }
       }
       for (int h = 0; h < nh; ++h) {
@@ -155,7 +212,7 @@ class BellowsCodec final : public Codec {
         float stored_mass = 0.0f;
         for (int t = 0; t < n_stored; ++t) stored_mass += ph[t];
         for (int d = 0; d < hd; ++d) o[d] = stored_mass * lr.v_mean[off + d];
-        const float* acc = zacc + static_cast<size_t>(h) * nv;
+        const float* acc = zacc + static_cast<size_t>(h) * RoundUp(static_cast<size_t>(nv), 8);
         if (n_stored > 0) {
           for (int j = 0; j < nv; ++j) AxpyF32(acc[j], &lr.rv[static_cast<size_t>(j) * kvd + off], o, hd);
         }
