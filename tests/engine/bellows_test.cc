@@ -88,6 +88,13 @@ class BellowsTest : public ::testing::Test {
     return ids;
   }
   static int Argmax(const float* x, int n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+  // Positions (of `n`) where two runs' logits have the same top-1 token.
+  static int Agreement(const std::vector<float>& a, const std::vector<float>& b, int n) {
+    const int V = model_->config.vocab_size;
+    int agree = 0;
+    for (int i = 0; i < n; ++i) agree += Argmax(&a[i * V], V) == Argmax(&b[i * V], V);
+    return agree;
+  }
 
   static Model* model_;
   static Tokenizer* tok_;
@@ -105,9 +112,7 @@ TEST_F(BellowsTest, FullRankCalibrationTracksRawKv) {
   auto bel = Cache("bellows", full_);
   ASSERT_TRUE(raw && bel);
   const std::vector<float> a = Logits(*raw, ids, 120), b = Logits(*bel, ids, 120);
-  const int V = model_->config.vocab_size;
-  int agree = 0;
-  for (int i = 0; i < 120; ++i) agree += Argmax(&a[i * V], V) == Argmax(&b[i * V], V);
+  const int agree = Agreement(a, b, 120);
   std::printf("[ agree ] full rank: %d/120 top-1 agreement with raw:f32\n", agree);
   // Only bf16 rounding of the latent separates them.
   EXPECT_GE(agree, 117) << "top-1 agreement of a lossless-rank calibration";
@@ -122,9 +127,7 @@ TEST_F(BellowsTest, LossyCalibrationStillPredictsMostlyAlikeAndIsEightTimesSmall
   ASSERT_TRUE(raw && bel);
   EXPECT_EQ(raw->ChunkValueBytes(), 8 * bel->ChunkValueBytes());  // 4 layers * 128 bf16 vs 64 bf16
   const std::vector<float> a = Logits(*raw, ids, 120), b = Logits(*bel, ids, 120);
-  const int V = model_->config.vocab_size;
-  int agree = 0;
-  for (int i = 0; i < 120; ++i) agree += Argmax(&a[i * V], V) == Argmax(&b[i * V], V);
+  const int agree = Agreement(a, b, 120);
   std::printf("[ agree ] 8x: %d/120 top-1 agreement with raw:bf16\n", agree);
   EXPECT_GE(agree, 80) << "measured 95/120 with 4096 calibration tokens, plain objective";
   EXPECT_LT(agree, 120) << "a rank-64 latent cannot be lossless";
@@ -181,9 +184,7 @@ TEST_F(BellowsTest, InputPcaBaselineAtFullRankStoresTheLayerInputs) {
   auto bel = Cache("bellows", path);
   ASSERT_TRUE(raw && bel);
   const std::vector<float> a = Logits(*raw, ids, 100), b = Logits(*bel, ids, 100);
-  const int V = model_->config.vocab_size;
-  int agree = 0;
-  for (int i = 0; i < 100; ++i) agree += Argmax(&a[i * V], V) == Argmax(&b[i * V], V);
+  const int agree = Agreement(a, b, 100);
   EXPECT_GE(agree, 97) << "only the bf16 latent separates them";
   // Options that do not make sense together are refused.
   o.token_table = true;
