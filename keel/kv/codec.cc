@@ -5,30 +5,8 @@
 #include <vector>
 
 #include "keel/kv/attention_math.h"
-#include "keel/kv/registry.h"
 
 namespace keel::kv {
-
-Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const CodecContext& context) {
-  const KvShape& shape = context.shape;
-  if (shape.n_layers < 0 || shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 ||
-      shape.block_tokens <= 0 || shape.n_heads % shape.n_kv_heads != 0) {
-    return Status::InvalidArgument("kv codec: invalid KV shape");
-  }
-  const size_t colon = spec.find(':');
-  const std::string_view name = spec.substr(0, colon);
-  const std::string_view variant = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
-  for (const CodecFamily& family : CodecFamilies()) {
-    if (family.name == name) return family.make(variant, context);
-  }
-  return Status::InvalidArgument("unknown KV codec '" + std::string(spec) + "'; known codecs: " + KnownCodecs());
-}
-
-Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const KvShape& shape) {
-  CodecContext context;
-  context.shape = shape;
-  return MakeCodec(spec, context);
-}
 
 // The reference: every stored token read back through read_at(), then the shared arithmetic
 // (DotF32, SoftmaxF32, AxpyF32) over stored then pending rows. Codecs that store at group end

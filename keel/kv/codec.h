@@ -168,7 +168,8 @@ class Codec {
   }
 };
 
-// Builds a codec from its spec "name[:variant]" through the registry (registry.h), e.g. "raw"
+// Builds a codec from its spec "name[:variant]" through the registry (registry.h; defined in
+// registry.cc, so that the interface alone does not pull in every codec), e.g. "raw"
 // (= "raw:f32"), "raw:bf16", "zipfusion", "bellows" (needs params["bellows"]).
 // InvalidArgument names the spec and the known codecs when it is not recognised, and the codec's
 // own reason when its variant, shape or parameters do not fit.

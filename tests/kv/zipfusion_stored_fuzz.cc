@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keel/kv/codec.h"
+#include "keel/kv/zipfusion/zipfusion_codec.h"
 
 // Built without OpenMP: as if already inside a parallel region, so attention stays on this thread.
 extern "C" int omp_get_active_level() { return 1; }
@@ -34,7 +35,7 @@ void Check(bool ok, const char* what) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // One layer, 2 query heads over 1 KV head of 16 dims, blocks of 4 tokens: 64 values a region.
   static const KvShape shape{1, 2, 1, 16, 4};
-  static const auto codec = std::move(MakeCodec("zipfusion", shape)).value();
+  static const auto codec = std::move(zipfusion::MakeZipFusionCodec(shape, keel::DType::kBF16)).value();
   if (size < 2) return 0;
   const int kvd = shape.kv_dim();
   size_t at = 2;
