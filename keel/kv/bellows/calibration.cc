@@ -105,7 +105,7 @@ class Writer {
     out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
   }
   void floats(const std::vector<float>& v) {
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    if (!v.empty()) out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
   }
   void bytes(std::string_view s) { out_.append(s); }
   std::string& str() { return out_; }
@@ -202,6 +202,7 @@ class Reader {
                                " bytes, " + std::to_string(remaining()) + " left before the trailer");
     }
     out->resize(count);
+    if (count == 0) return Status::Ok();  // an empty vector's data() may be null: no memcpy
     std::memcpy(out->data(), b_.data() + off_, count * sizeof(float));
     const int64_t bad = FirstNonFinite(out->data(), count);
     if (bad >= 0) {
