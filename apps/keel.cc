@@ -278,13 +278,9 @@ int RunConvert(const ConvertArgs& a) {
   if (!m.ok()) return Fail(m.status());
   auto dt = ParseDType(a.dtype);
   if (!dt.ok()) return Fail(dt.status());
-  std::string tok = a.tokenizer;
-  if (tok.empty()) {
-    auto found = FindTokenizer(a.model);
-    if (!found.ok()) return Fail(found.status());
-    tok = *found;
-  }
-  if (Status s = ConvertToSafetensors(*m, tok, a.out, *dt); !s.ok()) return Fail(s);
+  auto tok = TokenizerFor(a.model, a.tokenizer);
+  if (!tok.ok()) return Fail(tok.status());
+  if (Status s = ConvertToSafetensors(*m, *tok, a.out, *dt); !s.ok()) return Fail(s);
   Log().info("wrote {} (config.json, model.safetensors, tokenizer.bin)", a.out);
   return 0;
 }
@@ -338,13 +334,9 @@ CalibrationProgress ProgressBar() {
 int RunBellowsCalibrate(BellowsArgs a) {
   auto m = LoadModel(a.model);
   if (!m.ok()) return Fail(m.status());
-  std::string tok_path = a.tokenizer;
-  if (tok_path.empty()) {
-    auto found = FindTokenizer(a.model);
-    if (!found.ok()) return Fail(found.status());
-    tok_path = *found;
-  }
-  auto tok = Tokenizer::Load(tok_path, m->config.vocab_size);
+  auto tok_path = TokenizerFor(a.model, a.tokenizer);
+  if (!tok_path.ok()) return Fail(tok_path.status());
+  auto tok = Tokenizer::Load(*tok_path, m->config.vocab_size);
   if (!tok.ok()) return Fail(tok.status());
   a.o.objective = a.objective == "plain" ? kv::bellows::Objective::kPlain : kv::bellows::Objective::kAttentionAware;
   auto cal = CalibrateBellows(*m, *tok, a.o, ProgressBar());

@@ -36,14 +36,16 @@ Result<std::string> FindTokenizer(const std::string& model_path) {
                           " and *tok*.bin files in " + dir.string() + "; pass --tokenizer");
 }
 
+Result<std::string> TokenizerFor(const std::string& model_path, const std::string& tokenizer_path) {
+  if (!tokenizer_path.empty()) return tokenizer_path;
+  return FindTokenizer(model_path);
+}
+
 Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options, SchedulerObserver observer) {
   std::unique_ptr<Engine> e(new Engine());
   KEEL_ASSIGN_OR_RETURN(Model m, LoadModel(options.model_path));
   e->model_ = std::make_unique<Model>(std::move(m));
-  std::string tok_path = options.tokenizer_path;
-  if (tok_path.empty()) {
-    KEEL_ASSIGN_OR_RETURN(tok_path, FindTokenizer(options.model_path));
-  }
+  KEEL_ASSIGN_OR_RETURN(std::string tok_path, TokenizerFor(options.model_path, options.tokenizer_path));
   KEEL_ASSIGN_OR_RETURN(Tokenizer t, Tokenizer::Load(tok_path, e->model_->config.vocab_size));
   e->tokenizer_ = std::make_unique<Tokenizer>(std::move(t));
   KEEL_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(*e->model_, options.kv_codec, options.kv));

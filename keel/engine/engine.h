@@ -28,6 +28,8 @@ struct EngineOptions {
 // directory whose name shares the longest prefix with the model's file name. NotFound lists what
 // was tried.
 Result<std::string> FindTokenizer(const std::string& model_path);
+// `tokenizer_path` when given, else FindTokenizer(model_path): the rule every command shares.
+Result<std::string> TokenizerFor(const std::string& model_path, const std::string& tokenizer_path);
 
 class Engine {
  public:

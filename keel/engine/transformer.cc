@@ -155,13 +155,6 @@ void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) 
 
 namespace {
 
-// Rotates one head for position `pos`, leaving it in interleaved pair order. Half-style heads are
-// moved into that order first, so both layouts give the same values (kv/rope.h).
-void RopeHead(float* v, int hd, int pos, float theta, RopeStyle style, float* tmp) {
-  if (style == RopeStyle::kHalf) kv::ToInterleavedPairs(v, hd, tmp);
-  kv::RopeInterleaved(v, hd, pos, theta);
-}
-
 void AddBias(float* x, const float* bias, int rows, int cols) {
   if (bias == nullptr) return;
   for (int r = 0; r < rows; ++r)
@@ -334,10 +327,12 @@ void Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvCac
   }
   std::memcpy(kpre_.data(), k_.data(), sizeof(float) * static_cast<size_t>(m) * kvd);
   if (observer_) observer_(LayerTrace{l, m, rows, xb_.data(), q_.data(), kpre_.data(), v_.data()});
+  // One row's angles serve all its q and k heads (RopeInterleaved = RopeAngles + RotatePairs).
+  float rope_cos[kv::kMaxHeadDim / 2], rope_sin[kv::kMaxHeadDim / 2];
   for (int i = 0; i < m; ++i) {
-    const BatchToken& t = rows[i];
-    for (int h = 0; h < c.n_heads; ++h) kv::RopeInterleaved(&q_[i * dim + h * hd], hd, t.pos, c.rope_theta);
-    for (int h = 0; h < c.n_kv_heads; ++h) kv::RopeInterleaved(&k_[i * kvd + h * hd], hd, t.pos, c.rope_theta);
+    kv::RopeAngles(hd, rows[i].pos, c.rope_theta, rope_cos, rope_sin);
+    for (int h = 0; h < c.n_heads; ++h) kv::RotatePairs(&q_[i * dim + h * hd], hd, rope_cos, rope_sin);
+    for (int h = 0; h < c.n_kv_heads; ++h) kv::RotatePairs(&k_[i * kvd + h * hd], hd, rope_cos, rope_sin);
   }
   if (mode == KvMode::kAppend) {
     for (int i = 0; i < m; ++i) {
