@@ -48,9 +48,23 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options, Sched
   KEEL_ASSIGN_OR_RETURN(std::string tok_path, TokenizerFor(options.model_path, options.tokenizer_path));
   KEEL_ASSIGN_OR_RETURN(Tokenizer t, Tokenizer::Load(tok_path, e->model_->config.vocab_size));
   e->tokenizer_ = std::make_unique<Tokenizer>(std::move(t));
-  KEEL_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(*e->model_, options.kv_codec, options.kv));
+  KvCacheOptions kv = options.kv;
+  if (options.feed_forward) {
+    KEEL_ASSIGN_OR_RETURN(e->ffn_, options.feed_forward(*e->model_));
+    if (e->ffn_->history_dependent()) {
+      // Its outputs depend on state built along the whole token history, which blocks computed
+      // by another sequence (or instance) do not carry.
+      if (!options.kvstore.address.empty()) {
+        return Status::InvalidArgument("this feed-forward (PSR expert routing) depends on each sequence's whole "
+                                       "history: it cannot share KV prefixes through a kvstore");
+      }
+      kv.prefix_sharing = false;
+    }
+  }
+  KEEL_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(*e->model_, options.kv_codec, kv));
   e->scheduler_ = std::make_unique<Scheduler>(*e->model_, *e->tokenizer_, *e->cache_, options.scheduler,
                                               std::move(observer));
+  if (e->ffn_) e->scheduler_->SetFeedForward(e->ffn_.get());
   if (!options.kvstore.address.empty()) {
     KEEL_ASSIGN_OR_RETURN(e->link_, KvStoreLink::Create(options.kvstore, *e->cache_));
     e->scheduler_->SetKvStoreLink(e->link_.get());

@@ -3,10 +3,12 @@
 // here is a composition of public APIs that can be used on their own.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "keel/core/status.h"
+#include "keel/engine/feed_forward.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/kvstore_link.h"
 #include "keel/engine/model.h"
@@ -22,6 +24,9 @@ struct EngineOptions {
   KvCacheOptions kv;
   SchedulerOptions scheduler;
   KvStoreLinkOptions kvstore;   // address empty: no shared kvstore
+  // Builds the feed-forward stack (e.g. keel/moe's offloaded MoE runtime); empty: the model's own.
+  // A history-dependent stack turns prefix sharing off and refuses a kvstore link.
+  std::function<Result<std::unique_ptr<FeedForwardStack>>(const Model&)> feed_forward;
 };
 
 // Finds the tokenizer for a model: <dir>/tokenizer.bin, else the "*tok*.bin" file in the model's
@@ -40,6 +45,7 @@ class Engine {
   KvCache& cache() { return *cache_; }
   Scheduler& scheduler() { return *scheduler_; }
   KvStoreLink* kvstore_link() { return link_.get(); }
+  FeedForwardStack& feed_forward() { return scheduler_->feed_forward(); }
 
   // Generates synchronously (runs the scheduler on the calling thread). `on_text` receives
   // text as it is produced. Returns the final event (finish reason, token counts). With
@@ -53,6 +59,7 @@ class Engine {
   Engine() = default;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<FeedForwardStack> ffn_;  // custom feed-forward (null: the Transformer's own)
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<KvStoreLink> link_;    // after cache_: its publisher reads cache blocks
   std::unique_ptr<Scheduler> scheduler_; // last: it uses the link

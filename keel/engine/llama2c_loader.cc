@@ -112,6 +112,7 @@ Result<Model> LoadLlama2c(const std::string& path) {
   m.format = "llama2c";
   m.checksum = Xxh3_128(file->data(), file->size());
   m.storage.push_back(file);
+  m.weight_files.push_back(WeightFile{path, file->data(), file->size()});
   return m;
 }
 

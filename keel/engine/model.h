@@ -20,8 +20,20 @@ namespace keel::engine {
 // q/k in the interleaved order, so both layouts of the same weights give bit-identical results.
 enum class RopeStyle : uint8_t { kInterleaved, kHalf };
 
+// Sparse mixture-of-experts feed-forward (Mixtral; OLMoE and Qwen2-MoE variants). A dense model
+// has n_experts == 0. Routing: softmax over the router logits, the top_k experts, their weights
+// renormalised to sum 1 when norm_topk (Mixtral always; OLMoE/Qwen2-MoE: norm_topk_prob).
+struct MoeConfig {
+  int n_experts = 0;
+  int top_k = 0;
+  int expert_hidden = 0;       // each expert's SwiGLU width
+  bool norm_topk = true;
+  int shared_hidden = 0;       // Qwen2-MoE shared expert's width (0: none); gated by sigmoid(x . g)
+  bool enabled() const { return n_experts > 0; }
+};
+
 struct ModelConfig {
-  std::string arch = "llama";  // "llama" or "qwen2"
+  std::string arch = "llama";  // "llama", "qwen2", "mixtral", "olmoe" or "qwen2_moe"
   int dim = 0;                 // hidden size
   int hidden_dim = 0;          // FFN inner size
   int n_layers = 0;
@@ -34,12 +46,19 @@ struct ModelConfig {
   RopeStyle rope_style = RopeStyle::kInterleaved;
   bool tied_embeddings = true;
   bool qkv_bias = false;       // Qwen2 has q/k/v biases
+  bool qk_norm = false;        // OLMoE: RMSNorm over the whole q [dim] and k [kv_dim] projections
+  MoeConfig moe;               // n_experts == 0: dense SwiGLU of width hidden_dim
 
   int head_dim() const { return dim / n_heads; }
   int kv_dim() const { return n_kv_heads * head_dim(); }
   // Checks the numbers are consistent (divisibility, positivity, sane bounds).
   Status Validate() const;
+  // Every weight, all experts included (embedding and classifier counted once each when untied).
   int64_t ParameterCount() const;
+  // The weights one token's forward pass reads: as ParameterCount but only top_k of the routed
+  // experts per layer (the router and any shared expert count in full). Equals ParameterCount for
+  // dense models. Counts the whole embedding table, as Mixtral's "12.9B active" does.
+  int64_t ActiveParameterCount() const;
 };
 
 // A 2-D row-major tensor view [rows][cols] (1-D tensors have rows == 1). Matrices are [out][in].
@@ -52,6 +71,19 @@ struct TensorView {
   size_t bytes() const { return static_cast<size_t>(rows * cols) * DTypeSize(dtype); }
 };
 
+// One SwiGLU block: gate w1 [hidden][dim], down w2 [dim][hidden], up w3 [hidden][dim].
+struct ExpertWeights {
+  TensorView w1, w2, w3;
+  size_t bytes() const { return w1.bytes() + w2.bytes() + w3.bytes(); }
+};
+
+struct MoeWeights {
+  TensorView router;                   // [n_experts][dim]
+  std::vector<ExpertWeights> experts;  // n_experts
+  ExpertWeights shared;                // Qwen2-MoE shared expert (empty when none)
+  TensorView shared_gate;              // [1][dim] (empty when none)
+};
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim], always fp32
   TensorView wq, wk, wv, wo;         // [dim][dim], [kv_dim][dim], [kv_dim][dim], [dim][dim]
@@ -59,7 +91,17 @@ struct LayerWeights {
   const float* bk = nullptr;
   const float* bv = nullptr;
   const float* ffn_norm = nullptr;   // [dim]
-  TensorView w1, w2, w3;             // gate [hidden][dim], down [dim][hidden], up [hidden][dim]
+  TensorView w1, w2, w3;             // gate [hidden][dim], down [dim][hidden], up [hidden][dim]; empty for MoE
+  const float* q_norm = nullptr;     // qk_norm models: [dim] and [kv_dim]
+  const float* k_norm = nullptr;
+  MoeWeights moe;                    // MoE models only
+};
+
+// A file the weights are mapped from: lets a slow tier re-read a tensor's bytes from disk.
+struct WeightFile {
+  std::string path;
+  const uint8_t* base = nullptr;
+  size_t size = 0;
 };
 
 struct Model {
@@ -75,6 +117,11 @@ struct Model {
 
   // Keeps the memory maps and widened small tensors alive for as long as the views are used.
   std::vector<std::shared_ptr<const void>> storage;
+  // The mapped weight files (empty for models built in memory).
+  std::vector<WeightFile> weight_files;
+  // The file and byte offset `view`'s data was mapped from; NotFound when it is not in a mapped
+  // file (a widened or in-memory tensor).
+  Result<std::pair<const WeightFile*, uint64_t>> Locate(const TensorView& view) const;
   // Copies `n` values of `v` widened to fp32 into storage owned by the model; returns them.
   const float* OwnF32(const TensorView& v);
 };

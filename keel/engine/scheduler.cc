@@ -166,7 +166,7 @@ void Scheduler::Admit() {
     }
     Status st = reused.ok() ? cache_.Reserve(a->seq, static_cast<int>(a->context.size())) : reused.status();
     if (!st.ok()) {
-      cache_.Release(a->seq);
+      ReleaseSequence(a->seq);
       if (st.code() == StatusCode::kResourceExhausted && !active_.empty()) {
         // Not enough room yet: wait at the head of the line for running sequences to finish.
         if (resumed) {
@@ -193,10 +193,15 @@ void Scheduler::Admit() {
   }
 }
 
+void Scheduler::ReleaseSequence(SeqId seq) {
+  cache_.Release(seq);
+  transformer_.feed_forward().EndSequence(seq);
+}
+
 void Scheduler::Preempt(size_t index) {
   std::unique_ptr<Active> a = std::move(active_[index]);
   active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(index));
-  cache_.Release(a->seq);
+  ReleaseSequence(a->seq);
   // On re-admission the whole context (prompt + generated) is prefilled and the next token is
   // sampled from its last row, exactly where decoding stopped.
   a->context = a->req->prompt;
@@ -344,7 +349,7 @@ bool Scheduler::Step() {
   auto drop_done = [&] {
     for (size_t i = 0; i < active_.size();) {
       if (active_[i]->done) {
-        cache_.Release(active_[i]->seq);
+        ReleaseSequence(active_[i]->seq);
         active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
         --running_;
       } else {

@@ -117,6 +117,10 @@ class Scheduler {
   // must outlive the scheduler's use of it.
   void SetKvStoreLink(KvStoreLink* link) { link_ = link; }
   KvStoreLink* kvstore_link() const { return link_; }
+  // Replaces the model's own feed-forward (see Transformer::SetFeedForward). Set before the first
+  // Submit; `stack` must outlive the scheduler.
+  void SetFeedForward(FeedForwardStack* stack) { transformer_.SetFeedForward(stack); }
+  FeedForwardStack& feed_forward() { return transformer_.feed_forward(); }
 
   // Validates and enqueues. With a kvstore link, first looks the prompt up in the store, which
   // blocks the caller up to the link's lookup deadline. InvalidArgument when the prompt is empty, a token id is out of
@@ -145,6 +149,7 @@ class Scheduler {
   void Admit();
   bool ReserveDecode(size_t index);
   void Preempt(size_t index);
+  void ReleaseSequence(SeqId seq);  // the cache's blocks and the feed-forward's per-sequence state
   void Finish(Active& a, FinishReason reason, Status error = Status::Ok());
   void Emit(Active& a, int token, TokenLogprob* logprob);
   void Deliver(Active& a, bool finished);

@@ -163,9 +163,12 @@ void AddBias(float* x, const float* bias, int rows, int cols) {
 
 }  // namespace
 
-Transformer::Transformer(const Model& model) : model_(model) {
+Transformer::Transformer(const Model& model)
+    : model_(model), own_ffn_(MakeResidentFeedForward(model)), ffn_(own_ffn_.get()) {
   attend_scratch_.resize(static_cast<size_t>(omp_get_max_threads()));
 }
+
+void Transformer::SetFeedForward(FeedForwardStack* stack) { ffn_ = stack != nullptr ? stack : own_ffn_.get(); }
 
 void Transformer::EnsureScratch(int n) {
   if (n <= cap_) return;
@@ -179,8 +182,6 @@ void Transformer::EnsureScratch(int n) {
   k_.resize(static_cast<size_t>(n) * c.kv_dim());
   kpre_.resize(static_cast<size_t>(n) * c.kv_dim());
   v_.resize(static_cast<size_t>(n) * c.kv_dim());
-  hb_.resize(static_cast<size_t>(n) * c.hidden_dim);
-  hb2_.resize(static_cast<size_t>(n) * c.hidden_dim);
 }
 
 Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache, std::vector<float>& logits) {
@@ -213,9 +214,11 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
   }
 
   if (cache.codec().stores_at_group_end()) {
-    ForwardByGroupSteps(batch, cache);
+    KEEL_RETURN_IF_ERROR(ForwardByGroupSteps(batch, cache));
   } else {
-    for (int l = 0; l < c.n_layers; ++l) RunLayer(l, batch.data(), n, x_.data(), cache, KvMode::kAppend, 0);
+    for (int l = 0; l < c.n_layers; ++l) {
+      KEEL_RETURN_IF_ERROR(RunLayer(l, batch.data(), n, x_.data(), cache, KvMode::kAppend, 0));
+    }
   }
 
   int n_out = 0;
@@ -229,7 +232,7 @@ Status Transformer::Forward(const std::vector<BatchToken>& batch, KvCache& cache
   return Status::Ok();
 }
 
-void Transformer::ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCache& cache) {
+Status Transformer::ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCache& cache) {
   const ModelConfig& c = model_.config;
   const kv::Codec& codec = cache.codec();
   const int n = static_cast<int>(batch.size()), dim = c.dim, kvd = c.kv_dim();
@@ -281,7 +284,8 @@ void Transformer::ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCa
     for (int s = 0; s < n_steps; ++s) {
       const int b = step_begin[s], m = step_begin[s + 1] - b;
       for (int li = 0; li < nl; ++li) {
-        RunLayer(l0 + li, rows.data() + b, m, &xs[static_cast<size_t>(b) * dim], cache, KvMode::kPending, li);
+        KEEL_RETURN_IF_ERROR(
+            RunLayer(l0 + li, rows.data() + b, m, &xs[static_cast<size_t>(b) * dim], cache, KvMode::kPending, li));
       }
       for (int j = 0; j < m; ++j) {
         const BatchToken& t = rows[b + j];
@@ -302,9 +306,10 @@ void Transformer::ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCa
   for (int j = 0; j < n; ++j) {
     std::memcpy(&x_[static_cast<size_t>(order[j]) * dim], &xs[static_cast<size_t>(j) * dim], sizeof(float) * dim);
   }
+  return Status::Ok();
 }
 
-void Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvCache& cache, KvMode mode,
+Status Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvCache& cache, KvMode mode,
                            int in_group) {
   const ModelConfig& c = model_.config;
   const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim();
@@ -317,6 +322,13 @@ void Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvCac
   AddBias(q_.data(), w.bq, m, dim);
   AddBias(k_.data(), w.bk, m, kvd);
   AddBias(v_.data(), w.bv, m, kvd);
+  if (c.qk_norm) {
+    // OLMoE normalises the whole q and k projections (before heads are split and rotated).
+    for (int i = 0; i < m; ++i) {
+      RmsNorm(&q_[i * dim], w.q_norm, dim, c.rms_eps, &q_[i * dim]);
+      RmsNorm(&k_[i * kvd], w.k_norm, kvd, c.rms_eps, &k_[i * kvd]);
+    }
+  }
   float rope_tmp[kv::kMaxHeadDim];
   // Heads in interleaved pair order from here on; kpre_ keeps K before RoPE.
   if (c.rope_style == RopeStyle::kHalf) {
@@ -352,7 +364,7 @@ void Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvCac
   Attention(l, rows, m, cache, mode);
   MatMul(w.wo, att_.data(), m, xo_.data());
   for (size_t j = 0; j < static_cast<size_t>(m) * dim; ++j) x[j] += xo_[j];
-  FeedForward(l, m, x);
+  return FeedForwardLayer(l, rows, m, x);
 }
 
 void Transformer::Attention(int l, const BatchToken* rows, int m, KvCache& cache, KvMode mode) {
@@ -404,19 +416,14 @@ void Transformer::Attention(int l, const BatchToken* rows, int m, KvCache& cache
   }
 }
 
-void Transformer::FeedForward(int l, int m, float* x) {
+Status Transformer::FeedForwardLayer(int l, const BatchToken* rows, int m, float* x) {
   const ModelConfig& c = model_.config;
-  const int dim = c.dim, hidden = c.hidden_dim;
+  const int dim = c.dim;
   const LayerWeights& w = model_.layers[l];
   for (int i = 0; i < m; ++i) RmsNorm(&x[i * dim], w.ffn_norm, dim, c.rms_eps, &xb_[i * dim]);
-  MatMul(w.w1, xb_.data(), m, hb_.data());
-  MatMul(w.w3, xb_.data(), m, hb2_.data());
-  for (size_t j = 0; j < static_cast<size_t>(m) * hidden; ++j) {
-    float g = hb_[j];
-    hb_[j] = g / (1.0f + std::exp(-g)) * hb2_[j];
-  }
-  MatMul(w.w2, hb_.data(), m, xo_.data());
+  KEEL_RETURN_IF_ERROR(ffn_->layer(l).Run(FeedForwardBatch{l, m, rows, x, xb_.data()}, xo_.data()));
   for (size_t j = 0; j < static_cast<size_t>(m) * dim; ++j) x[j] += xo_[j];
+  return Status::Ok();
 }
 
 }  // namespace keel::engine

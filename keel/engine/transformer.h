@@ -1,6 +1,7 @@
 // Transformer: the Llama/Qwen2 forward pass over a flat batch of tokens from any number of
 // sequences (prefill chunks and decode steps mixed), reading and writing K/V through the cache's
-// codec. RMSNorm, RoPE, grouped-query attention, SwiGLU; fp32 activations and accumulation;
+// codec. RMSNorm, RoPE, grouped-query attention, then each layer's FeedForward (feed_forward.h:
+// dense SwiGLU, mixture of experts, or an offloaded MoE runtime); fp32 activations and accumulation;
 // weights read in their stored dtype. Matmuls run every batch row against each weight row while
 // it is in cache, parallel over output rows (OpenMP).
 //
@@ -12,6 +13,7 @@
 
 #include "keel/core/aligned.h"
 #include "keel/core/status.h"
+#include "keel/engine/feed_forward.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/model.h"
 #include "keel/kv/codec.h"
@@ -53,6 +55,11 @@ class Transformer {
   Status Forward(const std::vector<BatchToken>& batch, KvCache& cache, std::vector<float>& logits);
 
   const Model& model() const { return model_; }
+  // The feed-forward of every layer: by default the model's own (dense SwiGLU or in-memory MoE);
+  // `stack` (not owned, outlives the Transformer; nullptr: back to the default) replaces it, e.g.
+  // keel/moe's offloaded runtime.
+  void SetFeedForward(FeedForwardStack* stack);
+  FeedForwardStack& feed_forward() { return *ffn_; }
   // Called at every layer of every Forward (empty: none).
   void SetLayerObserver(LayerObserver observer) { observer_ = std::move(observer); }
 
@@ -65,15 +72,18 @@ class Transformer {
   // attend together). kPending: nothing stored; each row attends over its stored predecessors
   // plus its own K/V, and the layer's TokenKv inputs are kept in group slot `in_group` for
   // store_group().
-  void RunLayer(int l, const BatchToken* rows, int m, float* x, KvCache& cache, KvMode mode, int in_group);
+  Status RunLayer(int l, const BatchToken* rows, int m, float* x, KvCache& cache, KvMode mode, int in_group);
   void Attention(int l, const BatchToken* rows, int m, KvCache& cache, KvMode mode);
-  void FeedForward(int l, int m, float* x);
+  // x += FFN(ffn_norm(x)) through the layer's FeedForward.
+  Status FeedForwardLayer(int l, const BatchToken* rows, int m, float* x);
   // The codec stores at group end: each group runs one token step (one row per sequence) at a time.
-  void ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCache& cache);
+  Status ForwardByGroupSteps(const std::vector<BatchToken>& batch, KvCache& cache);
   const Model& model_;
+  std::unique_ptr<FeedForwardStack> own_ffn_;
+  FeedForwardStack* ffn_;
   LayerObserver observer_;
   int cap_ = 0;
-  AlignedFloats x_, xb_, q_, k_, v_, kpre_, att_, hb_, hb2_, xo_;
+  AlignedFloats x_, xb_, q_, k_, v_, kpre_, att_, xo_;
   // Per layer of a group ([in_group][row]): the inputs store_group() needs.
   std::vector<AlignedFloats> gx_, gkpre_, gk_, gv_;
   std::vector<int> n_tokens_, runs_;
