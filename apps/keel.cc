@@ -518,7 +518,7 @@ int main(int argc, char** argv) {
   RandomModelOptions mk;
   std::string mk_dtype = "f32";
   auto* make_model = app.add_subcommand("make-model", "Write a seeded random-weight model (safetensors + config.json + tokenizer.bin)");
-  make_model->add_option("--arch", mk.arch, "llama or qwen2")->capture_default_str()->check(CLI::IsMember({"llama", "qwen2"}));
+  make_model->add_option("--arch", mk.arch, "llama, qwen2, or MoE: mixtral, olmoe, qwen2_moe")->capture_default_str()->check(CLI::IsMember({"llama", "qwen2", "mixtral", "olmoe", "qwen2_moe"}));
   make_model->add_option("--layers", mk.layers, "transformer layers")->capture_default_str();
   make_model->add_option("--dim", mk.dim, "hidden size")->capture_default_str();
   make_model->add_option("--heads", mk.heads, "attention heads")->capture_default_str();
@@ -529,6 +529,11 @@ int main(int argc, char** argv) {
   make_model->add_option("--seed", mk.seed, "weight seed")->capture_default_str();
   make_model->add_option("--dtype", mk_dtype, "f32, f16 or bf16")->capture_default_str();
   make_model->add_flag("--tie-embeddings", mk.tie_embeddings, "share the embedding as the classifier");
+  make_model->add_option("--experts", mk.experts, "MoE: routed experts per layer (0 = 8)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  make_model->add_option("--top-k", mk.top_k, "MoE: experts per token (0 = 2)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  make_model->add_option("--expert-hidden", mk.expert_hidden, "MoE: each expert's FFN size (0 = as --hidden)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  make_model->add_option("--shared-hidden", mk.shared_hidden, "qwen2_moe: shared expert's FFN size (0 = 4 * expert hidden)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  make_model->add_flag("--norm-topk", mk.norm_topk, "olmoe/qwen2_moe: renormalise the top-k routing weights (norm_topk_prob; Mixtral always does)");
   make_model->add_option("--out", mk.out_dir, "output directory")->required();
 
   BellowsArgs bw;
@@ -579,7 +584,12 @@ int main(int argc, char** argv) {
     mk.dtype = *dt;
     if (Status s = MakeRandomModel(mk); !s.ok()) return Fail(s);
     auto cfg = RandomModelConfig(mk);
-    Log().info("wrote {} ({} parameters)", mk.out_dir, cfg.ok() ? cfg->ParameterCount() : 0);
+    if (cfg.ok() && cfg->moe.enabled()) {
+      Log().info("wrote {} ({} parameters, {} active per token)", mk.out_dir, cfg->ParameterCount(),
+                 cfg->ActiveParameterCount());
+    } else {
+      Log().info("wrote {} ({} parameters)", mk.out_dir, cfg.ok() ? cfg->ParameterCount() : 0);
+    }
     return 0;
   }
   return 0;

@@ -35,7 +35,8 @@ struct HfTensor {
 };
 
 // The HF tensors of config `c` in forward-pass order, with views into `m` when given.
-// `tied` drops lm_head.
+// `tied` drops lm_head. MoE layers: router, then each routed expert's gate, up and down, then
+// Qwen2-MoE's shared expert and its gate; Mixtral's names are block_sparse_moe.experts.E.w1/w3/w2.
 std::vector<HfTensor> HfTensors(const ModelConfig& c, const Model* m, bool tied) {
   std::vector<HfTensor> out;
   const int64_t d = c.dim, kv = c.kv_dim(), h = c.hidden_dim, v = c.vocab_size;
@@ -61,10 +62,36 @@ std::vector<HfTensor> HfTensors(const ModelConfig& c, const Model* m, bool tied)
       vec(p + "self_attn.k_proj.bias", Kind::kBias, kv, l ? l->bk : nullptr, kp);
       vec(p + "self_attn.v_proj.bias", Kind::kBias, kv, l ? l->bv : nullptr, 0);
     }
+    if (c.qk_norm) {  // per-element weights over whole q / k rows: permuted like the biases
+      vec(p + "self_attn.q_norm.weight", Kind::kNorm, d, l ? l->q_norm : nullptr, qp);
+      vec(p + "self_attn.k_norm.weight", Kind::kNorm, kv, l ? l->k_norm : nullptr, kp);
+    }
     vec(p + "post_attention_layernorm.weight", Kind::kNorm, d, l ? l->ffn_norm : nullptr, 0);
-    mat(p + "mlp.gate_proj.weight", h, d, l ? &l->w1 : nullptr, 0);
-    mat(p + "mlp.up_proj.weight", h, d, l ? &l->w3 : nullptr, 0);
-    mat(p + "mlp.down_proj.weight", d, h, l ? &l->w2 : nullptr, 0);
+    if (!c.moe.enabled()) {
+      mat(p + "mlp.gate_proj.weight", h, d, l ? &l->w1 : nullptr, 0);
+      mat(p + "mlp.up_proj.weight", h, d, l ? &l->w3 : nullptr, 0);
+      mat(p + "mlp.down_proj.weight", d, h, l ? &l->w2 : nullptr, 0);
+      continue;
+    }
+    const bool mixtral = c.arch == "mixtral";
+    const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    // gate, up, down: the names after an expert's prefix, and its views (null: none to read).
+    auto expert = [&](const std::string& prefix, bool w_names, int64_t eh, const ExpertWeights* e) {
+      mat(prefix + (w_names ? "w1.weight" : "gate_proj.weight"), eh, d, e ? &e->w1 : nullptr, 0);
+      mat(prefix + (w_names ? "w3.weight" : "up_proj.weight"), eh, d, e ? &e->w3 : nullptr, 0);
+      mat(prefix + (w_names ? "w2.weight" : "down_proj.weight"), d, eh, e ? &e->w2 : nullptr, 0);
+    };
+    const MoeWeights* w = l ? &l->moe : nullptr;
+    mat(block + "gate.weight", c.moe.n_experts, d, w ? &w->router : nullptr, 0);
+    for (int x = 0; x < c.moe.n_experts; ++x) {
+      // A Model whose expert list is short gets empty views, which CheckModelViews reports.
+      const ExpertWeights* e = w && x < static_cast<int>(w->experts.size()) ? &w->experts[x] : nullptr;
+      expert(block + "experts." + std::to_string(x) + ".", mixtral, c.moe.expert_hidden, e);
+    }
+    if (c.moe.shared_hidden > 0) {
+      expert(block + "shared_expert.", false, c.moe.shared_hidden, w ? &w->shared : nullptr);
+      mat(block + "shared_expert_gate.weight", 1, d, w ? &w->shared_gate : nullptr, 0);
+    }
   }
   vec("model.norm.weight", Kind::kNorm, d, m ? m->final_norm : nullptr, 0);
   if (!tied) mat("lm_head.weight", v, d, m ? &m->classifier : nullptr, 0);
@@ -128,9 +155,44 @@ std::string TorchDType(DType t) {
   return t == DType::kF32 ? "float32" : t == DType::kF16 ? "float16" : "bfloat16";
 }
 
+// The transformers class of each arch Keel writes.
+const char* ArchClass(const std::string& arch) {
+  if (arch == "qwen2") return "Qwen2ForCausalLM";
+  if (arch == "mixtral") return "MixtralForCausalLM";
+  if (arch == "olmoe") return "OlmoeForCausalLM";
+  if (arch == "qwen2_moe") return "Qwen2MoeForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+// The expert block's fields, named as each architecture's transformers config names them.
+void MoeConfigJson(const ModelConfig& c, json* j) {
+  const MoeConfig& e = c.moe;
+  (*j)["num_experts_per_tok"] = e.top_k;
+  (*j)["output_router_logits"] = false;
+  if (c.arch == "mixtral") {
+    (*j)["num_local_experts"] = e.n_experts;
+    (*j)["router_aux_loss_coef"] = 0.02;
+    (*j)["sliding_window"] = nullptr;
+    return;
+  }
+  (*j)["num_experts"] = e.n_experts;
+  (*j)["norm_topk_prob"] = e.norm_topk;
+  (*j)["router_aux_loss_coef"] = 0.01;
+  if (c.arch == "olmoe") {
+    (*j)["clip_qkv"] = nullptr;
+    return;
+  }
+  // Qwen2-MoE: intermediate_size is the width of dense layers, which these models do not have.
+  (*j)["moe_intermediate_size"] = e.expert_hidden;
+  (*j)["shared_expert_intermediate_size"] = e.shared_hidden;
+  (*j)["intermediate_size"] = e.shared_hidden;
+  (*j)["decoder_sparse_step"] = 1;
+  (*j)["mlp_only_layers"] = json::array();
+}
+
 std::string HfConfigJson(const ModelConfig& c, bool tied, DType dtype) {
-  const bool qwen = c.arch == "qwen2";
-  json j = {{"architectures", json::array({qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})},
+  const bool qwen = c.arch == "qwen2" || c.arch == "qwen2_moe";
+  json j = {{"architectures", json::array({ArchClass(c.arch)})},
             {"model_type", c.arch},
             {"hidden_size", c.dim},
             {"intermediate_size", c.hidden_dim},
@@ -148,6 +210,7 @@ std::string HfConfigJson(const ModelConfig& c, bool tied, DType dtype) {
             {"torch_dtype", TorchDType(dtype)}};
   if (qwen) j["use_sliding_window"] = false;
   else j["attention_bias"] = false;
+  if (c.moe.enabled()) MoeConfigJson(c, &j);
   return j.dump(2) + "\n";
 }
 
@@ -158,6 +221,21 @@ Status EnsureDir(const std::string& dir) {
   if (ec || !fs::is_directory(dir)) {
     return Status::IOError(dir + ": cannot create directory: " + ec.message());
   }
+  return Status::Ok();
+}
+
+// The MoE features must match the arch, or config.json would describe another model than the
+// tensors (LoadSafetensors derives them from the arch).
+Status CheckMoeArch(const ModelConfig& c) {
+  const std::string& a = c.arch;
+  const bool moe_arch = a == "mixtral" || a == "olmoe" || a == "qwen2_moe";
+  auto bad = [&](const std::string& m) { return Status::InvalidArgument("arch " + a + ": " + m); };
+  if (moe_arch != c.moe.enabled()) return bad(c.moe.enabled() ? "has experts" : "has no experts");
+  if ((a == "qwen2_moe") != (c.moe.shared_hidden > 0)) {
+    return bad("a shared expert is written for qwen2_moe, and only there");
+  }
+  if ((a == "olmoe") != c.qk_norm) return bad("q/k norms are written for olmoe, and only there");
+  if (a == "mixtral" && !c.moe.norm_topk) return bad("Mixtral always renormalises its top-k weights");
   return Status::Ok();
 }
 
@@ -238,6 +316,7 @@ Status ConvertToSafetensors(const Model& model, const std::string& tokenizer_pat
                             const std::string& out_dir, DType dtype) {
   const ModelConfig& c = model.config;
   KEEL_RETURN_IF_ERROR(c.Validate());
+  KEEL_RETURN_IF_ERROR(CheckMoeArch(c));
   const bool tied = model.classifier.data == model.embedding.data;
   std::vector<HfTensor> tensors = HfTensors(c, &model, tied);
   KEEL_RETURN_IF_ERROR(CheckModelViews(model, tensors));
@@ -253,7 +332,7 @@ Status ConvertToSafetensors(const Model& model, const std::string& tokenizer_pat
         ConvertToF32(v.dtype, base + row * row_bytes, dst, static_cast<size_t>(n * v.cols));
       };
     }
-    if (t.kind == Kind::kBias) {  // a permuted vector: the permutation applies to elements
+    if (t.shape.size() == 1) {  // a permuted vector (bias, q/k norm): permute its elements
       return [=](int64_t, int64_t, float* dst) {
         const float* src = static_cast<const float*>(v.data);
         for (int64_t e = 0; e < v.cols; ++e) dst[e] = src[InterleavedSource(e, head_dim)];
@@ -277,7 +356,18 @@ Status ConvertToSafetensors(const Model& model, const std::string& tokenizer_pat
 
 Result<ModelConfig> RandomModelConfig(const RandomModelOptions& o) {
   auto bad = [](const std::string& m) { return Status::InvalidArgument("random model: " + m); };
-  if (o.arch != "llama" && o.arch != "qwen2") return bad("arch \"" + o.arch + "\" is not llama or qwen2");
+  const bool moe = o.arch == "mixtral" || o.arch == "olmoe" || o.arch == "qwen2_moe";
+  if (o.arch != "llama" && o.arch != "qwen2" && !moe) {
+    return bad("arch \"" + o.arch + "\" is not llama, qwen2, mixtral, olmoe or qwen2_moe");
+  }
+  if (o.experts < 0 || o.top_k < 0 || o.expert_hidden < 0 || o.shared_hidden < 0) {
+    return bad("experts, top_k, expert_hidden and shared_hidden must be >= 0");
+  }
+  if (!moe && (o.experts || o.top_k || o.expert_hidden || o.shared_hidden || o.norm_topk)) {
+    return bad("experts, top_k, expert_hidden, shared_hidden and norm_topk need arch mixtral, "
+               "olmoe or qwen2_moe (not " + o.arch + ")");
+  }
+  if (o.shared_hidden > 0 && o.arch != "qwen2_moe") return bad("shared_hidden needs arch qwen2_moe");
   if (o.layers <= 0 || o.dim <= 0 || o.heads <= 0 || o.kv_heads < 0 || o.hidden < 0 ||
       o.max_seq_len <= 0) {
     return bad("layers, dim, heads and max_seq_len must be positive; kv_heads and hidden >= 0");
@@ -304,17 +394,32 @@ Result<ModelConfig> RandomModelConfig(const RandomModelOptions& o) {
   c.dim = o.dim;
   // Llama's SwiGLU width: 2/3 of 4*dim, rounded up so matmul rows stay SIMD-friendly.
   c.hidden_dim = o.hidden > 0 ? o.hidden : static_cast<int>((int64_t{8} * o.dim / 3 + 31) / 32 * 32);
+  if (moe) {
+    MoeConfig& e = c.moe;
+    e.n_experts = o.experts > 0 ? o.experts : 8;
+    e.top_k = o.top_k > 0 ? o.top_k : 2;
+    if (e.top_k > e.n_experts) {
+      return bad("top_k " + std::to_string(e.top_k) + " is more than experts " + std::to_string(e.n_experts));
+    }
+    if (o.expert_hidden > 0) c.hidden_dim = o.expert_hidden;
+    e.expert_hidden = c.hidden_dim;
+    e.norm_topk = o.arch == "mixtral" || o.norm_topk;
+    if (o.arch == "qwen2_moe") {
+      e.shared_hidden = o.shared_hidden > 0 ? o.shared_hidden : 4 * e.expert_hidden;
+    }
+  }
   c.n_layers = o.layers;
   c.n_heads = o.heads;
   c.n_kv_heads = kv_heads;
   c.vocab_size = o.vocab;
   c.max_seq_len = o.max_seq_len;
-  const bool qwen = o.arch == "qwen2";
-  c.rope_theta = o.rope_theta > 0 ? o.rope_theta : (qwen ? 1e6f : 1e4f);
+  const bool qwen = o.arch == "qwen2" || o.arch == "qwen2_moe";
+  c.rope_theta = o.rope_theta > 0 ? o.rope_theta : (qwen || o.arch == "mixtral" ? 1e6f : 1e4f);
   c.rms_eps = qwen ? 1e-6f : 1e-5f;
   c.rope_style = RopeStyle::kHalf;
   c.tied_embeddings = o.tie_embeddings;
   c.qkv_bias = qwen;
+  c.qk_norm = o.arch == "olmoe";
   KEEL_RETURN_IF_ERROR(c.Validate());
   if (c.ParameterCount() > int64_t{20'000'000'000}) {
     return bad(std::to_string(c.ParameterCount()) + " parameters exceed the 20e9 limit");
@@ -366,6 +471,16 @@ std::string DescribeModel(const Model& m) {
   s += fmt::format("rms_eps:        {}\n", c.rms_eps);
   s += fmt::format("tied_embeddings: {}\n", tied ? "true" : "false");
   s += fmt::format("qkv_bias:       {}\n", c.qkv_bias ? "true" : "false");
+  s += fmt::format("qk_norm:        {}\n", c.qk_norm ? "true" : "false");
+  if (c.moe.enabled()) {
+    s += fmt::format("n_experts:      {}\n", c.moe.n_experts);
+    s += fmt::format("top_k:          {}\n", c.moe.top_k);
+    s += fmt::format("expert_hidden:  {}\n", c.moe.expert_hidden);
+    s += fmt::format("norm_topk:      {}\n", c.moe.norm_topk ? "true" : "false");
+    s += c.moe.shared_hidden > 0
+             ? fmt::format("shared_expert:  hidden {}, sigmoid-gated\n", c.moe.shared_hidden)
+             : std::string("shared_expert:  none\n");
+  }
   s += fmt::format("checksum:       {}\n", m.checksum.hex());
   // A half-built Model (no heads, or layers missing) is described without its tensor list
   // rather than dividing by zero or reading past `layers`.
@@ -384,6 +499,10 @@ std::string DescribeModel(const Model& m) {
     list += fmt::format("  {:<48} {:<5} {}\n", t.name, DTypeName(t.view.dtype), shape);
   }
   s += fmt::format("parameters:     {}\n", params);
+  if (c.moe.enabled()) {
+    s += fmt::format("active params:  {} per token ({} of {} experts per layer)\n",
+                     c.ActiveParameterCount(), c.moe.top_k, c.moe.n_experts);
+  }
   s += fmt::format("tensors:        {}\n", tensors.size());
   return s + list;
 }

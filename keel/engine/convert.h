@@ -1,6 +1,7 @@
 // Model conversion and synthesis: a loaded Model written out as a Hugging Face directory
-// (config.json + model.safetensors + tokenizer.bin), seeded random Llama/Qwen2 models of any size
-// for tests and benchmarks, and a human-readable description for `keel inspect`.
+// (config.json + model.safetensors + tokenizer.bin), seeded random Llama/Qwen2 and MoE
+// (Mixtral/OLMoE/Qwen2-MoE) models of any size for tests and benchmarks, and a human-readable
+// description for `keel inspect`.
 //
 // All functions are free functions with no shared state; safe to call from any thread as long
 // as two calls do not write the same directory.
@@ -15,18 +16,23 @@
 
 namespace keel::engine {
 
-// Writes `model` to out_dir (created if missing) as config.json (HF style; model_type "llama" or
-// "qwen2") and model.safetensors with HF tensor names, every tensor stored as `dtype`; copies the
+// Writes `model` to out_dir (created if missing) as config.json (HF style; model_type the model's
+// arch, with that architecture's field names for experts) and model.safetensors with HF tensor
+// names, every tensor stored as `dtype`; copies the
 // llama2.c tokenizer at `tokenizer_path` to out_dir/tokenizer.bin (skipped when empty).
 // Models in llama2.c's interleaved RoPE layout get the rows of q_proj and k_proj permuted within
 // each head into HF's rotate-half order (transformers' convert_llama_weights_to_hf `permute`), so
 // LoadSafetensors of the result computes the same function; with F32 the logits are identical.
-// Each file is written atomically; tensors are converted one at a time.
+// Each file is written atomically; tensors are converted one at a time. InvalidArgument when
+// the model's MoE features do not fit its arch (experts without an MoE arch, a shared expert
+// outside qwen2_moe, q/k norms outside olmoe, Mixtral without top-k renormalisation).
 Status ConvertToSafetensors(const Model& model, const std::string& tokenizer_path,
                             const std::string& out_dir, DType dtype = DType::kF32);
 
 struct RandomModelOptions {
-  std::string arch = "llama";  // "llama" or "qwen2" (qwen2 adds q/k/v biases)
+  // "llama"; "qwen2" (q/k/v biases); MoE: "mixtral", "olmoe" (q/k norms) or "qwen2_moe" (q/k/v
+  // biases and a shared expert).
+  std::string arch = "llama";
   int layers = 2;
   int dim = 64;
   int heads = 4;
@@ -40,6 +46,12 @@ struct RandomModelOptions {
   float rope_theta = 0.0f;     // 0: 10000 for llama, 1000000 for qwen2
   float init_std = 0.02f;      // matrices and biases ~ N(0, init_std); norms ~ 1 + N(0, init_std)
   bool tie_embeddings = false; // true: no lm_head tensor; the classifier is the embedding
+  // MoE archs only (InvalidArgument on a dense arch when set):
+  int experts = 0;             // routed experts per layer (0: 8)
+  int top_k = 0;               // experts per token (0: 2)
+  int expert_hidden = 0;       // each expert's width (0: as `hidden`); the model's hidden_dim
+  int shared_hidden = 0;       // qwen2_moe only: shared expert width (0: 4 * expert_hidden)
+  bool norm_topk = false;      // olmoe/qwen2_moe norm_topk_prob; Mixtral always renormalises
 };
 
 // The ModelConfig MakeRandomModel would write (defaults resolved), or InvalidArgument naming the
@@ -52,8 +64,9 @@ Result<ModelConfig> RandomModelConfig(const RandomModelOptions& o);
 // tensor, so memory stays at one tensor's worth whatever the model size.
 Status MakeRandomModel(const RandomModelOptions& o);
 
-// Multi-line text: source, format, every config field, checksum, parameter count, then one line
-// per tensor (HF name, dtype, shape), in the order the forward pass uses them.
+// Multi-line text: source, format, every config field (MoE models: experts, top_k, expert width,
+// norm_topk, shared expert), checksum, parameter count (MoE: also active per token), then one
+// line per tensor (HF name, dtype, shape; every expert's), in the order the forward pass uses them.
 std::string DescribeModel(const Model& m);
 
 }  // namespace keel::engine

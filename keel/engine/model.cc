@@ -5,6 +5,64 @@
 #include <cstring>
 
 namespace keel::engine {
+namespace {
+
+// The MoE part of ModelConfig::Validate.
+Status ValidateMoe(const ModelConfig& c) {
+  auto bad = [](const std::string& m) { return Status::InvalidArgument("model config: " + m); };
+  const MoeConfig& e = c.moe;
+  if (!e.enabled()) {
+    if (e.n_experts < 0 || e.top_k != 0 || e.expert_hidden != 0 || e.shared_hidden != 0) {
+      return bad("n_experts " + std::to_string(e.n_experts) +
+                 " but top_k/expert_hidden/shared_hidden set (a dense model has none)");
+    }
+    return Status::Ok();
+  }
+  // Bounded like the dense sizes: n_experts * n_layers expert views are allocated up front.
+  if (e.n_experts > 1024) return bad("n_experts " + std::to_string(e.n_experts) + " is beyond 1024");
+  if (e.top_k < 1 || e.top_k > e.n_experts) {
+    return bad("top_k " + std::to_string(e.top_k) + " must be in 1..n_experts (" +
+               std::to_string(e.n_experts) + ")");
+  }
+  if (e.expert_hidden <= 0 || e.expert_hidden > (1 << 18) || e.shared_hidden < 0 ||
+      e.shared_hidden > (1 << 18)) {
+    return bad("expert_hidden " + std::to_string(e.expert_hidden) + " must be in 1..2^18, shared_hidden " +
+               std::to_string(e.shared_hidden) + " in 0..2^18");
+  }
+  // Keeps ParameterCount within int64 at the other bounds; real models are far below it
+  // (Mixtral 8x22B: 8 x 16384, DeepSeek-V3: 256 x 2048).
+  if (int64_t{e.n_experts} * e.expert_hidden > (int64_t{1} << 22)) {
+    return bad("n_experts x expert_hidden " + std::to_string(e.n_experts) + " x " +
+               std::to_string(e.expert_hidden) + " is beyond 2^22");
+  }
+  if (c.hidden_dim != e.expert_hidden) {
+    return bad("hidden_dim " + std::to_string(c.hidden_dim) + " != expert_hidden " +
+               std::to_string(e.expert_hidden) + " (an MoE model's FFN width is its experts')");
+  }
+  return Status::Ok();
+}
+
+// One layer's weights outside the feed-forward block: norms, attention, optional biases/norms.
+int64_t AttentionParameters(const ModelConfig& c) {
+  const int64_t d = c.dim, kv = c.kv_dim();
+  return 2 * d + d * d * 2 + 2 * kv * d + (c.qkv_bias ? d + 2 * kv : 0) + (c.qk_norm ? d + kv : 0);
+}
+
+// One layer's feed-forward weights with `experts` routed experts present.
+int64_t FeedForwardParameters(const ModelConfig& c, int64_t experts) {
+  const int64_t d = c.dim;
+  if (!c.moe.enabled()) return 3 * int64_t{c.hidden_dim} * d;
+  const int64_t shared = c.moe.shared_hidden > 0 ? 3 * int64_t{c.moe.shared_hidden} * d + d : 0;
+  return int64_t{c.moe.n_experts} * d + experts * 3 * c.moe.expert_hidden * d + shared;
+}
+
+int64_t CountWith(const ModelConfig& c, int64_t experts) {
+  const int64_t d = c.dim, v = c.vocab_size;
+  const int64_t per_layer = AttentionParameters(c) + FeedForwardParameters(c, experts);
+  return v * d * (c.tied_embeddings ? 1 : 2) + d + per_layer * c.n_layers;
+}
+
+}  // namespace
 
 Status ModelConfig::Validate() const {
   auto bad = [](const std::string& m) { return Status::InvalidArgument("model config: " + m); };
@@ -24,13 +82,21 @@ Status ModelConfig::Validate() const {
     return bad("sizes beyond supported bounds");
   }
   if (!(rms_eps > 0.0f) || !(rope_theta > 0.0f)) return bad("rms_eps and rope_theta must be positive");
-  return Status::Ok();
+  return ValidateMoe(*this);
 }
 
-int64_t ModelConfig::ParameterCount() const {
-  int64_t d = dim, h = hidden_dim, kv = kv_dim(), v = vocab_size;
-  int64_t per_layer = 2 * d + d * d * 2 + 2 * kv * d + 3 * h * d + (qkv_bias ? d + 2 * kv : 0);
-  return v * d * (tied_embeddings ? 1 : 2) + d + per_layer * n_layers;
+int64_t ModelConfig::ParameterCount() const { return CountWith(*this, moe.n_experts); }
+
+int64_t ModelConfig::ActiveParameterCount() const { return CountWith(*this, moe.top_k); }
+
+Result<std::pair<const WeightFile*, uint64_t>> Model::Locate(const TensorView& view) const {
+  const auto* p = static_cast<const uint8_t*>(view.data);
+  for (const WeightFile& f : weight_files) {
+    if (p >= f.base && p + view.bytes() <= f.base + f.size) {
+      return std::make_pair(&f, static_cast<uint64_t>(p - f.base));
+    }
+  }
+  return Status::NotFound(source + ": tensor is not in a mapped weight file");
 }
 
 const float* Model::OwnF32(const TensorView& v) {

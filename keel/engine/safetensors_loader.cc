@@ -1,6 +1,7 @@
-// LoadSafetensors: a Hugging Face Llama or Qwen2 directory (config.json + model.safetensors or
-// index-listed shards) as a Model. Matrices stay in the memory maps; norms and biases are widened
-// to fp32 copies the Model owns, because the forward pass reads them as plain floats.
+// LoadSafetensors: a Hugging Face Llama, Qwen2, Mixtral, OLMoE or Qwen2-MoE directory (config.json
+// + model.safetensors or index-listed shards) as a Model. Matrices (experts and routers included)
+// stay in the memory maps; norms and biases are widened to fp32 copies the Model owns, because the
+// forward pass reads them as plain floats.
 #include <climits>
 #include <filesystem>
 #include <map>
@@ -94,20 +95,91 @@ class ConfigReader {
   const json& j_;
 };
 
+bool IsMoeArch(const std::string& arch) {
+  return arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe";
+}
+
 Status ParseArch(const std::string& path, const json& j, std::string* arch) {
+  // model_type and the transformers class that `architectures` names for it.
+  static const std::pair<const char*, const char*> kArchs[] = {
+      {"llama", "LlamaForCausalLM"},     {"qwen2", "Qwen2ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"}, {"olmoe", "OlmoeForCausalLM"},
+      {"qwen2_moe", "Qwen2MoeForCausalLM"}};
   ConfigReader r(path, j);
   std::string type = r.String("model_type");
   if (type.empty() && j.contains("architectures") && j["architectures"].is_array() &&
       !j["architectures"].empty() && j["architectures"][0].is_string()) {
     std::string a = j["architectures"][0].get<std::string>();
-    if (a == "LlamaForCausalLM") type = "llama";
-    if (a == "Qwen2ForCausalLM") type = "qwen2";
+    for (const auto& [t, cls] : kArchs) {
+      if (a == cls) type = t;
+    }
   }
-  if (type != "llama" && type != "qwen2") {
-    return Status::InvalidArgument(path + ": model_type \"" + type +
-                                   "\" is not supported (Keel loads llama and qwen2)");
+  for (const auto& [t, cls] : kArchs) {
+    if (type == t) {
+      *arch = type;
+      return Status::Ok();
+    }
   }
-  *arch = type;
+  return Status::InvalidArgument(path + ": model_type \"" + type +
+                                 "\" is not supported (Keel loads llama, qwen2, mixtral, olmoe "
+                                 "and qwen2_moe)");
+}
+
+// The expert block's fields, which each MoE architecture names differently. Sets hidden_dim to
+// the expert width. Needs max_seq_len already read (Mixtral's sliding window is checked against it).
+Status ParseMoe(const std::string& path, const json& j, ModelConfig* c) {
+  ConfigReader r(path, j);
+  MoeConfig& e = c->moe;
+  const bool mixtral = c->arch == "mixtral", qwen = c->arch == "qwen2_moe";
+  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  const char* width_key = qwen ? "moe_intermediate_size" : "intermediate_size";
+  KEEL_RETURN_IF_ERROR(r.Int(experts_key, &e.n_experts));
+  KEEL_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &e.top_k));
+  KEEL_RETURN_IF_ERROR(r.Int(width_key, &e.expert_hidden));
+  if (e.top_k > e.n_experts) {
+    return Status::InvalidArgument(path + ": num_experts_per_tok " + std::to_string(e.top_k) +
+                                   " is more than " + experts_key + " " + std::to_string(e.n_experts));
+  }
+  if (e.n_experts > 1024) {
+    return Status::InvalidArgument(path + ": " + experts_key + " " + std::to_string(e.n_experts) +
+                                   " is beyond the supported 1024");
+  }
+  c->hidden_dim = e.expert_hidden;
+  if (mixtral) {
+    e.norm_topk = true;  // Mixtral always renormalises its top-k weights; it has no such field
+    // HF Mixtral applies sliding_window whenever it is set; one that covers the whole context
+    // changes nothing.
+    if (r.Present("sliding_window")) {
+      int window = 0;
+      KEEL_RETURN_IF_ERROR(r.Int("sliding_window", &window));
+      if (window < c->max_seq_len) {
+        return Status::InvalidArgument(path + ": sliding_window " + std::to_string(window) +
+                                       " < max_position_embeddings " +
+                                       std::to_string(c->max_seq_len) + " is not supported");
+      }
+    }
+    return Status::Ok();
+  }
+  KEEL_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &e.norm_topk, false));
+  if (c->arch == "olmoe") {
+    if (r.Present("clip_qkv")) {
+      return Status::InvalidArgument(path + ": clip_qkv " + j["clip_qkv"].dump() + " is not supported");
+    }
+    c->qk_norm = true;
+    return Status::Ok();
+  }
+  // Qwen2-MoE: every layer sparse, each with one gated shared expert.
+  KEEL_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size", &e.shared_hidden));
+  int step = 1;
+  KEEL_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &step, 1));
+  if (step != 1) {
+    return Status::InvalidArgument(path + ": decoder_sparse_step " + std::to_string(step) +
+                                   " is not supported (dense layers between MoE layers; only 1)");
+  }
+  if (r.Present("mlp_only_layers") && (!j["mlp_only_layers"].is_array() || !j["mlp_only_layers"].empty())) {
+    return Status::InvalidArgument(path + ": mlp_only_layers " + j["mlp_only_layers"].dump() +
+                                   " is not supported (dense layers among MoE layers; only [])");
+  }
   return Status::Ok();
 }
 
@@ -136,16 +208,20 @@ Result<ModelConfig> ParseConfig(const std::string& path, const json& j) {
   KEEL_RETURN_IF_ERROR(ParseArch(path, j, &c.arch));
   ConfigReader r(path, j);
   KEEL_RETURN_IF_ERROR(RejectUnsupported(path, r));
+  const bool moe = IsMoeArch(c.arch);
   KEEL_RETURN_IF_ERROR(r.Int("hidden_size", &c.dim));
-  KEEL_RETURN_IF_ERROR(r.Int("intermediate_size", &c.hidden_dim));
+  if (!moe) KEEL_RETURN_IF_ERROR(r.Int("intermediate_size", &c.hidden_dim));
   KEEL_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.n_layers));
   KEEL_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.n_heads));
   KEEL_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.n_kv_heads, c.n_heads));
   KEEL_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   KEEL_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_seq_len, 2048));
-  KEEL_RETURN_IF_ERROR(r.Float("rms_norm_eps", &c.rms_eps, 1e-6f));
-  KEEL_RETURN_IF_ERROR(r.Float("rope_theta", &c.rope_theta, 10000.0f));
+  // Fallbacks are transformers' defaults for each architecture.
+  const bool eps5 = c.arch == "mixtral" || c.arch == "olmoe";
+  KEEL_RETURN_IF_ERROR(r.Float("rms_norm_eps", &c.rms_eps, eps5 ? 1e-5f : 1e-6f));
+  KEEL_RETURN_IF_ERROR(r.Float("rope_theta", &c.rope_theta, c.arch == "mixtral" ? 1e6f : 10000.0f));
   KEEL_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tied_embeddings, false));
+  if (moe) KEEL_RETURN_IF_ERROR(ParseMoe(path, j, &c));
   if (c.dim % c.n_heads != 0) {
     return Status::InvalidArgument(path + ": hidden_size " + std::to_string(c.dim) +
                                    " is not a multiple of num_attention_heads " +
@@ -264,6 +340,35 @@ class Binder {
   std::set<std::string> used_;
 };
 
+// One SwiGLU block: `names` are the gate, down and up projections' tensor names after `prefix`.
+Status BindExpert(Binder& b, const std::string& prefix, const char* const (&names)[3], int64_t dim,
+                  int64_t hidden, ExpertWeights* e) {
+  KEEL_RETURN_IF_ERROR(b.Matrix(prefix + names[0], hidden, dim, &e->w1));
+  KEEL_RETURN_IF_ERROR(b.Matrix(prefix + names[1], dim, hidden, &e->w2));
+  return b.Matrix(prefix + names[2], hidden, dim, &e->w3);
+}
+
+// Mixtral: block_sparse_moe.{gate, experts.E.w1/w2/w3}; OLMoE and Qwen2-MoE: mlp.{gate,
+// experts.E.gate_proj/down_proj/up_proj} (Qwen2-MoE adds mlp.shared_expert{,_gate}).
+Status BindMoe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights* w) {
+  static const char* const kMixtral[3] = {"w1.weight", "w2.weight", "w3.weight"};
+  static const char* const kHf[3] = {"gate_proj.weight", "down_proj.weight", "up_proj.weight"};
+  const bool mixtral = c.arch == "mixtral";
+  const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  const MoeConfig& e = c.moe;
+  KEEL_RETURN_IF_ERROR(b.Matrix(block + "gate.weight", e.n_experts, c.dim, &w->router));
+  w->experts.resize(e.n_experts);
+  for (int x = 0; x < e.n_experts; ++x) {
+    KEEL_RETURN_IF_ERROR(BindExpert(b, block + "experts." + std::to_string(x) + ".",
+                                    mixtral ? kMixtral : kHf, c.dim, e.expert_hidden, &w->experts[x]));
+  }
+  if (e.shared_hidden > 0) {
+    KEEL_RETURN_IF_ERROR(BindExpert(b, block + "shared_expert.", kHf, c.dim, e.shared_hidden, &w->shared));
+    KEEL_RETURN_IF_ERROR(b.Matrix(block + "shared_expert_gate.weight", 1, c.dim, &w->shared_gate));
+  }
+  return Status::Ok();
+}
+
 Status BindLayer(Binder& b, const ModelConfig& c, int i, LayerWeights* l) {
   const std::string p = "model.layers." + std::to_string(i) + ".";
   const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
@@ -277,7 +382,12 @@ Status BindLayer(Binder& b, const ModelConfig& c, int i, LayerWeights* l) {
     KEEL_RETURN_IF_ERROR(b.Vector(p + "self_attn.k_proj.bias", kv, &l->bk));
     KEEL_RETURN_IF_ERROR(b.Vector(p + "self_attn.v_proj.bias", kv, &l->bv));
   }
+  if (c.qk_norm) {
+    KEEL_RETURN_IF_ERROR(b.Vector(p + "self_attn.q_norm.weight", dim, &l->q_norm));
+    KEEL_RETURN_IF_ERROR(b.Vector(p + "self_attn.k_norm.weight", kv, &l->k_norm));
+  }
   KEEL_RETURN_IF_ERROR(b.Vector(p + "post_attention_layernorm.weight", dim, &l->ffn_norm));
+  if (c.moe.enabled()) return BindMoe(b, c, p, &l->moe);
   KEEL_RETURN_IF_ERROR(b.Matrix(p + "mlp.gate_proj.weight", hidden, dim, &l->w1));
   KEEL_RETURN_IF_ERROR(b.Matrix(p + "mlp.down_proj.weight", dim, hidden, &l->w2));
   KEEL_RETURN_IF_ERROR(b.Matrix(p + "mlp.up_proj.weight", hidden, dim, &l->w3));
@@ -305,6 +415,7 @@ Result<Model> LoadSafetensors(const std::string& dir) {
   }
   for (const SafetensorsFile& f : files) {
     m.storage.push_back(f.file());
+    m.weight_files.push_back(WeightFile{f.path(), f.file()->data(), f.file()->size()});
     for (const SafetensorsTensor& t : f.tensors()) {
       if (!tensors.emplace(t.name, std::make_pair(&t, f.path())).second) {
         return Status::Corruption(f.path() + ": tensor '" + t.name + "' at byte offset " +
@@ -323,7 +434,8 @@ Result<Model> LoadSafetensors(const std::string& dir) {
   }
 
   ModelConfig& c = m.config;
-  c.qkv_bias = c.arch == "qwen2" && tensors.count("model.layers.0.self_attn.q_proj.bias") > 0;
+  c.qkv_bias = (c.arch == "qwen2" || c.arch == "qwen2_moe") &&
+               tensors.count("model.layers.0.self_attn.q_proj.bias") > 0;
   Binder b(&m, std::move(tensors));
   KEEL_RETURN_IF_ERROR(b.Matrix("model.embed_tokens.weight", c.vocab_size, c.dim, &m.embedding));
   m.layers.resize(c.n_layers);
