@@ -21,6 +21,7 @@
 #include "keel/kv/bellows/calibration.h"
 #include "keel/kv/registry.h"
 #include "keel/kvstore/service.h"
+#include "keel/moe/offload.h"
 #include "keel/vector/service.h"
 
 namespace {
@@ -51,6 +52,58 @@ void AddKvCodecFlags(CLI::App* cmd, KvCodecArgs& a) {
       ->check(CLI::ExistingFile);
 }
 
+// Offloaded MoE decoding (keel/moe), shared by generate, serve and bench: off unless --moe-slots.
+struct MoeArgs {
+  int slots = 0;
+  std::string policy = "psr";
+  moe::OffloadOptions o;
+  double link_gbps = 0, link_latency_us = 0, jitter_us = 0;
+  bool reorder = false;
+  uint64_t seed = 0;
+};
+
+void AddMoeFlags(CLI::App* cmd, MoeArgs& a) {
+  cmd->add_option("--moe-slots", a.slots,
+                  "offload MoE experts: resident expert slots per layer (top_k..n_experts; 0 = every expert in memory)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--moe-policy", a.policy,
+                  "with --moe-slots: lru (exact routing, on-demand copies), prefetch (exact, + next-layer router "
+                  "prefetch), psr (deterministic logical-cache routing bonus), resident-bias (timing-dependent; "
+                  "for comparison only)")->capture_default_str();
+  cmd->add_option("--moe-bonus", a.o.bonus, "psr: router-logit bonus of cached experts")->capture_default_str();
+  cmd->add_option("--moe-lookahead", a.o.lookahead, "psr: predicted experts entering the next layer's cache (1..top_k)")
+      ->capture_default_str();
+  cmd->add_option("--moe-decay", a.o.decay, "psr: moving-average decay of router choices, in (0, 1)")->capture_default_str();
+  cmd->add_option("--moe-source", a.o.source,
+                  "slow tier: dram (the mapped model) or file-direct (O_DIRECT reads of the model file)")->capture_default_str();
+  cmd->add_option("--moe-link-gbps", a.link_gbps, "copy link bandwidth in GB/s standing in for PCIe (0 = unpaced)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--moe-link-latency-us", a.link_latency_us, "copy link latency per copy, microseconds")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--moe-copy-jitter-us", a.jitter_us, "fault injection: extra random delay per copy, up to this many microseconds")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--moe-copy-reorder", a.reorder, "fault injection: start queued copies in random order");
+  cmd->add_option("--moe-copy-seed", a.seed, "seed of the injected delays and reorderings")->capture_default_str();
+}
+
+// Sets o.feed_forward to build the offloaded runtime when --moe-slots is given.
+Status ApplyMoeFlags(const MoeArgs& a, EngineOptions& o) {
+  if (a.slots == 0) return Status::Ok();
+  moe::OffloadOptions opt = a.o;
+  KEEL_ASSIGN_OR_RETURN(opt.policy, moe::ParsePolicy(a.policy));
+  opt.slots = a.slots;
+  opt.copy.bandwidth_bytes_per_s = a.link_gbps * 1e9;
+  opt.copy.latency_s = a.link_latency_us * 1e-6;
+  opt.copy.jitter_s = a.jitter_us * 1e-6;
+  opt.copy.reorder = a.reorder;
+  opt.copy.seed = a.seed;
+  o.feed_forward = [opt](const Model& m) -> Result<std::unique_ptr<FeedForwardStack>> {
+    KEEL_ASSIGN_OR_RETURN(std::unique_ptr<moe::OffloadedMoe> s, moe::OffloadedMoe::Create(m, opt));
+    return std::unique_ptr<FeedForwardStack>(std::move(s));
+  };
+  return Status::Ok();
+}
+
 struct GenerateArgs {
   std::string model, tokenizer, prompt;
   KvCodecArgs kv;
@@ -62,10 +115,12 @@ struct GenerateArgs {
   bool print_ids = false;
   int logprobs = -1;
   KvStoreLinkOptions kvstore;
+  MoeArgs moe;
 };
 
 int RunGenerate(const GenerateArgs& a) {
   EngineOptions opt;
+  if (Status s = ApplyMoeFlags(a.moe, opt); !s.ok()) return Fail(s);
   opt.model_path = a.model;
   opt.tokenizer_path = a.tokenizer;
   opt.kv_codec = a.kv.codec;
@@ -116,6 +171,12 @@ int RunGenerate(const GenerateArgs& a) {
   Log().info("{} prompt + {} generated tokens in {:.3f} s ({:.1f} tok/s), finish_reason={}", prompt_len,
              done->completion_tokens, secs, done->completion_tokens / std::max(secs, 1e-9),
              FinishReasonName(done->finish_reason));
+  if (const auto* off = dynamic_cast<const moe::OffloadedMoe*>(&e.feed_forward())) {
+    const moe::OffloadStats st = off->stats();
+    Log().info("experts ({}, {} slots/layer): hit ratio {:.3f}, {} demand + {} prefetch copies ({:.1f} MiB), stalled {:.3f} s",
+               moe::PolicyName(off->options().policy), off->options().slots, st.hit_ratio(), st.demand_copies,
+               st.prefetch_copies, st.bytes / 1048576.0, st.stall_s);
+  }
   return 0;
 }
 
@@ -126,10 +187,12 @@ struct ServeArgs {
   size_t kv_mb = 256;
   double drain = 10;
   KvStoreLinkOptions kvstore;
+  MoeArgs moe;
 };
 
 int RunServe(const ServeArgs& a) {
   EngineOptions opt;
+  if (Status s = ApplyMoeFlags(a.moe, opt); !s.ok()) return Fail(s);
   opt.model_path = a.model;
   opt.tokenizer_path = a.tokenizer;
   opt.kv_codec = a.kv.codec;
@@ -143,6 +206,7 @@ int RunServe(const ServeArgs& a) {
   auto engine = Engine::Open(opt, ObserverFor(metrics));
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
+  e.feed_forward().RegisterMetrics(metrics->registry);
   ServerOptions so;
   so.host = a.host;
   so.port = a.port;
@@ -402,6 +466,7 @@ int main(int argc, char** argv) {
                        "print each generated token's log-probability and this many most likely alternatives on stderr")
       ->check(CLI::Range(0, kMaxTopLogprobs));
   AddKvStoreLinkFlags(generate, gen.kvstore);
+  AddMoeFlags(generate, gen.moe);
 
   ServeArgs serve_args;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions)");
@@ -417,6 +482,7 @@ int main(int argc, char** argv) {
   serve->add_option("--max-batch-tokens", serve_args.max_batch_tokens, "tokens per forward step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   serve->add_option("--drain-seconds", serve_args.drain, "on SIGTERM, let streams finish this long")->capture_default_str();
   AddKvStoreLinkFlags(serve, serve_args.kvstore);
+  AddMoeFlags(serve, serve_args.moe);
 
   KvstoreArgs kv;
   auto* kvs = app.add_subcommand("kvstore", "Serve a shared KV cache (DRAM -> SSD -> Redis) to engine instances");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keel/core/aligned.h"
+#include "keel/core/metrics.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/model.h"
 
@@ -45,8 +46,9 @@ class FeedForwardStack {
   virtual FeedForward& layer(int l) = 0;
   // A sequence ended (its id may be reused later): drop its per-sequence state.
   virtual void EndSequence(SeqId) {}
-  // Prometheus text exposition lines for /metrics (empty: nothing to report).
-  virtual std::string MetricsText() const { return {}; }
+  // Registers the stack's metrics (read through callbacks; `registry` may render them from any
+  // thread for as long as the stack lives). Default: none.
+  virtual void RegisterMetrics(MetricsRegistry&) {}
   // True when outputs depend on a sequence's whole token history through state the stack keeps
   // (PSR's logical expert cache): such a sequence cannot resume from KV blocks computed by
   // another sequence, so prefix reuse is off.

@@ -111,6 +111,7 @@ class KvCache {
 
   const kv::Codec& codec() const { return *codec_; }
   int block_tokens() const { return block_tokens_; }
+  bool prefix_sharing() const { return prefix_sharing_; }
   size_t budget_bytes() const { return budget_bytes_; }
   // Fingerprint string hashed into every chunk key.
   const std::string& fingerprint() const { return fingerprint_; }

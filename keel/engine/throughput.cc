@@ -79,6 +79,11 @@ Result<ThroughputReport> MeasureThroughput(const Model& model, const ThroughputO
   double weights = 0;
   for (const LayerWeights& w : model.layers) {
     for (const TensorView* t : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w1, &w.w2, &w.w3}) weights += t->bytes();
+    if (c.moe.enabled()) {
+      // A token reads the router and its top_k experts (a batch may read more: a lower bound).
+      weights += w.moe.router.bytes() + w.moe.shared.bytes() + w.moe.shared_gate.bytes() +
+                 static_cast<double>(c.moe.top_k) * w.moe.experts[0].bytes();
+    }
   }
   weights += model.classifier.bytes();
   rep.weight_bytes = weights;

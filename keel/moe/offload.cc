@@ -124,26 +124,26 @@ OffloadStats OffloadedMoe::stats() const {
   return s;
 }
 
-std::string OffloadedMoe::MetricsText() const {
-  const OffloadStats s = stats();
-  const char* policy = PolicyName(options_.policy);
-  std::string t;
-  t += "# HELP keel_moe_expert_lookups_total Experts a layer step needed.\n# TYPE keel_moe_expert_lookups_total counter\n";
-  t += fmt::format("keel_moe_expert_lookups_total{{policy=\"{}\"}} {}\n", policy, s.lookups);
-  t += "# HELP keel_moe_expert_hits_total Needed experts already resident or in flight.\n# TYPE keel_moe_expert_hits_total counter\n";
-  t += fmt::format("keel_moe_expert_hits_total{{policy=\"{}\"}} {}\n", policy, s.hits);
-  t += "# HELP keel_moe_hit_ratio Expert hits / lookups since start.\n# TYPE keel_moe_hit_ratio gauge\n";
-  t += fmt::format("keel_moe_hit_ratio{{policy=\"{}\"}} {:.6f}\n", policy, s.hit_ratio());
-  t += "# HELP keel_moe_copies_total Expert copies into fast memory, by cause.\n# TYPE keel_moe_copies_total counter\n";
-  t += fmt::format("keel_moe_copies_total{{policy=\"{}\",cause=\"demand\"}} {}\n", policy, s.demand_copies);
-  t += fmt::format("keel_moe_copies_total{{policy=\"{}\",cause=\"prefetch\"}} {}\n", policy, s.prefetch_copies);
-  t += "# HELP keel_moe_copy_bytes_total Bytes copied into expert slots.\n# TYPE keel_moe_copy_bytes_total counter\n";
-  t += fmt::format("keel_moe_copy_bytes_total{{policy=\"{}\"}} {}\n", policy, s.bytes);
-  t += "# HELP keel_moe_stall_seconds_total Time compute waited for expert copies.\n# TYPE keel_moe_stall_seconds_total counter\n";
-  t += fmt::format("keel_moe_stall_seconds_total{{policy=\"{}\"}} {:.6f}\n", policy, s.stall_s);
-  t += "# HELP keel_moe_tokens_total Tokens routed through the offloaded experts.\n# TYPE keel_moe_tokens_total counter\n";
-  t += fmt::format("keel_moe_tokens_total{{policy=\"{}\"}} {}\n", policy, s.tokens);
-  return t;
+void OffloadedMoe::RegisterMetrics(MetricsRegistry& r) {
+  const std::string policy = PolicyName(options_.policy);
+  auto stat = [this](auto field) { return [this, field] { return static_cast<double>(field(stats())); }; };
+  r.AddCounter("keel_moe_expert_lookups_total", "Experts a layer step needed (distinct per step).", {"policy"})
+      .WithLabels({policy}).SetCallback(stat([](const OffloadStats& s) { return s.lookups; }));
+  r.AddCounter("keel_moe_expert_hits_total", "Needed experts already resident or in flight.", {"policy"})
+      .WithLabels({policy}).SetCallback(stat([](const OffloadStats& s) { return s.hits; }));
+  r.AddGauge("keel_moe_hit_ratio", "Expert hits / lookups since start.", {"policy"})
+      .WithLabels({policy}).SetCallback(stat([](const OffloadStats& s) { return s.hit_ratio(); }));
+  auto& copies = r.AddCounter("keel_moe_copies_total", "Expert copies into fast-memory slots, by cause.", {"policy", "cause"});
+  copies.WithLabels({policy, "demand"}).SetCallback(stat([](const OffloadStats& s) { return s.demand_copies; }));
+  copies.WithLabels({policy, "prefetch"}).SetCallback(stat([](const OffloadStats& s) { return s.prefetch_copies; }));
+  r.AddCounter("keel_moe_copy_bytes_total", "Bytes copied into expert slots.", {"policy"})
+      .WithLabels({policy}).SetCallback(stat([](const OffloadStats& s) { return s.bytes; }));
+  r.AddCounter("keel_moe_stall_seconds_total", "Time compute waited for expert copies.", {"policy"})
+      .WithLabels({policy}).SetCallback(stat([](const OffloadStats& s) { return s.stall_s; }));
+  r.AddCounter("keel_moe_tokens_total", "Tokens computed through the offloaded experts.", {"policy"})
+      .WithLabels({policy}).SetCallback(stat([](const OffloadStats& s) { return s.tokens; }));
+  r.AddGauge("keel_moe_slots_per_layer", "Resident expert slots per layer.", {"policy"})
+      .WithLabels({policy}).Set(options_.slots);
 }
 
 OffloadedMoe::SeqState& OffloadedMoe::StateOf(int l, const BatchToken& row) {

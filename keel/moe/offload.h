@@ -74,7 +74,7 @@ class OffloadedMoe final : public engine::FeedForwardStack {
 
   engine::FeedForward& layer(int l) override;
   void EndSequence(engine::SeqId seq) override { sequences_.erase(seq); }
-  std::string MetricsText() const override;
+  void RegisterMetrics(MetricsRegistry& registry) override;
   bool history_dependent() const override { return options_.policy == Policy::kPsr; }
 
   OffloadStats stats() const;

@@ -206,7 +206,11 @@ TEST_F(OffloadTest, MetricsNameCopiesStallsAndHitRatio) {
   o.slots = 4;
   auto moe = Make(o);
   Run(moe.get(), 0, 4);
-  const std::string text = moe->MetricsText();
+  MetricsRegistry registry;
+  moe->RegisterMetrics(registry);
+  const std::string text = registry.Render();
+  EXPECT_NE(text.find("keel_moe_tokens_total{policy=\"prefetch\"} " + std::to_string(prompt_.size() + 4)), std::string::npos)
+      << text;
   for (const char* name : {"keel_moe_copies_total{policy=\"prefetch\",cause=\"demand\"}", "keel_moe_hit_ratio",
                            "keel_moe_stall_seconds_total", "keel_moe_copy_bytes_total", "keel_moe_expert_lookups_total"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
