@@ -62,7 +62,7 @@ struct OffloadStats {
   int64_t hits = 0;             // of those, resident or already in flight when needed
   int64_t demand_copies = 0;    // copies issued because a needed expert was missing
   int64_t prefetch_copies = 0;  // copies issued ahead of need
-  int64_t bytes = 0;            // bytes copied
+  int64_t bytes = 0;            // bytes of copies that have landed
   double stall_s = 0;           // time compute waited for copies
   double hit_ratio() const { return lookups > 0 ? static_cast<double>(hits) / lookups : 0.0; }
 };

@@ -117,7 +117,10 @@ TEST_F(OffloadTest, ExactPoliciesEqualTheInMemoryModelBitForBit) {
       const OffloadStats s = moe->stats();
       EXPECT_EQ(s.tokens, static_cast<int64_t>(prompt_.size()) + 12);
       EXPECT_GT(s.demand_copies, 0);
-      EXPECT_EQ(s.bytes, (s.demand_copies + s.prefetch_copies) * static_cast<int64_t>(moe->expert_bytes()));
+      // Bytes of landed copies: a prefetch nobody waited for may still be in flight.
+      const int64_t issued = s.demand_copies + s.prefetch_copies, eb = static_cast<int64_t>(moe->expert_bytes());
+      EXPECT_LE(s.bytes, issued * eb);
+      EXPECT_GE(s.bytes, (issued - slots * model_->config.n_layers) * eb);
       if (p == Policy::kLru) EXPECT_EQ(s.prefetch_copies, 0);
       if (p == Policy::kPrefetch) EXPECT_GT(s.prefetch_copies, 0);
     }
