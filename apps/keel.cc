@@ -71,7 +71,7 @@ void AddMoeFlags(CLI::App* cmd, MoeArgs& a) {
                   "prefetch), psr (deterministic logical-cache routing bonus), resident-bias (timing-dependent; "
                   "for comparison only)")->capture_default_str();
   cmd->add_option("--moe-bonus", a.o.bonus, "psr: router-logit bonus of cached experts")->capture_default_str();
-  cmd->add_option("--moe-lookahead", a.o.lookahead, "psr: predicted experts entering the next layer's cache (1..top_k)")
+  cmd->add_option("--moe-lookahead", a.o.lookahead, "psr: predicted experts entering the next layer's cache (0..top_k; 0 = no lookahead)")
       ->capture_default_str();
   cmd->add_option("--moe-decay", a.o.decay, "psr: moving-average decay of router choices, in (0, 1)")->capture_default_str();
   cmd->add_option("--moe-source", a.o.source,

@@ -1,6 +1,7 @@
 #include "keel/moe/copy_engine.h"
 
 #include <algorithm>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -23,12 +24,12 @@ CopyEngine::~CopyEngine() {
   worker_.join();  // copies still queued never started: their slots are untouched
 }
 
-CopyEngine::Ticket CopyEngine::Submit(int layer, int expert, uint8_t* dst) {
+CopyEngine::Ticket CopyEngine::Submit(int layer, int expert, uint8_t* dst, Priority priority) {
   Ticket t;
   {
     std::lock_guard<std::mutex> lock(mu_);
     t = next_++;
-    queue_.push_back(Job{t, layer, expert, dst, Clock::now()});
+    queue_.push_back(Job{t, layer, expert, dst, Clock::now(), priority == Priority::kDemand});
     unfinished_.insert(t);
   }
   work_cv_.notify_one();
@@ -65,9 +66,17 @@ CopyStats CopyEngine::stats() const {
 }
 
 CopyEngine::Job CopyEngine::TakeNext() {
-  size_t i = 0;
-  if (model_.reorder && queue_.size() > 1) {
-    i = std::uniform_int_distribution<size_t>(0, queue_.size() - 1)(order_rng_);
+  // Demand copies go before queued prefetches (compute is waiting for them).
+  std::vector<size_t> candidates;
+  for (size_t k = 0; k < queue_.size(); ++k) {
+    if (queue_[k].demand) candidates.push_back(k);
+  }
+  if (candidates.empty()) {
+    for (size_t k = 0; k < queue_.size(); ++k) candidates.push_back(k);
+  }
+  size_t i = candidates[0];
+  if (model_.reorder && candidates.size() > 1) {
+    i = candidates[std::uniform_int_distribution<size_t>(0, candidates.size() - 1)(order_rng_)];
   }
   Job j = queue_[i];
   queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -58,7 +58,10 @@ class CopyEngine {
 
   // Queues a copy of (layer, expert) into dst (LayoutOf(...).bytes long, owned by the caller and
   // not touched by anyone else until the copy lands). Never blocks on the link.
-  Ticket Submit(int layer, int expert, uint8_t* dst);
+  // kDemand copies (compute waits for them) start before every queued kPrefetch copy; within a
+  // priority, FIFO (or random with CopyModel::reorder).
+  enum class Priority { kPrefetch, kDemand };
+  Ticket Submit(int layer, int expert, uint8_t* dst, Priority priority = Priority::kPrefetch);
   // Blocks until copy `t` has finished, adding the blocked time to stall_s. OK when its bytes are
   // in dst (and visible to this thread); the source's error if the read failed. Returns at once
   // for ticket 0 and for finished tickets; InvalidArgument for a ticket never issued.
@@ -75,6 +78,7 @@ class CopyEngine {
     int layer, expert;
     uint8_t* dst;
     Clock::time_point submitted;
+    bool demand;
   };
 
   void Run();

@@ -44,8 +44,8 @@ Status ValidateOffloadOptions(const engine::ModelConfig& c, const OffloadOptions
     return Status::InvalidArgument(fmt::format("--moe-slots {} must be between top_k {} and the number of experts {}",
                                                o.slots, moe.top_k, moe.n_experts));
   }
-  if (o.lookahead < 1 || o.lookahead > moe.top_k) {
-    return Status::InvalidArgument(fmt::format("--moe-lookahead {} must be between 1 and top_k {}", o.lookahead, moe.top_k));
+  if (o.lookahead < 0 || o.lookahead > moe.top_k) {
+    return Status::InvalidArgument(fmt::format("--moe-lookahead {} must be between 0 and top_k {}", o.lookahead, moe.top_k));
   }
   if (!(o.decay > 0.0f && o.decay < 1.0f)) {
     return Status::InvalidArgument(fmt::format("--moe-decay {} must be in (0, 1)", o.decay));
@@ -178,7 +178,8 @@ void OffloadedMoe::Route(int l, const FeedForwardBatch& in) {
   choices_.resize(static_cast<size_t>(m) * k);
   bonus_.resize(static_cast<size_t>(n));
   engine::MatMul(model_.layers[static_cast<size_t>(l)].moe.router, in.xn, m, logits_.data());
-  const bool predicts = has_next && options_.policy != Policy::kLru;
+  const bool predicts = has_next && options_.policy != Policy::kLru &&
+                        !(options_.policy == Policy::kPsr && options_.lookahead == 0);
   if (predicts) {
     // The next layer's router on this layer's hidden state, under the next layer's norm.
     if (xnext_.size() < static_cast<size_t>(m) * dim) xnext_.resize(static_cast<size_t>(m) * dim);
@@ -214,7 +215,7 @@ void OffloadedMoe::Route(int l, const FeedForwardBatch& in) {
         cache.Observe(chosen, k);
         // A chosen expert becomes resident to be computed: the logical cache mirrors that.
         for (int r = 0; r < k; ++r) cache.Insert(chosen[r], chosen, k);
-        if (has_next) {
+        if (predicts) {
           ExpertChoice predicted[engine::kMaxTopK];
           engine::MoeConfig pick = c.moe;
           pick.top_k = options_.lookahead;
@@ -261,7 +262,8 @@ void OffloadedMoe::Load(int l, int e, int slot, bool prefetch) {
   sl.expert[static_cast<size_t>(slot)] = e;
   sl.slot_of[static_cast<size_t>(e)] = slot;
   sl.last_use[static_cast<size_t>(slot)] = ++clock_;
-  sl.ticket[static_cast<size_t>(slot)] = copies_->Submit(l, e, SlotMem(l, slot));
+  sl.ticket[static_cast<size_t>(slot)] =
+      copies_->Submit(l, e, SlotMem(l, slot), prefetch ? CopyEngine::Priority::kPrefetch : CopyEngine::Priority::kDemand);
   (prefetch ? prefetch_ : demand_).fetch_add(1, std::memory_order_relaxed);
 }
 

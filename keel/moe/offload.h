@@ -48,7 +48,8 @@ struct OffloadOptions {
   int slots = 0;                 // resident experts per layer: top_k <= slots <= n_experts
   Policy policy = Policy::kPsr;
   float bonus = 2.0f;            // psr / resident-bias: added to cached experts' router logits
-  int lookahead = 1;             // psr: predicted experts entering the next layer's cache (1..top_k)
+  int lookahead = 1;             // psr: predicted experts entering the next layer's cache (0..top_k;
+                                 // 0: no lookahead, the bonus alone on the logical cache)
   float decay = 0.9f;            // psr: moving-average decay of router choices, in (0, 1)
   std::string source = "dram";   // slow tier: "dram" (mapped model) or "file-direct" (O_DIRECT reads)
   CopyModel copy;                // the link's bandwidth, latency and injected faults

@@ -177,6 +177,22 @@ TEST_F(CopyEngineTest, WaitBlocksUntilTheCopyLanded) {
   EXPECT_GE(s.busy_s, 4 * 0.05);
 }
 
+TEST_F(CopyEngineTest, DemandCopiesOvertakeQueuedPrefetches) {
+  CopyModel cm;
+  cm.latency_s = 0.2;
+  CopyEngine engine(*dram_, layout_.bytes, cm);
+  Slot a(layout_.bytes), b(layout_.bytes), c(layout_.bytes);
+  const CopyEngine::Ticket p1 = engine.Submit(0, 1, a.p);  // may already be on the link
+  const CopyEngine::Ticket p2 = engine.Submit(0, 2, b.p);
+  const CopyEngine::Ticket d = engine.Submit(0, 3, c.p, CopyEngine::Priority::kDemand);
+  ASSERT_TRUE(engine.Wait(d).ok());
+  // FIFO would have landed p2 first; p2 now needs a whole 200 ms copy after d.
+  EXPECT_FALSE(engine.Ready(p2));
+  EXPECT_EQ(SlotMismatch(c, model_.layers[0].moe.experts[3]), "");
+  ASSERT_TRUE(engine.Wait(p1).ok());
+  ASSERT_TRUE(engine.Wait(p2).ok());
+}
+
 TEST_F(CopyEngineTest, WaitReturnsOnlyAfterTheReadFinished) {
   GatedSource gated(*dram_);
   CopyEngine engine(gated, layout_.bytes, CopyModel{});
