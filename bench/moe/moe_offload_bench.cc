@@ -45,7 +45,6 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +53,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/hash.h"
+#include "keel/core/mapped_file.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/model.h"
@@ -382,14 +382,12 @@ int Run(const Options& o) {
     std::fprintf(stderr, "%s\n", tok.status().ToString().c_str());
     return kExitError;
   }
-  std::ifstream in(o.text, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "cannot read %s\n", o.text.c_str());
+  Result<std::string> text = ReadFileToString(o.text);
+  if (!text.ok()) {
+    std::fprintf(stderr, "%s\n", text.status().ToString().c_str());
     return kExitError;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::vector<std::vector<int>> docs = EncodeDocs(*tok, ss.str());
+  const std::vector<std::vector<int>> docs = EncodeDocs(*tok, *text);
   const std::vector<std::vector<int>> prompts = PickPrompts(docs, o.prompts, o.prompt_tokens);
   if (static_cast<int>(prompts.size()) < o.prompts) {
     std::fprintf(stderr, "%s: fewer than %d documents of %d tokens\n", o.text.c_str(), o.prompts, o.prompt_tokens);

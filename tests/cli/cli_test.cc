@@ -14,23 +14,9 @@
 
 namespace {
 
-struct CmdResult {
-  int code = -1;
-  std::string out;  // stdout (stderr too when merged)
-};
+using keel::test::CmdResult;
 
-CmdResult Keel(const std::string& args, bool merge_stderr = false) {
-  std::string cmd = std::string(KEEL_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CmdResult Keel(const std::string& args, bool merge_stderr = false) { return keel::test::RunKeel(args, merge_stderr); }
 
 std::string Aidreams() { return keel::test::ModelsDir() + "/aidreams260K.bin"; }
 

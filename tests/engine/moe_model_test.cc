@@ -32,23 +32,9 @@ namespace fs = std::filesystem;
 
 std::string MoeDir() { return test::ModelsDir() + "/en-moe8x"; }
 
-struct CmdResult {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
+using test::CmdResult;
 
-CmdResult Keel(const std::string& args) {
-  std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CmdResult Keel(const std::string& args) { return test::RunKeel(args); }
 
 // The bytes a view covers equal those of the named tensor in `file`.
 void ExpectSameBytes(const SafetensorsFile& file, const std::string& name, const TensorView& v) {

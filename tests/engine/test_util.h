@@ -1,7 +1,11 @@
 // Helpers shared by the engine tests: where the shared test data lives, and scratch directories.
 #pragma once
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <array>
+#include <cstdio>
 
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +21,26 @@ inline std::string SharedDir() {
 }
 
 inline std::string ModelsDir() { return SharedDir() + "/data/models"; }
+
+struct CmdResult {
+  int code = -1;    // exit status (-1: did not exit normally)
+  std::string out;  // stdout, and stderr when merged
+};
+
+// Runs the keel CLI (KEEL_BINARY) with `args` through the shell; stderr is merged into out or
+// discarded.
+inline CmdResult RunKeel(const std::string& args, bool merge_stderr = true) {
+  std::string cmd = std::string(KEEL_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
 class TempDir {

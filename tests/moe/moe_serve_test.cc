@@ -112,23 +112,9 @@ TEST(MoeServe, PsrRefusesAKvstoreLink) {
   EXPECT_NE(e.status().message().find("kvstore"), std::string::npos) << e.status().ToString();
 }
 
-struct CmdResult {
-  int code = -1;
-  std::string out;
-};
+using test::CmdResult;
 
-CmdResult Keel(const std::string& args) {
-  std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CmdResult Keel(const std::string& args) { return test::RunKeel(args); }
 
 TEST(MoeCli, GenerateWithPsrIsDeterministicUnderInjectedCopyFaults) {
   auto run = [](int seed) {
