@@ -60,8 +60,6 @@ std::unique_ptr<FeedForwardStack> MakeResidentFeedForward(const Model& model);
 
 // --- MoE building blocks, shared by the in-memory stack and keel/moe's offloaded runtime. ---
 
-inline constexpr int kMaxTopK = 8;
-
 struct ExpertChoice {
   int expert = -1;
   float weight = 0.0f;

@@ -20,6 +20,10 @@ Status ValidateMoe(const ModelConfig& c) {
   }
   // Bounded like the dense sizes: n_experts * n_layers expert views are allocated up front.
   if (e.n_experts > 1024) return bad("n_experts " + std::to_string(e.n_experts) + " is beyond 1024");
+  if (e.top_k > kMaxTopK) {
+    return bad("top_k " + std::to_string(e.top_k) + " is above the supported " + std::to_string(kMaxTopK) +
+               " experts per token");
+  }
   if (e.top_k < 1 || e.top_k > e.n_experts) {
     return bad("top_k " + std::to_string(e.top_k) + " must be in 1..n_experts (" +
                std::to_string(e.n_experts) + ")");

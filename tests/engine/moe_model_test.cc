@@ -479,6 +479,10 @@ TEST(MoeModelTest, ValidateChecksExperts) {
   x.moe.top_k = 5;
   expect_bad(x, "top_k 5");
   x = c;
+  x.moe.n_experts = 64;
+  x.moe.top_k = 33;  // routing keeps a token's choices on the stack
+  expect_bad(x, "top_k 33 is above the supported 32");
+  x = c;
   x.moe.expert_hidden = 0;
   expect_bad(x, "expert_hidden 0");
   x = c;
