@@ -4,7 +4,7 @@
 //
 //   moe_offload_bench [--model DIR] [--text FILE] [--slots 2,4] [--decode 64] [--prompts 4]
 //                     [--prompt-tokens 32] [--link-ratio 40] [--latency-us 10] [--bonus 2]
-//                     [--lookahead 1] [--decay 0.9] [--windows 16] [--window 128]
+//                     [--lookahead 1] [--decay 0.9] [--windows 64] [--window 128]
 //                     [--sweep-bonus 0.5,1,2,4] [--source file-direct] [--json FILE]
 //
 // 1. Compute reference: greedy decoding with every expert resident (the model's own feed-forward).
@@ -89,7 +89,7 @@ struct Options {
   float bonus = 2.0f;
   int lookahead = 1;
   float decay = 0.9f;
-  int windows = 16;
+  int windows = 64;
   int window = 128;
   std::vector<float> sweep = {0.5f, 1.0f, 2.0f, 4.0f};
 };
