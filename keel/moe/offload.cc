@@ -332,6 +332,8 @@ Status OffloadedMoe::Run(int l, const FeedForwardBatch& in, float* out) {
     for (int e : wave) {
       if (sl.slot_of[static_cast<size_t>(e)] >= 0) continue;
       const int s = Victim(l, wave, psr ? &wanted_here : nullptr);
+      // A wave holds at most `slots` experts, so an unpinned slot always exists.
+      if (s < 0) return Status::Internal(fmt::format("layer {}: no free expert slot for expert {}", l, e));
       Load(l, e, s, /*prefetch=*/false);
     }
     if (!prefetched && has_next) {
