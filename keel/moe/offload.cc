@@ -280,102 +280,110 @@ void OffloadedMoe::Prefetch(int l, const std::vector<int>& experts, const std::v
   }
 }
 
-Status OffloadedMoe::Run(int l, const FeedForwardBatch& in, float* out) {
-  const engine::ModelConfig& c = model_.config;
-  const int k = c.moe.top_k, m = in.m, n = c.moe.n_experts;
-  if (l == 0) tokens_.fetch_add(m, std::memory_order_relaxed);
-  Route(l, in);
+std::vector<int> OffloadedMoe::Needed(int l, int m) {
   std::vector<int> used = combiner_.UsedExperts(choices_.data(), m);
-  Slots& sl = slots_[static_cast<size_t>(l)];
+  const Slots& sl = slots_[static_cast<size_t>(l)];
   // Resident (landed first, then in flight) before missing: compute overlaps the copies.
-  std::stable_sort(used.begin(), used.end(), [&](int a, int b) {
-    auto key = [&](int e) {
-      const int s = sl.slot_of[static_cast<size_t>(e)];
-      if (s < 0) return 2;
-      return copies_->Ready(sl.ticket[static_cast<size_t>(s)]) ? 0 : 1;
-    };
-    return key(a) < key(b);
-  });
-  lookups_.fetch_add(static_cast<int64_t>(used.size()), std::memory_order_relaxed);
+  auto key = [&](int e) {
+    const int s = sl.slot_of[static_cast<size_t>(e)];
+    if (s < 0) return 2;
+    return copies_->Ready(sl.ticket[static_cast<size_t>(s)]) ? 0 : 1;
+  };
+  std::stable_sort(used.begin(), used.end(), [&](int a, int b) { return key(a) < key(b); });
   int64_t hits = 0;
   for (int e : used) hits += sl.slot_of[static_cast<size_t>(e)] >= 0;
+  lookups_.fetch_add(static_cast<int64_t>(used.size()), std::memory_order_relaxed);
   hits_.fetch_add(hits, std::memory_order_relaxed);
+  return used;
+}
 
-  // What each policy wants resident in a layer after this step: psr the union of the rows'
-  // logical caches; the others plain LRU.
-  std::vector<uint8_t> wanted_here, wanted_next;
-  const bool psr = options_.policy == Policy::kPsr;
+void OffloadedMoe::PsrWanted(int l, const FeedForwardBatch& in) {
+  const engine::ModelConfig& c = model_.config;
   const bool has_next = l + 1 < c.n_layers;
-  if (psr) {
-    wanted_here.assign(static_cast<size_t>(n), 0);
-    wanted_next.assign(static_cast<size_t>(n), 0);
+  wanted_here_.assign(static_cast<size_t>(c.moe.n_experts), 0);
+  wanted_next_.assign(static_cast<size_t>(c.moe.n_experts), 0);
+  for (int i = 0; i < in.m; ++i) {
+    if (i + 1 < in.m && in.rows[i + 1].seq == in.rows[i].seq) continue;  // a sequence's last row has its final state
+    SeqState& state = sequences_[in.rows[i].seq];
+    for (int e : state.caches[static_cast<size_t>(l)].members()) wanted_here_[static_cast<size_t>(e)] = 1;
+    if (!has_next) continue;
+    // The next layer's cache as this row will find it: its predictions applied.
+    LogicalCache next = state.caches[static_cast<size_t>(l + 1)];
+    std::deque<Prediction> pending = state.pending[static_cast<size_t>(l + 1)];
+    ApplyPending(pending, in.rows[i].pos, options_.lookahead, next);
+    for (int e : next.members()) wanted_next_[static_cast<size_t>(e)] = 1;
+  }
+}
+
+void OffloadedMoe::PrefetchNext(int l, int m) {
+  const engine::MoeConfig& moe = model_.config.moe;
+  const int n = moe.n_experts;
+  if (options_.policy == Policy::kPsr) {
+    std::vector<int> want;
+    for (int e = 0; e < n; ++e) {
+      if (wanted_next_[static_cast<size_t>(e)]) want.push_back(e);
+    }
+    Prefetch(l + 1, want, &wanted_next_);
+  } else if (options_.policy != Policy::kLru) {
+    // The next layer's router on this layer's hidden state (Route computed it).
+    std::vector<int> predicted;
+    engine::ExpertChoice p[engine::kMaxTopK];
     for (int i = 0; i < m; ++i) {
-      if (i + 1 < m && in.rows[i + 1].seq == in.rows[i].seq) continue;  // a sequence's last row has its final state
-      SeqState& state = sequences_[in.rows[i].seq];
-      for (int e : state.caches[static_cast<size_t>(l)].members()) wanted_here[static_cast<size_t>(e)] = 1;
-      if (!has_next) continue;
-      // The next layer's cache as this row will find it: its predictions applied.
-      LogicalCache next = state.caches[static_cast<size_t>(l + 1)];
-      std::deque<Prediction> pending = state.pending[static_cast<size_t>(l + 1)];
-      ApplyPending(pending, in.rows[i].pos, options_.lookahead, next);
-      for (int e : next.members()) wanted_next[static_cast<size_t>(e)] = 1;
+      engine::SelectExperts(&next_logits_[static_cast<size_t>(i) * n], nullptr, moe, p);
+      for (int r = 0; r < moe.top_k; ++r) predicted.push_back(p[r].expert);
+    }
+    std::sort(predicted.begin(), predicted.end());
+    predicted.erase(std::unique(predicted.begin(), predicted.end()), predicted.end());
+    if (static_cast<int>(predicted.size()) > options_.slots) predicted.resize(static_cast<size_t>(options_.slots));
+    Prefetch(l + 1, predicted, nullptr);
+  }
+}
+
+Status OffloadedMoe::ComputeResident(int l, int e, const FeedForwardBatch& in) {
+  Slots& sl = slots_[static_cast<size_t>(l)];
+  const int s = sl.slot_of[static_cast<size_t>(e)];
+  CopyEngine::Ticket& t = sl.ticket[static_cast<size_t>(s)];
+  if (t != 0) {
+    Status st = copies_->Wait(t);
+    t = 0;
+    if (!st.ok()) {
+      // The slot holds garbage: forget it, and fail this Forward rather than compute with it.
+      sl.slot_of[static_cast<size_t>(e)] = -1;
+      sl.expert[static_cast<size_t>(s)] = -1;
+      return Status(st.code(), fmt::format("expert {} of layer {}: {}", e, l, st.message()));
     }
   }
+  sl.last_use[static_cast<size_t>(s)] = ++clock_;
+  const engine::ExpertWeights& like = model_.layers[static_cast<size_t>(l)].moe.experts[static_cast<size_t>(e)];
+  combiner_.RunExpert(e, ViewsIn(SlotMem(l, s), like, layout_), in.xn, choices_.data(), in.m);
+  return Status::Ok();
+}
 
-  combiner_.Begin(m);
-  bool prefetched = false;
-  size_t next = 0;
-  while (next < used.size()) {
+Status OffloadedMoe::Run(int l, const FeedForwardBatch& in, float* out) {
+  const bool psr = options_.policy == Policy::kPsr;
+  if (l == 0) tokens_.fetch_add(in.m, std::memory_order_relaxed);
+  Route(l, in);
+  const std::vector<int> used = Needed(l, in.m);
+  if (psr) PsrWanted(l, in);
+  const Slots& sl = slots_[static_cast<size_t>(l)];
+  combiner_.Begin(in.m);
+  for (size_t next = 0; next < used.size();) {
     // A wave: at most `slots` experts resident at once (a batch may need more than fit).
     const size_t end = std::min(used.size(), next + static_cast<size_t>(options_.slots));
-    std::vector<int> wave(used.begin() + static_cast<std::ptrdiff_t>(next), used.begin() + static_cast<std::ptrdiff_t>(end));
+    const std::vector<int> wave(used.begin() + static_cast<std::ptrdiff_t>(next), used.begin() + static_cast<std::ptrdiff_t>(end));
     for (int e : wave) {
       if (sl.slot_of[static_cast<size_t>(e)] >= 0) continue;
-      const int s = Victim(l, wave, psr ? &wanted_here : nullptr);
+      const int s = Victim(l, wave, psr ? &wanted_here_ : nullptr);
       // A wave holds at most `slots` experts, so an unpinned slot always exists.
       if (s < 0) return Status::Internal(fmt::format("layer {}: no free expert slot for expert {}", l, e));
       Load(l, e, s, /*prefetch=*/false);
     }
-    if (!prefetched && has_next) {
-      // Queued behind this layer's demand copies, ahead of the next layer's need.
-      prefetched = true;
-      if (psr) {
-        std::vector<int> want;
-        for (int e = 0; e < n; ++e) if (wanted_next[static_cast<size_t>(e)]) want.push_back(e);
-        Prefetch(l + 1, want, &wanted_next);
-      } else if (options_.policy != Policy::kLru) {
-        std::vector<int> predicted;
-        engine::ExpertChoice p[engine::kMaxTopK];
-        for (int i = 0; i < m; ++i) {
-          engine::SelectExperts(&next_logits_[static_cast<size_t>(i) * n], nullptr, c.moe, p);
-          for (int r = 0; r < k; ++r) predicted.push_back(p[r].expert);
-        }
-        std::sort(predicted.begin(), predicted.end());
-        predicted.erase(std::unique(predicted.begin(), predicted.end()), predicted.end());
-        if (static_cast<int>(predicted.size()) > options_.slots) predicted.resize(static_cast<size_t>(options_.slots));
-        Prefetch(l + 1, predicted, nullptr);
-      }
-    }
-    for (int e : wave) {
-      const int s = sl.slot_of[static_cast<size_t>(e)];
-      CopyEngine::Ticket& t = sl.ticket[static_cast<size_t>(s)];
-      if (t != 0) {
-        Status st = copies_->Wait(t);
-        t = 0;
-        if (!st.ok()) {
-          // The slot holds garbage: forget it, and fail this Forward rather than compute with it.
-          sl.slot_of[static_cast<size_t>(e)] = -1;
-          sl.expert[static_cast<size_t>(s)] = -1;
-          return Status(st.code(), fmt::format("expert {} of layer {}: {}", e, l, st.message()));
-        }
-      }
-      sl.last_use[static_cast<size_t>(s)] = ++clock_;
-      combiner_.RunExpert(e, ViewsIn(SlotMem(l, s), model_.layers[static_cast<size_t>(l)].moe.experts[static_cast<size_t>(e)], layout_),
-                          in.xn, choices_.data(), m);
-    }
+    // Queued behind the first wave's demand copies, ahead of the next layer's need.
+    if (next == 0 && l + 1 < model_.config.n_layers) PrefetchNext(l, in.m);
+    for (int e : wave) KEEL_RETURN_IF_ERROR(ComputeResident(l, e, in));
     next = end;
   }
-  combiner_.Combine(l, in.xn, choices_.data(), m, out);
+  combiner_.Combine(l, in.xn, choices_.data(), in.m, out);
   return Status::Ok();
 }
 

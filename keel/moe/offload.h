@@ -96,6 +96,14 @@ class OffloadedMoe final : public engine::FeedForwardStack {
   };
   OffloadedMoe(const engine::Model& model, const OffloadOptions& options);
   Status Run(int l, const engine::FeedForwardBatch& in, float* out);
+  // The distinct experts layer l's rows chose, resident ones first; counts lookups and hits.
+  std::vector<int> Needed(int l, int m);
+  // psr: wanted_here_ / wanted_next_ = the union of the rows' logical caches at l and l + 1.
+  void PsrWanted(int l, const engine::FeedForwardBatch& in);
+  // Prefetches for layer l + 1: psr its logical caches, prefetch the next router's top-k.
+  void PrefetchNext(int l, int m);
+  // Waits for expert e's copy in layer l (if in flight) and runs it on the rows that chose it.
+  Status ComputeResident(int l, int e, const engine::FeedForwardBatch& in);
   void Route(int l, const engine::FeedForwardBatch& in);
   // A sequence's routing state: per layer its logical cache, and the lookahead predictions made
   // for it by the layer below, applied just before the row routes there (so a prefill chunk and
@@ -130,6 +138,7 @@ class OffloadedMoe final : public engine::FeedForwardStack {
   // Scratch for one layer step.
   std::vector<float> logits_, next_logits_, bonus_;
   std::vector<engine::ExpertChoice> choices_;
+  std::vector<uint8_t> wanted_here_, wanted_next_;
   AlignedFloats xnext_;
   std::atomic<int64_t> tokens_{0}, lookups_{0}, hits_{0}, demand_{0}, prefetch_{0};
 };
