@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "keel/core/json_reader.h"
+
 namespace keel::engine {
 namespace {
 
@@ -17,6 +19,10 @@ using json = nlohmann::json;
 // Tensors larger than this are certainly a corrupt header (and keep every size product far from
 // overflowing size_t).
 constexpr uint64_t kMaxTensorBytes = 1ull << 50;
+
+// About 12 values per tensor entry: 4M allows ~300k tensors in one file (real shards hold a few
+// thousand) and bounds the parsed header to ~400 MB at worst.
+constexpr JsonLimits kHeaderJsonLimits{.max_depth = 8, .max_values = size_t{4} << 20};
 
 uint64_t ReadLe64(const uint8_t* p) {
   uint64_t v = 0;
@@ -194,6 +200,21 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
                               std::to_string(size) + " bytes)");
   }
   std::string_view header(reinterpret_cast<const char*>(file->data()) + 8, n);
+  // Bounded before nlohmann allocates: 100 MiB of '[' would cost gigabytes, and a deep value
+  // reaching dump() in an error message would overflow the stack. Real headers nest 3 deep.
+  size_t at = 0;
+  switch (CheckJsonLimits(header, kHeaderJsonLimits, &at)) {
+    case JsonReadError::kTooDeep:
+      return Status::Corruption(path + ": JSON header nested deeper than " +
+                                std::to_string(kHeaderJsonLimits.max_depth) + " at byte offset " +
+                                std::to_string(8 + at));
+    case JsonReadError::kTooManyValues:
+      return Status::Corruption(path + ": JSON header holds more than " +
+                                std::to_string(kHeaderJsonLimits.max_values) + " values at byte offset " +
+                                std::to_string(8 + at));
+    default:
+      break;
+  }
   json root;
   try {
     root = json::parse(header.begin(), header.end());

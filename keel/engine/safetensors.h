@@ -43,8 +43,9 @@ class SafetensorsFile {
   static constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
   // Maps and validates `path`. NotFound/IOError from the OS; Corruption for malformed bytes
-  // (message: "<path>: ... at byte offset N"); InvalidArgument for a well-formed tensor in a dtype
-  // Keel cannot compute with (I8, F64, ...).
+  // (message: "<path>: ... at byte offset N"), a header nested deeper than 8 or holding more than
+  // 4M JSON values included; InvalidArgument for a well-formed tensor in a dtype Keel cannot
+  // compute with (I8, F64, ...).
   static Result<SafetensorsFile> Open(const std::string& path);
 
   // Sorted by name.

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "keel/core/hash.h"
+#include "keel/core/json_reader.h"
 #include "keel/core/mapped_file.h"
 #include "keel/engine/model.h"
 #include "keel/engine/safetensors.h"
@@ -19,16 +20,13 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// config.json and the shard index come from whoever made the model: nesting and value count are
+// bounded before parsing (error messages dump() values, which recurses once per level).
 Result<json> ReadJson(const std::string& path) {
   KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    return Status::Corruption(path + ": malformed JSON at byte offset " +
-                              std::to_string(e.byte > 0 ? e.byte - 1 : 0) + ": " + e.what());
-  } catch (const json::exception& e) {
-    return Status::Corruption(path + ": malformed JSON: " + e.what());
-  }
+  Result<json> j = ParseUntrustedJson(text, JsonLimits{});
+  if (!j.ok()) return Status::Corruption(path + ": " + j.status().message());
+  return j;
 }
 
 // Reads config fields with HF defaults, naming the file and field in every error.

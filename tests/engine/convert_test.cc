@@ -545,6 +545,16 @@ TEST(SafetensorsLoaderTest, ConfigAndTensorErrorsNameTheCulprit) {
   ASSERT_TRUE(WriteFileAtomic(dir.file("model.safetensors"), weights).ok());
   ASSERT_TRUE(LoadSafetensors(dir.path()).ok());
 
+  // A deeply nested value must be an error, not a stack overflow in the message's dump().
+  const size_t depth = size_t{1} << 20;
+  ASSERT_TRUE(WriteFileAtomic(dir.file("config.json"), R"({"model_type": "qwen2", "hidden_size": )" +
+                                                           std::string(depth, '[') + std::string(depth, ']') + "}")
+                  .ok());
+  expect_error("nested deeper than");
+  expect_error("config.json");
+  restore();
+  ASSERT_TRUE(LoadSafetensors(dir.path()).ok());
+
   std::filesystem::remove(dir.file("model.safetensors"));
   expect_error("model.safetensors");
   std::filesystem::remove(dir.file("config.json"));

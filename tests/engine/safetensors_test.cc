@@ -209,6 +209,20 @@ TEST_F(SafetensorsTest, MalformedJson) {
   ExpectBad("binary.safetensors");
 }
 
+// Nesting is bounded before the header is parsed: a deep value used to reach nlohmann's dump()
+// in the error message, which recurses once per level and overflowed the stack (SIGSEGV).
+TEST_F(SafetensorsTest, DeeplyNestedHeaderIsRejectedBeforeParsing) {
+  const size_t depth = size_t{1} << 20;
+  const std::string prefix = R"({"a": {"dtype": "F32", "shape": )";
+  WriteRaw(dir_.file("deep.safetensors"),
+           prefix + std::string(depth, '[') + std::string(depth, ']') + R"(, "data_offsets": [0, 0]}})", "");
+  Status s = ExpectBad("deep.safetensors", "nested deeper than");
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  // The '[' that crosses the limit (the root and entry objects are levels 1 and 2), as a file offset.
+  const size_t limit = 8;
+  EXPECT_CONTAINS(s.message(), "byte offset " + std::to_string(8 + prefix.size() + limit - 2));
+}
+
 TEST_F(SafetensorsTest, DataOffsetsOutOfRange) {
   const std::string data(16, '\0');
   WriteRaw(dir_.file("range.safetensors"),
