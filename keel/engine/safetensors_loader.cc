@@ -22,7 +22,16 @@ namespace fs = std::filesystem;
 
 // config.json and the shard index come from whoever made the model: nesting and value count are
 // bounded before parsing (error messages dump() values, which recurses once per level).
+// config.json and the shard index are a few KB to a few MB; anything far beyond is not one.
+constexpr uintmax_t kMaxJsonFileBytes = uintmax_t{64} << 20;
+
 Result<json> ReadJson(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMaxJsonFileBytes) {
+    return Status::Corruption(path + ": " + std::to_string(size) + " bytes is beyond the " +
+                              std::to_string(kMaxJsonFileBytes) + "-byte limit for a model's JSON file");
+  }
   KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   Result<json> j = ParseUntrustedJson(text, JsonLimits{});
   if (!j.ok()) return Status::Corruption(path + ": " + j.status().message());

@@ -4,6 +4,7 @@
 #include "keel/engine/convert.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -527,6 +528,10 @@ TEST(SafetensorsLoaderTest, ConfigAndTensorErrorsNameTheCulprit) {
   restore();
   ASSERT_TRUE(WriteFileAtomic(dir.file("config.json"), "{\"model_type\": ").ok());
   expect_error("config.json");
+  restore();
+  // A huge config.json is refused before it is read (sparse: no 65 MB written).
+  ASSERT_EQ(::truncate(dir.file("config.json").c_str(), off_t{65} << 20), 0);
+  expect_error("limit for a model's JSON file");
   restore();
   ASSERT_TRUE(LoadSafetensors(dir.path()).ok());
 
