@@ -23,10 +23,10 @@ void SelectExperts(const float* logits, const float* bonus, const MoeConfig& moe
   const int n = moe.n_experts, k = moe.top_k;
   float mx = logits[0];
   for (int e = 1; e < n; ++e) mx = std::max(mx, logits[e]);
-  float prob[1024];
+  float prob[kMaxExperts];
   float sum = 0.0f;
   for (int e = 0; e < n; ++e) sum += (prob[e] = std::exp(logits[e] - mx));
-  bool taken[1024] = {};
+  bool taken[kMaxExperts] = {};
   float chosen_sum = 0.0f;
   for (int r = 0; r < k; ++r) {
     int best = -1;

@@ -19,7 +19,9 @@ Status ValidateMoe(const ModelConfig& c) {
     return Status::Ok();
   }
   // Bounded like the dense sizes: n_experts * n_layers expert views are allocated up front.
-  if (e.n_experts > 1024) return bad("n_experts " + std::to_string(e.n_experts) + " is beyond 1024");
+  if (e.n_experts > kMaxExperts) {
+    return bad("n_experts " + std::to_string(e.n_experts) + " is beyond " + std::to_string(kMaxExperts));
+  }
   if (e.top_k > kMaxTopK) {
     return bad("top_k " + std::to_string(e.top_k) + " is above the supported " + std::to_string(kMaxTopK) +
                " experts per token");

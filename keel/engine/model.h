@@ -23,7 +23,8 @@ enum class RopeStyle : uint8_t { kInterleaved, kHalf };
 // Sparse mixture-of-experts feed-forward (Mixtral; OLMoE and Qwen2-MoE variants). A dense model
 // has n_experts == 0. Routing: softmax over the router logits, the top_k experts, their weights
 // renormalised to sum 1 when norm_topk (Mixtral always; OLMoE/Qwen2-MoE: norm_topk_prob).
-inline constexpr int kMaxTopK = 32;  // experts per token at most (routing keeps them on the stack)
+inline constexpr int kMaxTopK = 32;      // experts per token at most (routing keeps them on the stack)
+inline constexpr int kMaxExperts = 1024;  // experts per layer at most (likewise)
 
 struct MoeConfig {
   int n_experts = 0;

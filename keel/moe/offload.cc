@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "keel/core/aligned.h"
 #include "keel/engine/transformer.h"
 
 namespace keel::moe {
@@ -77,7 +78,6 @@ OffloadedMoe::OffloadedMoe(const engine::Model& model, const OffloadOptions& opt
 
 OffloadedMoe::~OffloadedMoe() {
   copies_.reset();  // joins the copy thread before the slots it writes are freed
-  for (Slots& s : slots_) std::free(s.mem);
 }
 
 Result<std::unique_ptr<OffloadedMoe>> OffloadedMoe::Create(const engine::Model& model, const OffloadOptions& options) {
@@ -95,8 +95,9 @@ Result<std::unique_ptr<OffloadedMoe>> OffloadedMoe::Create(const engine::Model& 
   o->slots_.resize(static_cast<size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
     Slots& sl = o->slots_[static_cast<size_t>(l)];
-    const size_t bytes = (static_cast<size_t>(s) * o->layout_.bytes + 4095) / 4096 * 4096;
-    sl.mem = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
+    // Page-aligned, and not zeroed: a slot is only read after a copy filled it.
+    const size_t bytes = RoundUp(static_cast<uint64_t>(s) * o->layout_.bytes, 4096);
+    sl.mem.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)));
     if (sl.mem == nullptr) return Status::ResourceExhausted(fmt::format("expert slots: cannot allocate {} bytes", bytes));
     sl.expert.assign(static_cast<size_t>(s), -1);
     sl.ticket.assign(static_cast<size_t>(s), 0);

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <string>
@@ -88,7 +89,10 @@ class OffloadedMoe final : public engine::FeedForwardStack {
   class Layer;
   friend class Layer;
   struct Slots {
-    uint8_t* mem = nullptr;               // slots * layout.bytes, 4096-aligned
+    struct Free {
+      void operator()(uint8_t* p) const { std::free(p); }
+    };
+    std::unique_ptr<uint8_t, Free> mem;  // slots * layout.bytes, page-aligned (aligned_alloc)
     std::vector<int> expert;              // per slot, -1 empty
     std::vector<CopyEngine::Ticket> ticket;
     std::vector<uint64_t> last_use;
@@ -123,7 +127,7 @@ class OffloadedMoe final : public engine::FeedForwardStack {
   int Victim(int l, const std::vector<int>& pinned, const std::vector<uint8_t>* wanted);
   void Load(int l, int e, int slot, bool prefetch);
   void Prefetch(int l, const std::vector<int>& experts, const std::vector<uint8_t>* wanted);
-  uint8_t* SlotMem(int l, int slot) { return slots_[static_cast<size_t>(l)].mem + static_cast<size_t>(slot) * layout_.bytes; }
+  uint8_t* SlotMem(int l, int slot) { return slots_[static_cast<size_t>(l)].mem.get() + static_cast<size_t>(slot) * layout_.bytes; }
 
   const engine::Model& model_;
   OffloadOptions options_;
