@@ -252,6 +252,7 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
 
   std::vector<int> authentic_replica;
   std::vector<ReplicaReply> authentic;
+  std::optional<ShardAnswer> partial;  // a verified but incomplete consensus
   ask(options_.fanout > 0 ? options_.fanout : options_.quorum);
   bool deadline_passed = false;
   for (;;) {
@@ -283,17 +284,25 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
       double min_sim = 0;
       std::vector<int> group = SelectGroup(candidates, k, &min_sim);
       if (!group.empty()) {
+        ShardAnswer found = answer;
         std::vector<const std::vector<SignedHit>*> members;
+        size_t shortest = SIZE_MAX;
         for (int g : group) {
           members.push_back(&authentic[static_cast<size_t>(g)].hits);
-          answer.group.push_back(authentic_replica[static_cast<size_t>(g)]);
+          shortest = std::min(shortest, authentic[static_cast<size_t>(g)].hits.size());
+          found.group.push_back(authentic_replica[static_cast<size_t>(g)]);
         }
-        answer.verdict = Verdict::kVerified;
-        answer.hits = Consensus(members, k);
-        answer.index_version = authentic[static_cast<size_t>(group[0])].index_version;
-        answer.min_similarity = min_sim;
-        answer.authentic = static_cast<int>(authentic.size());
-        return answer;
+        found.verdict = Verdict::kVerified;
+        found.hits = Consensus(members, k);
+        found.index_version = authentic[static_cast<size_t>(group[0])].index_version;
+        found.min_similarity = min_sim;
+        found.authentic = static_cast<int>(authentic.size());
+        // Complete: the members agree on as many hits as the shortest of them could give. An
+        // incomplete consensus (a member left out hits the others vouch for) is kept as the answer
+        // of last resort while fresh replicas may still complete it.
+        found.complete = found.hits.size() >= std::min(shortest, static_cast<size_t>(std::max(k, 0)));
+        if (found.complete) return found;
+        partial = std::move(found);
       }
     }
     if (Clock::now() >= deadline) {
@@ -305,11 +314,17 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
       const int lacking = std::max(1, options_.quorum - static_cast<int>(authentic.size()));
       const int before = answer.asked;
       ask(lacking);
-      if (answer.asked == before) break;
+      if (answer.asked == before) break;  // nobody left to ask
       ++answer.escalations;
     }
   }
 
+  if (partial) {
+    partial->asked = answer.asked;
+    partial->escalations = answer.escalations;
+    partial->faults = answer.faults;
+    return *std::move(partial);
+  }
   // Unverified: the best effort is the authentic reply closest to the others (its medoid).
   answer.verdict = Verdict::kUnverified;
   answer.authentic = static_cast<int>(authentic.size());

@@ -19,6 +19,8 @@
 // ordered by (text_distance, image_distance, id), cut to k: no id enters it unless each member
 // vouched for it, so with fewer compromised replicas than the quorum an injected id never reaches
 // a verified answer.
+// A group whose consensus is shorter than its members' replies (someone left out hits the others
+// vouch for) is kept only as a last resort: Verify first asks fresh replicas for a complete one.
 // Thread-safe: Verify may run concurrently; each call owns its state.
 #pragma once
 
@@ -38,7 +40,7 @@ namespace keel::vector::trust {
 struct VerifierOptions {
   int quorum = 2;            // m: replies in an accepted group
   int min_zones = 2;         // z: distinct failure domains in it
-  double threshold = 0.8;    // minimum pairwise similarity inside the group (docs/trust.md: calibration)
+  double threshold = 0.95;   // minimum pairwise similarity inside the group (docs/trust.md: calibration)
   double overlap_weight = 0.5;
   int fanout = 0;            // replicas asked at first; 0 = quorum. Escalation asks replicas not yet
                              // asked (zones not yet heard from first), as many as the quorum lacks
@@ -82,6 +84,10 @@ struct ShardAnswer {
   Verdict verdict = Verdict::kUnverified;
   std::string reason;                  // why unverified ("" when verified)
   std::vector<SignedHit> hits;         // consensus (verified) or best effort (unverified)
+  // Verified and complete: the group agrees on min(k, its shortest reply) hits. A verified answer
+  // may be incomplete (shorter) when no complete group formed before replicas or time ran out:
+  // every hit in it is still vouched for by the whole group.
+  bool complete = false;
   std::vector<int> group;              // replicas whose replies formed the answer
   uint64_t index_version = 0;
   double min_similarity = 0;           // inside the group
