@@ -367,6 +367,33 @@ TEST(TrustVerify, DeadlineBoundsASilentReplica) {
   EXPECT_EQ(ans.hits.size(), 3u);  // best effort is still returned, marked unverified
 }
 
+TEST(TrustVerify, HedgesPastAHungReplica) {
+  // Two replicas asked first; one hangs for 1.5 s. After the hedge the verifier asks the third and
+  // verifies with it, long before the hung reply or the deadline.
+  const auto honest = Ranked({1, 2, 3, 4});
+  FixedReplicas set({{{"hung", "a"}, Reply(honest), std::chrono::milliseconds(1500)},
+                     {{"h1", "b"}, Reply(honest), {}},
+                     {{"h2", "c"}, Reply(honest), {}}});
+  VerifierOptions o;
+  o.fanout = 2;
+  o.hedge = std::chrono::milliseconds(50);
+  o.deadline = std::chrono::milliseconds(5000);
+  const auto t0 = std::chrono::steady_clock::now();
+  const ShardAnswer ans = Verifier(o).Verify(set, 4, 5);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1400));
+  EXPECT_EQ(ans.verdict, Verdict::kVerified) << ans.reason;
+  EXPECT_EQ(ans.group, (std::vector<int>{1, 2}));
+  EXPECT_GE(ans.escalations, 1);
+  // Without hedging it waits for the hung replica.
+  o.hedge = std::chrono::milliseconds(0);
+  FixedReplicas again({{{"hung", "a"}, Reply(honest), std::chrono::milliseconds(300)},
+                       {{"h1", "b"}, Reply(honest), {}},
+                       {{"h2", "c"}, Reply(honest), {}}});
+  const ShardAnswer waited = Verifier(o).Verify(again, 4, 5);
+  EXPECT_EQ(waited.verdict, Verdict::kVerified);
+  EXPECT_EQ(waited.escalations, 0);
+}
+
 TEST(TrustAdversary, ModesTamperDeterministicallyAndCollude) {
   const QueryDigest d = DigestQuery(SampleRequest(), "x");
   std::vector<SignedHit> base;

@@ -57,6 +57,7 @@ Status VerifierOptions::Validate() const {
   if (!(overlap_weight >= 0 && overlap_weight <= 1)) return Status::InvalidArgument("trust.overlap_weight must be in [0, 1]");
   if (fanout < 0 || fanout > 1024) return Status::InvalidArgument("trust.fanout must be in [0, 1024] (0 = quorum)");
   if (!(depth >= 1 && depth <= 16)) return Status::InvalidArgument("trust.depth must be in [1, 16]");
+  if (hedge.count() < 0) return Status::InvalidArgument("trust.hedge_ms must be >= 0");
   if (deadline.count() <= 0 || deadline.count() > 600000) return Status::InvalidArgument("trust.deadline_ms must be in [1, 600000]");
   return Status::Ok();
 }
@@ -254,13 +255,15 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
   std::vector<ReplicaReply> authentic;
   std::optional<ShardAnswer> partial;  // a verified but incomplete consensus
   ask(options_.fanout > 0 ? options_.fanout : options_.quorum);
+  Clock::time_point last_ask = Clock::now();
   bool deadline_passed = false;
   for (;;) {
     std::vector<std::pair<int, ReplicaReply>> batch;
     int outstanding = 0;
+    const Clock::time_point wake = options_.hedge.count() > 0 ? std::min(deadline, last_ask + options_.hedge) : deadline;
     {
       std::unique_lock lock(collector->mu);
-      collector->cv.wait_until(lock, deadline, [&] { return !collector->arrived.empty() || collector->outstanding == 0; });
+      collector->cv.wait_until(lock, wake, [&] { return !collector->arrived.empty() || collector->outstanding == 0; });
       batch.swap(collector->arrived);
       outstanding = collector->outstanding;
     }
@@ -309,13 +312,19 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
       deadline_passed = true;
       break;
     }
-    if (outstanding == 0) {
-      // Everything asked has answered and no group formed: ask fresh replicas, or give up.
+    const bool hedge_due = options_.hedge.count() > 0 && Clock::now() >= last_ask + options_.hedge;
+    if (outstanding == 0 || hedge_due) {
+      // Everything asked has answered, or a reply is overdue, and no group formed: ask fresh
+      // replicas; with nobody left, wait for what is outstanding or give up.
       const int lacking = std::max(1, options_.quorum - static_cast<int>(authentic.size()));
       const int before = answer.asked;
       ask(lacking);
-      if (answer.asked == before) break;  // nobody left to ask
-      ++answer.escalations;
+      last_ask = Clock::now();
+      if (answer.asked == before) {
+        if (outstanding == 0) break;  // nobody left to ask or to wait for
+      } else {
+        ++answer.escalations;
+      }
     }
   }
 

@@ -48,6 +48,9 @@ struct VerifierOptions {
                              // similarity reads the first k, the consensus all of them (cut to k), so
                              // honest replicas that differ only near rank k still give k hits
   std::chrono::milliseconds deadline{1000};  // from the start of Verify to the last escalation's answer
+  // No decision this long after the last ask: escalate without waiting for the replies still out
+  // (a hung replica costs a hedge, not the deadline). 0 = escalate only when every reply is in.
+  std::chrono::milliseconds hedge{100};
   Status Validate() const;   // InvalidArgument naming the field
 };
 
