@@ -22,8 +22,11 @@ namespace keel::bench {
 
 class DelayProxy {
  public:
-  // Listens on 127.0.0.1:<any free port> and forwards to 127.0.0.1:upstream_port.
-  DelayProxy(int upstream_port, std::chrono::microseconds delay) : upstream_(upstream_port), delay_(delay) {
+  // Listens on 127.0.0.1:<any free port> and forwards to upstream_host:upstream_port (an IPv4
+  // address: another network namespace's veth end, say).
+  DelayProxy(int upstream_port, std::chrono::microseconds delay, const char* upstream_host = "127.0.0.1")
+      : upstream_(upstream_port), delay_(delay) {
+    ::inet_pton(AF_INET, upstream_host, &upstream_addr_);
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -65,7 +68,7 @@ class DelayProxy {
       int server = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in a{};
       a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_addr = upstream_addr_;
       a.sin_port = htons(static_cast<uint16_t>(upstream_));
       if (connect(server, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
         close(client);
@@ -102,6 +105,7 @@ class DelayProxy {
   }
 
   int upstream_;
+  in_addr upstream_addr_{};
   std::chrono::microseconds delay_;
   int listen_fd_ = -1;
   int port_ = 0;
