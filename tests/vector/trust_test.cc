@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "keel/vector/trust/adversary.h"
+#include "keel/vector/trust/audit.h"
 #include "keel/vector/trust/signed_reply.h"
 #include "keel/vector/trust/verifier.h"
 
@@ -392,6 +393,28 @@ TEST(TrustVerify, HedgesPastAHungReplica) {
   const ShardAnswer waited = Verifier(o).Verify(again, 4, 5);
   EXPECT_EQ(waited.verdict, Verdict::kVerified);
   EXPECT_EQ(waited.escalations, 0);
+}
+
+TEST(TrustAudit, FlagsInjectedForgedAndDroppedButNotHonestDisagreement) {
+  // One shard; two honest replicas that differ at rank 4 (ANN noise).
+  const auto h1 = Ranked({2, 4, 6, 8});
+  const auto h2 = Ranked({2, 4, 6, 10});
+  const std::vector<std::vector<std::vector<SignedHit>>> honest = {{h1, h2}};
+  EXPECT_FALSE(CheckAgainstHonest(h1, 4, 1, honest).tampered);
+  EXPECT_FALSE(CheckAgainstHonest(h2, 4, 1, honest).tampered);
+  EXPECT_FALSE(CheckAgainstHonest(Ranked({2, 4, 6}), 3, 1, honest).tampered);  // k = 3: 8/10 are beyond range
+  auto injected = h1;
+  injected[1].id = 999;
+  EXPECT_TRUE(CheckAgainstHonest(injected, 4, 1, honest).tampered);
+  auto forged = h1;
+  forged[3].text_distance = 1.0f;  // id 8 with a distance no honest replica reported
+  EXPECT_TRUE(CheckAgainstHonest(forged, 4, 1, honest).tampered);
+  // Id 2 (returned by both honest replicas) dropped.
+  const auto dropped = CheckAgainstHonest(Ranked({4, 6, 8}), 4, 1, honest);
+  EXPECT_TRUE(dropped.tampered);
+  EXPECT_NE(dropped.why.find("missing"), std::string::npos) << dropped.why;
+  // An honest replica that also lacks id 2 makes its absence honest disagreement.
+  EXPECT_FALSE(CheckAgainstHonest(Ranked({4, 6, 8}), 4, 1, {{h1, h2, Ranked({4, 6, 8, 12})}}).tampered);
 }
 
 TEST(TrustAdversary, ModesTamperDeterministicallyAndCollude) {
