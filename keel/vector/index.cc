@@ -9,6 +9,7 @@
 #include <faiss/impl/io.h>
 #include <faiss/index_io.h>
 #include <faiss/utils/distances.h>
+#include <faiss/utils/random.h>
 
 #include <algorithm>
 #include <chrono>
@@ -60,6 +61,7 @@ Result<std::unique_ptr<TextIndex>> TextIndex::Create(const IndexOptions& options
       auto h = std::make_unique<faiss::IndexHNSWFlat>(dim, options.hnsw_m);
       h->hnsw.efConstruction = options.hnsw_ef_construction;
       h->hnsw.efSearch = options.hnsw_ef_search;
+      h->hnsw.rng = faiss::RandomGenerator(options.hnsw_seed);
       ix->index_ = std::move(h);
       ix->trained_ = true;
       break;
@@ -273,7 +275,11 @@ Result<std::unique_ptr<TextIndex>> TextIndex::Load(const IndexOptions& options, 
   }
   ix->trained_ = trained != 0;
   ix->lists_ = static_cast<int>(lists);
-  if (auto* h = dynamic_cast<faiss::IndexHNSWFlat*>(ix->index_.get())) h->hnsw.efSearch = options.hnsw_ef_search;
+  if (auto* h = dynamic_cast<faiss::IndexHNSWFlat*>(ix->index_.get())) {
+    h->hnsw.efSearch = options.hnsw_ef_search;
+    // FAISS does not store the level generator; vectors added after a restart draw from the seed.
+    h->hnsw.rng = faiss::RandomGenerator(options.hnsw_seed);
+  }
   return ix;
 }
 

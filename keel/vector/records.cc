@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "keel/core/hash.h"
+
 namespace keel::vector {
 
 namespace {
@@ -100,6 +102,30 @@ Result<DecodedRecord> DecodeRecord(std::string_view payload) {
   }
   if (!payload.empty()) return Status::Corruption("record has " + std::to_string(payload.size()) + " trailing bytes");
   return r;
+}
+
+void AppendLogRecord(uint64_t version, std::string_view payload, std::string* out) {
+  PutPod(out, version);
+  PutPod(out, static_cast<uint64_t>(payload.size()));
+  out->append(payload);
+  PutPod(out, Xxh3_64(payload.data(), payload.size()));
+}
+
+Status NextLogRecord(std::string_view* in, size_t offset, uint64_t* version, std::string_view* payload) {
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption("log record at byte " + std::to_string(offset) + ": " + why);
+  };
+  std::string_view rest = *in;
+  uint64_t len = 0, sum = 0;
+  if (!GetPod(&rest, version) || !GetPod(&rest, &len)) return bad("truncated header");
+  if (rest.size() < len || rest.size() - len < sizeof(sum)) return bad("truncated (payload of " + std::to_string(len) + " bytes)");
+  std::string_view p = rest.substr(0, len);
+  rest.remove_prefix(len);
+  GetPod(&rest, &sum);
+  if (Xxh3_64(p.data(), p.size()) != sum) return bad("checksum mismatch");
+  *payload = p;
+  *in = rest;
+  return Status::Ok();
 }
 
 }  // namespace keel::vector

@@ -45,4 +45,14 @@ struct DecodedRecord {
 };
 Result<DecodedRecord> DecodeRecord(std::string_view payload);
 
+// The replication log stream (GET and POST /v1/log): one record per applied write, in version
+// order: u64 version, u64 payload length, payload (an EncodeUpsert/EncodeDelete record, as in the
+// write-ahead log), u64 XXH3-64 of the payload.
+inline constexpr size_t kLogRecordOverhead = 24;
+void AppendLogRecord(uint64_t version, std::string_view payload, std::string* out);
+// Reads the record at the front of *in and advances past it. `offset` is where *in starts in
+// the whole stream (for messages). Corruption naming the offset when the record is cut short or
+// its checksum does not match; *in is then unchanged. The payload is not decoded.
+Status NextLogRecord(std::string_view* in, size_t offset, uint64_t* version, std::string_view* payload);
+
 }  // namespace keel::vector

@@ -1,19 +1,23 @@
 #include "keel/vector/service.h"
 
+#include <charconv>
 #include <chrono>
-#include <cmath>
-#include <limits>
+#include <optional>
+#include <thread>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "keel/core/http_metrics.h"
-#include "keel/core/json_reader.h"
 #include "keel/core/log.h"
+#include "keel/vector/wire.h"
 
 namespace keel::vector {
 
 namespace {
 
 using json = nlohmann::json;
+
+constexpr size_t kDefaultLogReadBytes = size_t{64} << 20;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -33,115 +37,59 @@ void SendStatus(HttpResponder& res, const Status& s) {
 
 void SendBad(HttpResponder& res, const std::string& message) { SendStatus(res, Status::InvalidArgument(message)); }
 
-Result<json> ParseBody(const HttpRequest& req, size_t max_values) {
-  // Nothing in this API nests deeper than 4 (items[i].attributes); 8 leaves room.
-  const JsonLimits limits{.max_depth = 8, .max_values = max_values, .require_object = true};
-  JsonReadError why = JsonReadError::kNone;
-  Result<json> body = ParseUntrustedJson(req.body, limits, &why);
-  if (why == JsonReadError::kMalformed) {
-    return Status::InvalidArgument("request body is not valid JSON: " + body.status().message());
-  }
-  if (why == JsonReadError::kNotObject) return Status::InvalidArgument("request body must be a JSON object");
-  if (!body.ok()) return Status::InvalidArgument("request body: " + body.status().message());
-  return body;
+// {"error":{"message":..,"code":..},"version":cur}: every write answer says where the replica is.
+void SendWriteError(HttpResponder& res, int code, const std::string& message, uint64_t version,
+                    std::optional<uint64_t> applied = std::nullopt) {
+  json out = {{"error", {{"message", message}, {"code", code}}}, {"version", version}};
+  if (applied) out["applied"] = *applied;
+  res.Send(code, "application/json", Dump(out));
 }
 
-// JSON cannot carry NaN or Inf, but a number beyond float32's range becomes Inf once narrowed.
-Status GetFloats(const json& j, const std::string& field, std::vector<float>* out) {
-  if (!j.is_array()) return Status::InvalidArgument(field + " must be an array of numbers");
-  out->resize(j.size());
-  for (size_t i = 0; i < j.size(); ++i) {
-    const json& v = j[i];
-    if (!v.is_number()) return Status::InvalidArgument(field + "[" + std::to_string(i) + "] is not a number");
-    const float f = static_cast<float>(v.get<double>());
-    if (!std::isfinite(f)) return Status::InvalidArgument(field + "[" + std::to_string(i) + "] is not a finite float32");
-    (*out)[i] = f;
-  }
-  return Status::Ok();
-}
-
-Status GetId(const json& j, const std::string& field, uint64_t* out) {
-  if (!j.is_number_unsigned()) return Status::InvalidArgument(field + " must be an unsigned integer");
-  *out = j.get<uint64_t>();
-  return Status::Ok();
-}
-
-Status GetStringMap(const json& j, const std::string& field, std::map<std::string, std::string>* out) {
-  if (!j.is_object()) return Status::InvalidArgument(field + " must be an object of strings");
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!it.value().is_string()) return Status::InvalidArgument(field + "." + it.key() + " must be a string");
-    (*out)[it.key()] = it.value().get<std::string>();
-  }
-  return Status::Ok();
-}
-
-// An integer field in [lo, hi]; absent leaves *out unchanged.
-Status GetInt(const json& body, const char* name, int lo, int hi, int* out) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return Status::Ok();
-  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  if (!it->is_number_integer()) return Status::InvalidArgument(std::string(name) + " must be an integer in " + range);
-  // Unsigned values beyond int64 read as huge; compare in the widest type first.
-  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-    return Status::InvalidArgument(std::string(name) + " must be in " + range + ", got " + it->dump());
-  }
-  const int64_t v = it->get<int64_t>();
-  if (v < lo || v > hi) return Status::InvalidArgument(std::string(name) + " must be in " + range + ", got " + std::to_string(v));
-  *out = static_cast<int>(v);
-  return Status::Ok();
-}
-
-Status ParseItem(const json& j, size_t i, Item* item) {
-  const std::string where = "items[" + std::to_string(i) + "]";
-  if (!j.is_object()) return Status::InvalidArgument(where + " must be an object");
-  auto id = j.find("id");
-  if (id == j.end()) return Status::InvalidArgument(where + ".id is missing");
-  KEEL_RETURN_IF_ERROR(GetId(*id, where + ".id", &item->id));
-  auto text = j.find("text");
-  if (text == j.end()) return Status::InvalidArgument(where + ".text is missing");
-  KEEL_RETURN_IF_ERROR(GetFloats(*text, where + ".text", &item->text));
-  if (auto image = j.find("image"); image != j.end() && !image->is_null()) {
-    KEEL_RETURN_IF_ERROR(GetFloats(*image, where + ".image", &item->image));
-  }
-  if (auto attrs = j.find("attributes"); attrs != j.end() && !attrs->is_null()) {
-    KEEL_RETURN_IF_ERROR(GetStringMap(*attrs, where + ".attributes", &item->attributes));
-  }
-  return Status::Ok();
-}
-
-Status ParseSearch(const json& body, int max_k, SearchRequest* r) {
-  if (auto kind = body.find("kind"); kind != body.end()) {
-    if (!kind->is_string()) return Status::InvalidArgument("kind must be a string (text, multimodal, image)");
-    KEEL_ASSIGN_OR_RETURN(r->kind, ParseQueryKind(kind->get<std::string>()));
-  }
-  if (auto t = body.find("text"); t != body.end() && !t->is_null()) KEEL_RETURN_IF_ERROR(GetFloats(*t, "text", &r->text_query));
-  if (auto t = body.find("image"); t != body.end() && !t->is_null()) KEEL_RETURN_IF_ERROR(GetFloats(*t, "image", &r->image_query));
-  if (auto ids = body.find("ids"); ids != body.end() && !ids->is_null()) {
-    if (!ids->is_array()) return Status::InvalidArgument("ids must be an array of unsigned integers");
-    if (ids->size() > static_cast<size_t>(max_k)) {
-      return Status::InvalidArgument("ids holds " + std::to_string(ids->size()) + " entries, at most " + std::to_string(max_k));
+// An unsigned decimal query parameter, e.g. after=12 in "after=12&max_bytes=4096".
+Status QueryUnsigned(std::string_view query, std::string_view name, std::optional<uint64_t>* out) {
+  out->reset();
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) != name) continue;
+    std::string_view v = eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+    uint64_t n = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size()) {
+      return Status::InvalidArgument(std::string(name) + " must be an unsigned integer");
     }
-    r->ids.resize(ids->size());
-    for (size_t i = 0; i < ids->size(); ++i) KEEL_RETURN_IF_ERROR(GetId((*ids)[i], "ids[" + std::to_string(i) + "]", &r->ids[i]));
+    *out = n;
   }
-  KEEL_RETURN_IF_ERROR(GetInt(body, "k", 1, max_k, &r->k));
-  KEEL_RETURN_IF_ERROR(GetInt(body, "ef", 0, 1 << 16, &r->ef));
-  KEEL_RETURN_IF_ERROR(GetInt(body, "nprobe", 0, 1 << 20, &r->nprobe));
-  if (auto f = body.find("filter"); f != body.end() && !f->is_null()) KEEL_RETURN_IF_ERROR(GetStringMap(*f, "filter", &r->filter));
-  if (auto v = body.find("include_vectors"); v != body.end() && !v->is_null()) {
-    if (!v->is_boolean()) return Status::InvalidArgument("include_vectors must be true or false");
-    r->include_vectors = v->get<bool>();
-  }
-  if (r->kind != QueryKind::kImage && r->text_query.empty()) return Status::InvalidArgument("text is required for kind " + std::string(r->kind == QueryKind::kText ? "text" : "multimodal"));
   return Status::Ok();
 }
 
+Status ValidateIdentity(const ReplicaIdentity& id) {
+  if (id.shards < 1) return Status::InvalidArgument("vector service: shards must be >= 1");
+  if (id.shard >= id.shards) {
+    return Status::InvalidArgument("vector service: shard id " + std::to_string(id.shard) + " must be < shards (" + std::to_string(id.shards) + ")");
+  }
+  for (const auto& [what, label] : {std::pair{"replica id", &id.replica}, std::pair{"zone", &id.zone}}) {
+    if (label->empty() || label->size() > trust::kMaxLabelBytes) {
+      return Status::InvalidArgument(std::string("vector service: ") + what + " must be 1.." + std::to_string(trust::kMaxLabelBytes) + " bytes");
+    }
+  }
+  return id.adversary.Validate();
+}
 
 }  // namespace
 
 Result<std::unique_ptr<Service>> Service::Start(const ServiceOptions& options) {
   std::unique_ptr<Service> s(new Service());
   s->options_ = options;
+  KEEL_RETURN_IF_ERROR(ValidateIdentity(options.identity));
+  if (options.identity.signing_key) {
+    s->key_ = options.identity.signing_key;
+  } else if (!options.identity.signing_key_path.empty()) {
+    KEEL_ASSIGN_OR_RETURN(auto key, trust::SigningKey::Load(options.identity.signing_key_path));
+    s->key_ = std::make_shared<const trust::SigningKey>(std::move(key));
+  }
   KEEL_ASSIGN_OR_RETURN(s->shard_, Shard::Open(options.shard));
   s->RegisterMetrics();
   if (options.placer) {
@@ -157,6 +105,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServiceOptions& options) {
   s->router_.Handle("POST", "/v1/search", bind(&Service::HandleSearch));
   s->router_.Handle("POST", "/v1/snapshot", bind(&Service::HandleSnapshot));
   s->router_.Handle("GET", "/v1/stats", bind(&Service::HandleStats));
+  s->router_.Handle("GET", "/v1/log", bind(&Service::HandleLogRead));
+  s->router_.Handle("POST", "/v1/log", bind(&Service::HandleLogApply));
   s->router_.Handle("GET", "/healthz", [](const HttpRequest&, HttpResponder& r) {
     r.Send(200, "application/json", R"({"status":"ok"})");
   });
@@ -196,6 +146,9 @@ void Service::RegisterMetrics() {
   metrics_.AddGauge("keel_vector_items", "Items in the shard.").Get().SetCallback([shard] {
     return static_cast<double>(shard->Stats().items);
   });
+  metrics_.AddGauge("keel_vector_index_version", "Writes applied to the shard (its index version).").Get().SetCallback([shard] {
+    return static_cast<double>(shard->version());
+  });
   auto& items = metrics_.AddGauge("keel_vector_tier_items", "Vectors placed in each tier.", {"tier"});
   auto& bytes = metrics_.AddGauge("keel_vector_tier_bytes", "Vector payload bytes placed in each tier.", {"tier"});
   coloc::TieredStore* store = &shard_->store();
@@ -224,57 +177,134 @@ void Service::Route(const HttpRequest& req, HttpResponder& res) {
 }
 
 void Service::HandleUpsert(const HttpRequest& req, HttpResponder& res) {
-  auto body = ParseBody(req, options_.max_json_values);
-  if (!body.ok()) return SendStatus(res, body.status());
-  auto items = body->find("items");
-  if (items == body->end() || !items->is_array()) return SendBad(res, "items must be an array");
-  std::vector<Item> parsed(items->size());
-  for (size_t i = 0; i < parsed.size(); ++i) {
-    if (Status s = ParseItem((*items)[i], i, &parsed[i]); !s.ok()) return SendStatus(res, s);
+  auto body = wire::ParseBody(req.body, options_.max_json_values);
+  std::vector<Item> items;
+  std::optional<uint64_t> version;
+  Status parsed = body.status();
+  if (parsed.ok()) parsed = wire::ParseItems(*body, &items);
+  if (parsed.ok()) parsed = wire::ParseWriteVersion(*body, &version);
+  if (!parsed.ok()) return SendWriteError(res, HttpStatusOf(parsed), parsed.message(), shard_->version());
+  WriteOutcome o;
+  if (Status s = shard_->Upsert(items, version, &o); !s.ok()) {
+    return SendWriteError(res, o.gap ? 409 : HttpStatusOf(s), s.message(), o.version);
   }
-  if (Status s = shard_->Upsert(parsed); !s.ok()) return SendStatus(res, s);
-  if (Status s = MaybeSnapshot(); !s.ok()) return SendStatus(res, s);
-  res.Send(200, "application/json", Dump({{"upserted", parsed.size()}}));
+  if (o.duplicate) {
+    res.Send(200, "application/json", Dump({{"version", o.version}, {"duplicate", true}}));
+    return;
+  }
+  if (Status s = MaybeSnapshot(); !s.ok()) return SendWriteError(res, HttpStatusOf(s), s.message(), o.version);
+  res.Send(200, "application/json", Dump({{"upserted", items.size()}, {"version", o.version}}));
 }
 
 void Service::HandleDelete(const HttpRequest& req, HttpResponder& res) {
-  auto body = ParseBody(req, options_.max_json_values);
-  if (!body.ok()) return SendStatus(res, body.status());
-  auto ids = body->find("ids");
-  if (ids == body->end() || !ids->is_array()) return SendBad(res, "ids must be an array of unsigned integers");
-  std::vector<uint64_t> parsed(ids->size());
-  for (size_t i = 0; i < parsed.size(); ++i) {
-    if (Status s = GetId((*ids)[i], "ids[" + std::to_string(i) + "]", &parsed[i]); !s.ok()) return SendStatus(res, s);
+  auto body = wire::ParseBody(req.body, options_.max_json_values);
+  std::vector<uint64_t> ids;
+  std::optional<uint64_t> version;
+  Status parsed = body.status();
+  if (parsed.ok()) parsed = wire::ParseIds(*body, &ids);
+  if (parsed.ok()) parsed = wire::ParseWriteVersion(*body, &version);
+  if (!parsed.ok()) return SendWriteError(res, HttpStatusOf(parsed), parsed.message(), shard_->version());
+  WriteOutcome o;
+  if (Status s = shard_->Delete(ids, version, &o); !s.ok()) {
+    return SendWriteError(res, o.gap ? 409 : HttpStatusOf(s), s.message(), o.version);
   }
-  if (Status s = shard_->Delete(parsed); !s.ok()) return SendStatus(res, s);
-  if (Status s = MaybeSnapshot(); !s.ok()) return SendStatus(res, s);
-  res.Send(200, "application/json", Dump({{"deleted", parsed.size()}}));
+  if (o.duplicate) {
+    res.Send(200, "application/json", Dump({{"version", o.version}, {"duplicate", true}}));
+    return;
+  }
+  if (Status s = MaybeSnapshot(); !s.ok()) return SendWriteError(res, HttpStatusOf(s), s.message(), o.version);
+  res.Send(200, "application/json", Dump({{"deleted", ids.size()}, {"version", o.version}}));
 }
 
 void Service::HandleSearch(const HttpRequest& req, HttpResponder& res) {
-  auto body = ParseBody(req, options_.max_json_values);
+  auto body = wire::ParseBody(req.body, options_.max_json_values);
   if (!body.ok()) return SendStatus(res, body.status());
   SearchRequest r;
-  if (Status s = ParseSearch(*body, shard_->options().max_k, &r); !s.ok()) return SendStatus(res, s);
+  std::string nonce;
+  if (Status s = wire::ParseSearchRequest(*body, shard_->options().max_k, &r); !s.ok()) return SendStatus(res, s);
+  if (Status s = wire::ParseNonce(*body, &nonce); !s.ok()) return SendStatus(res, s);
+  const ReplicaIdentity& id = options_.identity;
+  const trust::Adversary& adversary = id.adversary;
+  const bool tamper = adversary.mode != trust::AdversaryMode::kHonest;
+  // The digest covers the request as the client sent it (its k), not what the adversary asks.
+  trust::QueryDigest digest;
+  if (key_ || tamper) digest = trust::DigestQuery(r, nonce);
+  const bool targeted = tamper && adversary.Targets(digest);
+  SearchRequest asked = r;
+  if (targeted && r.kind != QueryKind::kImage) asked.k = std::min(r.k + adversary.ExtraHits(), shard_->options().max_k);
+  if (targeted && adversary.mode == trust::AdversaryMode::kSlow) std::this_thread::sleep_for(adversary.delay);
+
   const auto t0 = std::chrono::steady_clock::now();
-  auto result = shard_->Search(r);
+  auto result = shard_->Search(asked);
   if (!result.ok()) return SendStatus(res, result.status());
   search_seconds_->Get().Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (result->trace.tiers_touched > 1) cross_tier_->Get().Inc();
+
   json hits = json::array();
-  for (const SearchHit& h : result->hits) {
-    json j = {{"id", h.id}};
-    if (r.kind != QueryKind::kImage) j["text_distance"] = h.text_distance;
-    if (!r.image_query.empty()) j["image_distance"] = h.image_distance;
-    if (!h.text.empty()) j["text"] = h.text;
-    if (!h.image.empty()) j["image"] = h.image;
-    hits.push_back(std::move(j));
+  uint64_t version = result->index_version;
+  std::vector<trust::SignedHit> signed_hits;
+  if (key_ || tamper) {
+    signed_hits.reserve(result->hits.size());
+    for (const SearchHit& h : result->hits) signed_hits.push_back(trust::ToSignedHit(h));
+    if (tamper) {
+      // An image lookup answers every id it found, not k of them.
+      const int k = r.kind == QueryKind::kImage ? static_cast<int>(signed_hits.size()) : r.k;
+      auto in_shard = [&id](uint64_t item) { return trust::ShardOf(item, id.shards) == id.shard; };
+      adversary.Apply(digest, k, in_shard, &signed_hits, &version);
+    }
+    // The answer shows what was signed; vectors come with the ids the shard really returned.
+    std::unordered_map<uint64_t, const SearchHit*> honest;
+    for (const SearchHit& h : result->hits) honest.emplace(h.id, &h);
+    for (const trust::SignedHit& sh : signed_hits) {
+      SearchHit h;
+      h.id = sh.id;
+      h.text_distance = sh.text_distance;
+      h.image_distance = sh.image_distance;
+      if (auto it = honest.find(sh.id); it != honest.end()) {
+        h.text = it->second->text;
+        h.image = it->second->image;
+      }
+      hits.push_back(wire::HitJson(h, r));
+    }
+  } else {
+    for (const SearchHit& h : result->hits) hits.push_back(wire::HitJson(h, r));
   }
   json out = {{"hits", std::move(hits)},
+              {"index_version", version},
               {"tiers_touched", result->trace.tiers_touched},
               {"search_us", result->search_ns / 1000},
               {"fetch_us", result->fetch_ns / 1000}};
+  if (key_) {
+    trust::ReplyBody reply{id.shard, id.replica, id.zone, version, digest, std::move(signed_hits)};
+    const std::string signature = trust::SignReply(*key_, reply);
+    out["trust"] = wire::TrustJson(reply, signature);
+  }
   res.Send(200, "application/json", Dump(out));
+}
+
+void Service::HandleLogRead(const HttpRequest& req, HttpResponder& res) {
+  std::optional<uint64_t> after, max_bytes;
+  if (Status s = QueryUnsigned(req.query, "after", &after); !s.ok()) return SendStatus(res, s);
+  if (Status s = QueryUnsigned(req.query, "max_bytes", &max_bytes); !s.ok()) return SendStatus(res, s);
+  if (!after) return SendBad(res, "after is required (GET /v1/log?after=VERSION)");
+  if (max_bytes && (*max_bytes < 1 || *max_bytes > (uint64_t{1} << 40))) return SendBad(res, "max_bytes must be in [1, 2^40]");
+  LogRead log;
+  Status s = shard_->ReadLog(*after, max_bytes ? static_cast<size_t>(*max_bytes) : kDefaultLogReadBytes, &log);
+  if (log.truncated) return SendWriteError(res, 410, s.message(), log.version);
+  if (!s.ok()) return SendStatus(res, s);
+  res.Send(200, "application/octet-stream", std::move(log.bytes),
+           {{"X-Keel-Log-Version", std::to_string(log.version)},
+            {"X-Keel-Log-Start", std::to_string(log.log_start)},
+            {"X-Keel-Log-Records", std::to_string(log.records)}});
+}
+
+void Service::HandleLogApply(const HttpRequest& req, HttpResponder& res) {
+  LogApplied a;
+  if (Status s = shard_->ApplyLog(req.body, &a); !s.ok()) {
+    return SendWriteError(res, a.gap ? 409 : HttpStatusOf(s), s.message(), a.version, a.applied);
+  }
+  if (Status s = MaybeSnapshot(); !s.ok()) return SendWriteError(res, HttpStatusOf(s), s.message(), a.version, a.applied);
+  res.Send(200, "application/json", Dump({{"version", a.version}, {"applied", a.applied}, {"skipped", a.skipped}}));
 }
 
 Status Service::MaybeSnapshot() {
@@ -308,6 +338,13 @@ void Service::HandleStats(const HttpRequest&, HttpResponder& res) {
               {"text_dim", o.text_dim},
               {"image_dim", o.image_dim},
               {"query_log", shard_->query_log().size()},
+              {"shard", options_.identity.shard},
+              {"shards", options_.identity.shards},
+              {"replica", options_.identity.replica},
+              {"zone", options_.identity.zone},
+              {"index_version", st.index_version},
+              {"log_start_version", st.log_start_version},
+              {"signed", key_ != nullptr},
               {"tiers", std::move(tiers)}};
   if (placer_) {
     coloc::PlacerStats p = placer_->stats();

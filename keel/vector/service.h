@@ -1,14 +1,31 @@
 // Service: what `keel vector` runs — one vector Shard behind an HTTP/JSON API, plus an optional
-// background Placer that re-places the shard's vectors across the tiers from its query log.
+// background Placer that re-places the shard's vectors across the tiers from its query log. In a
+// cluster it is one replica of one shard (ReplicaIdentity): it signs its search answers and
+// serves its log to peers that missed writes (the router moves the bytes).
 //
-//   POST /v1/upsert    {"items":[{"id":7,"text":[...],"image":[...],"attributes":{"k":"v"}}]}
-//   POST /v1/delete    {"ids":[7,8]}
+//   POST /v1/upsert    {"items":[{"id":7,"text":[...],"image":[...],"attributes":{"k":"v"}}],
+//                       "version":V (optional)}  -> {"upserted":n,"version":V}
+//   POST /v1/delete    {"ids":[7,8],"version":V (optional)}  -> {"deleted":n,"version":V}
+//                      With "version" and the replica at cur: V == cur+1 applies; V <= cur is
+//                      200 {"version":cur,"duplicate":true} (nothing applied); V > cur+1 is 409
+//                      {"error":{"message":"stale: replica at version cur, write is version V",
+//                      "code":409},"version":cur}. Every write answer, errors too, has "version".
 //   POST /v1/search    {"kind":"text|multimodal|image","text":[...],"image":[...],"ids":[...],
-//                       "k":10,"ef":64,"nprobe":16,"filter":{"k":"v"},"include_vectors":false}
+//                       "k":10,"ef":64,"nprobe":16,"filter":{"k":"v"},"include_vectors":false,
+//                       "nonce":"..." (optional, 1..64 printable ASCII)}
 //                      -> {"hits":[{"id":7,"text_distance":..,"image_distance":..}],
-//                          "tiers_touched":1,"search_us":..,"fetch_us":..}
+//                          "index_version":V,"tiers_touched":1,"search_us":..,"fetch_us":..,
+//                          "trust":{"shard","replica","zone","index_version","query_digest",
+//                                   "signature"} (with a signing key; keel/vector/trust)}
+//   GET  /v1/log?after=V[&max_bytes=N]  -> application/octet-stream: the writes after version V
+//                      as replication records (keel/vector/records.h), at most N bytes (default
+//                      64 MiB; at least one record); header X-Keel-Log-Version: the current
+//                      version. 410 when a snapshot has dropped version V+1 from the log.
+//   POST /v1/log       a replication stream: applied in order (at or below the version held:
+//                      skipped; a gap: 409 as for writes; a corrupt or truncated record: 400,
+//                      nothing after it applied) -> {"version":cur,"applied":n,"skipped":m}
 //   POST /v1/snapshot  writes a snapshot now (and truncates the log)
-//   GET  /v1/stats     shard, tier and placer state as JSON
+//   GET  /v1/stats     shard, replica, tier and placer state as JSON
 //   GET  /healthz, GET /metrics (Prometheus)
 //
 // Bad input (malformed JSON, wrong types, wrong dimensions, numbers that are not finite
@@ -19,6 +36,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -26,8 +44,23 @@
 #include "keel/core/metrics.h"
 #include "keel/vector/coloc/placement.h"
 #include "keel/vector/shard.h"
+#include "keel/vector/trust/adversary.h"
+#include "keel/vector/trust/signed_reply.h"
 
 namespace keel::vector {
+
+// Who this service is in a cluster (defaults: a standalone shard). Labels are 1..128 bytes.
+struct ReplicaIdentity {
+  uint32_t shard = 0;           // this shard's id, < shards
+  uint32_t shards = 1;          // shard count (the adversary draws injected ids of this shard)
+  std::string replica = "r0";   // replica id, as the router's trust store names it
+  std::string zone = "default"; // failure domain
+  // Ed25519 key (PEM written by `keel vector keygen`); without one, answers carry no "trust".
+  std::string signing_key_path;
+  std::shared_ptr<const trust::SigningKey> signing_key;  // already loaded; wins over the path
+  // What a compromised replica does to its answers before signing them (tests, benchmarks).
+  trust::Adversary adversary;
+};
 
 struct ServiceOptions {
   ShardOptions shard;
@@ -46,12 +79,14 @@ struct ServiceOptions {
   // An upsert or delete that leaves the log larger than this snapshots the shard before it
   // answers (searches continue meanwhile), so restarts never replay an unbounded log. 0 = never.
   int64_t snapshot_wal_bytes = int64_t{1} << 30;
+  ReplicaIdentity identity;
 };
 
 class Service {
  public:
-  // Opens the shard (replaying its log), starts the placer and the HTTP server. Errors from
-  // Shard::Open, or IOError when the address cannot be bound.
+  // Opens the shard (replaying its log), starts the placer and the HTTP server. InvalidArgument
+  // for a bad identity or adversary, errors loading the signing key, errors from Shard::Open, or
+  // IOError when the address cannot be bound.
   static Result<std::unique_ptr<Service>> Start(const ServiceOptions& options);
   ~Service();  // Stop()
   Service(const Service&) = delete;
@@ -75,6 +110,8 @@ class Service {
   void HandleSearch(const HttpRequest& req, HttpResponder& res);
   void HandleSnapshot(const HttpRequest& req, HttpResponder& res);
   void HandleStats(const HttpRequest& req, HttpResponder& res);
+  void HandleLogRead(const HttpRequest& req, HttpResponder& res);
+  void HandleLogApply(const HttpRequest& req, HttpResponder& res);
   Status MaybeSnapshot();
 
   ServiceOptions options_;
@@ -82,6 +119,7 @@ class Service {
   CounterFamily* requests_ = nullptr;
   HistogramFamily* search_seconds_ = nullptr;
   CounterFamily* cross_tier_ = nullptr;
+  std::shared_ptr<const trust::SigningKey> key_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<coloc::Placer> placer_;
   HttpRouter router_;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
@@ -99,11 +100,14 @@ class Shard::Impl {
   explicit Impl(const ShardOptions& o) : options(o), log(o.query_log_window) {}
 
   Status Open();
-  Status Upsert(std::span<const Item> items);
-  Status Delete(std::span<const uint64_t> ids);
+  Status Upsert(std::span<const Item> items, std::optional<uint64_t> version, WriteOutcome* outcome);
+  Status Delete(std::span<const uint64_t> ids, std::optional<uint64_t> version, WriteOutcome* outcome);
   Result<SearchResult> Search(const SearchRequest& request);
   Status Snapshot();
   ShardStats Stats() const;
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
+  Status ReadLog(uint64_t after, size_t max_bytes, LogRead* out) const;
+  Status ApplyLog(std::string_view stream, LogApplied* out);
 
   ShardOptions options;
   std::unique_ptr<coloc::TieredStore> store;
@@ -116,6 +120,13 @@ class Shard::Impl {
   Status ValidateRequest(const SearchRequest& r) const;
   Status LoadSnapshot();
   Status ApplyRecord(std::string_view payload);
+  // Caller holds write_mu_. Whether a write carrying `version` applies now: OK (outcome->version
+  // set) with *apply true, or duplicate (OK, *apply false), or gap (Unavailable).
+  Status CheckVersion(std::optional<uint64_t> version, WriteOutcome* outcome, bool* apply) const;
+  // Caller holds write_mu_ and validated the write. Logs `record`, runs `apply` under mu_ and
+  // advances the version. An apply error with `rollback` takes the record back out of the log
+  // (the write is refused and consumes no version); without it the record stays and counts.
+  Status Commit(std::string_view record, const std::function<Status()>& apply, bool rollback);
   // Both apply to memory and the tiers only; the caller holds mu_ exclusively.
   Status ApplyUpsert(std::span<const Item> items);
   Status ApplyDelete(std::span<const uint64_t> ids);
@@ -127,13 +138,19 @@ class Shard::Impl {
   Status SearchText(const SearchRequest& r, SearchResult* out, std::vector<uint64_t>* logged);
   Status LookupImages(const SearchRequest& r, SearchResult* out, std::vector<uint64_t>* logged);
 
-  std::mutex write_mu_;            // one writer (log append + apply) or snapshot at a time
+  mutable std::mutex write_mu_;   // one writer (log append + apply), log reader or snapshot at a time
   mutable std::shared_mutex mu_;  // applying a write: exclusive; searches, snapshot: shared
   std::unique_ptr<TextIndex> index_;
   std::vector<uint64_t> label_ids_;  // label -> item id (kNoItem once tombstoned)
   std::unordered_map<uint64_t, Meta> items_;
   std::unique_ptr<Wal> wal_;
   std::atomic<int64_t> searches_{0}, cross_tier_{0};
+  // Changed under write_mu_ (version_ also under mu_ held exclusively, so a search reads the
+  // version of the state it searched); read anywhere.
+  std::atomic<uint64_t> version_{0};
+  std::atomic<uint64_t> log_start_{0};  // version of the last snapshot; the log holds later ones
+  uint32_t epoch_ = 0;                  // write_mu_: tag of the log's current records
+  std::vector<int64_t> log_offsets_;    // write_mu_: log offset of version log_start_ + 1 + i
 };
 
 Status Shard::Impl::Open() {
@@ -152,13 +169,17 @@ Status Shard::Impl::Open() {
     KEEL_ASSIGN_OR_RETURN(index_, TextIndex::Create(options.index, options.text_dim));
   }
   WalReplay replay;
-  KEEL_ASSIGN_OR_RETURN(wal_, Wal::Open(WalPath(), options.wal_sync, [this](std::string_view p) { return ApplyRecord(p); }, &replay));
+  KEEL_ASSIGN_OR_RETURN(wal_, Wal::Open(WalPath(), options.wal_sync, [this](std::string_view p) { return ApplyRecord(p); },
+                                        &replay, epoch_));
+  log_offsets_ = std::move(replay.offsets);
+  version_ = log_start_ + static_cast<uint64_t>(replay.records);
   if (index_->NeedsTraining()) {  // the log brought an IVF shard past its training size
     KEEL_RETURN_IF_ERROR(index_->BuildTrained());
     index_->InstallTrained();
   }
   KEEL_RETURN_IF_ERROR(MaybeRebuild());
-  Log().info("vector shard {}: {} items, {} WAL records replayed{}", options.dir, items_.size(), replay.records,
+  Log().info("vector shard {}: {} items, index version {}, {} WAL records replayed{}", options.dir, items_.size(),
+             version_.load(), replay.records,
              replay.torn_bytes > 0 ? ", torn tail of " + std::to_string(replay.torn_bytes) + " bytes cut" : "");
   return Status::Ok();
 }
@@ -188,6 +209,8 @@ Status Shard::Impl::LoadSnapshot() {
                                    std::to_string(info.image_dim) + " differ from the options' " +
                                    std::to_string(options.text_dim) + "/" + std::to_string(options.image_dim));
   }
+  log_start_ = info.index_version;
+  epoch_ = info.log_epoch;
   return Status::Ok();
 }
 
@@ -211,21 +234,36 @@ Status Shard::Impl::ValidateItems(std::span<const Item> items) const {
   return Status::Ok();
 }
 
-Status Shard::Impl::Upsert(std::span<const Item> items) {
-  KEEL_RETURN_IF_ERROR(ValidateItems(items));
-  if (items.empty()) return Status::Ok();
-  const std::string record = EncodeUpsert(items);
-  // Writers apply in log order (write_mu_), but searches keep running during the fsync.
-  std::lock_guard write(write_mu_);
-  const int64_t logged = wal_->bytes();
+Status Shard::Impl::CheckVersion(std::optional<uint64_t> version, WriteOutcome* outcome, bool* apply) const {
+  const uint64_t cur = version_.load(std::memory_order_relaxed);
+  *outcome = WriteOutcome{cur};
+  *apply = false;
+  if (version.has_value() && *version <= cur) {
+    outcome->duplicate = true;
+    return Status::Ok();
+  }
+  if (version.has_value() && *version > cur + 1) {
+    outcome->gap = true;
+    return Status::Unavailable("stale: replica at version " + std::to_string(cur) + ", write is version " + std::to_string(*version));
+  }
+  *apply = true;
+  return Status::Ok();
+}
+
+Status Shard::Impl::Commit(std::string_view record, const std::function<Status()>& apply, bool rollback) {
+  const int64_t at = wal_->bytes();
   KEEL_RETURN_IF_ERROR(wal_->Append(record));
   std::unique_lock lock(mu_);
-  if (Status s = ApplyUpsert(items); !s.ok()) {
+  const Status applied = apply();
+  if (!applied.ok() && rollback) {
     // Not acknowledged, so it must not come back on replay (where it could fail again, e.g. a
     // full tier, and keep the shard from opening).
-    if (Status t = wal_->TruncateTo(logged); !t.ok()) Log().error("vector shard: {}", t.ToString());
-    return s;
+    if (Status t = wal_->TruncateTo(at); !t.ok()) Log().error("vector shard: {}", t.ToString());
+    return applied;
   }
+  // The record stays in the log, so it counts: replay will count it too.
+  log_offsets_.push_back(at);
+  version_.fetch_add(1, std::memory_order_release);
   if (index_->NeedsTraining()) {
     // IVF training takes seconds to a minute: searches keep running over the exact buffer
     // meanwhile (write_mu_ keeps every other writer, and so every change to it, out).
@@ -238,17 +276,106 @@ Status Shard::Impl::Upsert(std::span<const Item> items) {
       Log().error("vector shard {}: {}", options.dir, trained.ToString());
     }
   }
-  return MaybeRebuild();
+  const Status rebuilt = MaybeRebuild();
+  return applied.ok() ? rebuilt : applied;
 }
 
-Status Shard::Impl::Delete(std::span<const uint64_t> ids) {
-  if (ids.empty()) return Status::Ok();
+Status Shard::Impl::Upsert(std::span<const Item> items, std::optional<uint64_t> version, WriteOutcome* outcome) {
+  *outcome = WriteOutcome{version_.load(std::memory_order_relaxed)};
+  KEEL_RETURN_IF_ERROR(ValidateItems(items));
+  const std::string record = EncodeUpsert(items);
+  // Writers apply in log order (write_mu_), but searches keep running during the fsync.
+  std::lock_guard write(write_mu_);
+  bool apply = false;
+  KEEL_RETURN_IF_ERROR(CheckVersion(version, outcome, &apply));
+  if (!apply) return Status::Ok();
+  Status s = Commit(record, [&] { return ApplyUpsert(items); }, /*rollback=*/true);
+  outcome->version = version_.load(std::memory_order_relaxed);
+  return s;
+}
+
+Status Shard::Impl::Delete(std::span<const uint64_t> ids, std::optional<uint64_t> version, WriteOutcome* outcome) {
   const std::string record = EncodeDelete(ids);
   std::lock_guard write(write_mu_);
-  KEEL_RETURN_IF_ERROR(wal_->Append(record));
-  std::unique_lock lock(mu_);
-  KEEL_RETURN_IF_ERROR(ApplyDelete(ids));
-  return MaybeRebuild();
+  bool apply = false;
+  KEEL_RETURN_IF_ERROR(CheckVersion(version, outcome, &apply));
+  if (!apply) return Status::Ok();
+  // A delete's only failure is a tier that could not drop bytes after the items were gone for
+  // every query: the write happened, so it stays logged.
+  Status s = Commit(record, [&] { return ApplyDelete(ids); }, /*rollback=*/false);
+  outcome->version = version_.load(std::memory_order_relaxed);
+  return s;
+}
+
+Status Shard::Impl::ReadLog(uint64_t after, size_t max_bytes, LogRead* out) const {
+  *out = LogRead{};
+  // Holding write_mu_ keeps appends, roll-backs and the snapshot's truncation away from the
+  // bytes being read; searches do not take it.
+  std::lock_guard write(write_mu_);
+  const uint64_t start = log_start_.load(std::memory_order_relaxed);
+  out->version = version_.load(std::memory_order_relaxed);
+  out->log_start = start;
+  if (after < start) {
+    out->truncated = true;
+    return Status::NotFound("log starts after version " + std::to_string(start));
+  }
+  if (after >= out->version) return Status::Ok();
+  const size_t first = static_cast<size_t>(after - start);
+  if (first >= log_offsets_.size()) return Status::Internal("vector shard: log index holds fewer records than versions");
+  const int64_t log_end = wal_->bytes();
+  auto end_of = [&](size_t i) { return i + 1 < log_offsets_.size() ? log_offsets_[i + 1] : log_end; };
+  size_t last = first;  // exclusive
+  size_t bytes = 0;
+  while (last < log_offsets_.size()) {
+    const size_t rec = static_cast<size_t>(end_of(last) - log_offsets_[last]) - Wal::kHeaderBytes + kLogRecordOverhead;
+    if (last > first && bytes + rec > max_bytes) break;
+    bytes += rec;
+    ++last;
+  }
+  out->bytes.reserve(bytes);
+  uint64_t v = after;
+  KEEL_RETURN_IF_ERROR(wal_->Read(log_offsets_[first], end_of(last - 1), [&](std::string_view payload) {
+    AppendLogRecord(++v, payload, &out->bytes);
+    return Status::Ok();
+  }));
+  out->records = v - after;
+  return Status::Ok();
+}
+
+Status Shard::Impl::ApplyLog(std::string_view stream, LogApplied* out) {
+  *out = LogApplied{};
+  std::lock_guard write(write_mu_);
+  out->version = version_.load(std::memory_order_relaxed);
+  std::string_view in = stream;
+  while (!in.empty()) {
+    const size_t at = stream.size() - in.size();
+    uint64_t v = 0;
+    std::string_view payload;
+    if (Status s = NextLogRecord(&in, at, &v, &payload); !s.ok()) return Status::InvalidArgument(s.message());
+    const uint64_t cur = version_.load(std::memory_order_relaxed);
+    if (v <= cur) {
+      ++out->skipped;
+      continue;
+    }
+    if (v > cur + 1) {
+      out->gap = true;
+      return Status::Unavailable("stale: replica at version " + std::to_string(cur) + ", write is version " + std::to_string(v));
+    }
+    const std::string where = "log record at byte " + std::to_string(at) + " (version " + std::to_string(v) + "): ";
+    auto rec = DecodeRecord(payload);
+    if (!rec.ok()) return Status::InvalidArgument(where + rec.status().message());
+    Status s;
+    if (rec->type == RecordType::kUpsert) {
+      if (Status bad = ValidateItems(rec->items); !bad.ok()) return Status::InvalidArgument(where + bad.message());
+      s = Commit(payload, [&] { return ApplyUpsert(rec->items); }, /*rollback=*/true);
+    } else {
+      s = Commit(payload, [&] { return ApplyDelete(rec->ids); }, /*rollback=*/false);
+    }
+    out->version = version_.load(std::memory_order_relaxed);
+    if (out->version == v) ++out->applied;
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
 }
 
 Status Shard::Impl::ApplyUpsert(std::span<const Item> items) {
@@ -504,6 +631,7 @@ Result<SearchResult> Shard::Impl::Search(const SearchRequest& r) {
   std::vector<uint64_t> logged;
   {
     std::shared_lock lock(mu_);
+    out.index_version = version_.load(std::memory_order_acquire);
     Status s = r.kind == QueryKind::kImage ? LookupImages(r, &out, &logged) : SearchText(r, &out, &logged);
     if (!s.ok()) return s;
   }
@@ -521,7 +649,10 @@ Status Shard::Impl::Snapshot() {
   std::shared_lock lock(mu_);
   const int64_t t0 = NowNs();
   KEEL_ASSIGN_OR_RETURN(std::string index_bytes, index_->Save());
-  SnapshotInfo info{options.text_dim, options.image_dim, options.index.kind, items_.size()};
+  // Records logged from here on belong to the next epoch: a restart that finds this snapshot
+  // skips any older record a crash left in the log, since the snapshot holds it.
+  SnapshotInfo info{options.text_dim, options.image_dim, options.index.kind, items_.size(),
+                    version_.load(std::memory_order_relaxed), epoch_ + 1};
   KEEL_ASSIGN_OR_RETURN(auto writer, SnapshotWriter::Create(SnapshotPath(), info, index_bytes));
   index_bytes.clear();
   index_bytes.shrink_to_fit();
@@ -555,10 +686,16 @@ Status Shard::Impl::Snapshot() {
       KEEL_RETURN_IF_ERROR(writer->AddItem(m.label, item));
     }
   }
-  KEEL_RETURN_IF_ERROR(writer->Finish());
-  // The snapshot holds everything the log did; replaying it again would be harmless (upserts
-  // and deletes are idempotent), but a long log slows every restart.
-  KEEL_RETURN_IF_ERROR(wal_->Truncate());
+  const Status finished = writer->Finish();
+  if (!writer->installed()) return finished;
+  // The snapshot may be what a restart reads now, whatever else failed: the log moves to its
+  // epoch (and is emptied: the snapshot holds all of it).
+  epoch_ = info.log_epoch;
+  log_start_.store(info.index_version, std::memory_order_relaxed);
+  log_offsets_.clear();
+  const Status reset = wal_->Reset(epoch_);
+  KEEL_RETURN_IF_ERROR(finished);
+  KEEL_RETURN_IF_ERROR(reset);
   Log().info("vector shard {}: snapshot of {} items in {} ms", options.dir, ids.size(), (NowNs() - t0) / 1000000);
   return Status::Ok();
 }
@@ -573,6 +710,8 @@ ShardStats Shard::Impl::Stats() const {
   s.wal_bytes = wal_->bytes();
   s.searches = searches_.load(std::memory_order_relaxed);
   s.cross_tier_searches = cross_tier_.load(std::memory_order_relaxed);
+  s.index_version = version_.load(std::memory_order_acquire);
+  s.log_start_version = log_start_.load(std::memory_order_relaxed);
   s.tiers = store->Usage();
   return s;
 }
@@ -586,8 +725,22 @@ Result<std::unique_ptr<Shard>> Shard::Open(const ShardOptions& options) {
 
 Shard::~Shard() = default;
 
-Status Shard::Upsert(std::span<const Item> items) { return impl_->Upsert(items); }
-Status Shard::Delete(std::span<const uint64_t> ids) { return impl_->Delete(ids); }
+Status Shard::Upsert(std::span<const Item> items) { return Upsert(items, std::nullopt, nullptr); }
+Status Shard::Delete(std::span<const uint64_t> ids) { return Delete(ids, std::nullopt, nullptr); }
+Status Shard::Upsert(std::span<const Item> items, std::optional<uint64_t> version, WriteOutcome* outcome) {
+  WriteOutcome ignored;
+  return impl_->Upsert(items, version, outcome != nullptr ? outcome : &ignored);
+}
+Status Shard::Delete(std::span<const uint64_t> ids, std::optional<uint64_t> version, WriteOutcome* outcome) {
+  WriteOutcome ignored;
+  return impl_->Delete(ids, version, outcome != nullptr ? outcome : &ignored);
+}
+uint64_t Shard::version() const { return impl_->version(); }
+Status Shard::ReadLog(uint64_t after, size_t max_bytes, LogRead* out) const { return impl_->ReadLog(after, max_bytes, out); }
+Status Shard::ApplyLog(std::string_view stream, LogApplied* out) {
+  LogApplied ignored;
+  return impl_->ApplyLog(stream, out != nullptr ? out : &ignored);
+}
 Result<SearchResult> Shard::Search(const SearchRequest& request) { return impl_->Search(request); }
 Status Shard::Snapshot() { return impl_->Snapshot(); }
 ShardStats Shard::Stats() const { return impl_->Stats(); }

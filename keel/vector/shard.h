@@ -17,12 +17,23 @@
 // attributes) to files with magic, version, sizes and XXH3 checksums, then truncates the log.
 // Open() loads the snapshot, replays the log (a torn tail is cut; a checksum mismatch inside the
 // log is Corruption naming file and offset) and repopulates the tiers.
+//
+// Versions: the index version counts the writes applied (every successful Upsert or Delete call,
+// an empty one included, is one; a rejected one is none). The snapshot stores it and replaying
+// the log adds one per record, so it survives restarts. A replica's writes may carry the version
+// the router gave them: version <= current is a duplicate (nothing applied), current + 1 applies,
+// anything later is a gap (refused until the replica catches up). The log since the last
+// snapshot is readable by version (ReadLog) and a peer's log applies through ApplyLog: the
+// replication stream of keel/vector/records.h. Writes, ReadLog and ApplyLog take one lock in turn,
+// so versions follow the log's order; searches never wait for them except while a write's
+// changes are put into memory.
 // Thread-safe: searches run concurrently with each other and with writes.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,6 +58,9 @@ struct IndexOptions {
   int ivf_nprobe = 16;          // default per query; a request may override (nprobe)
   int pq_m = 16;                // IVF-PQ sub-quantizers (must divide text_dim)
   int pq_bits = 8;
+  // Seed of HNSW's level generator (12345 is FAISS's own). Replicas given different seeds build
+  // different graphs from the same writes, so their approximate answers are independent.
+  int64_t hnsw_seed = 12345;
 };
 
 struct ShardOptions {
@@ -96,6 +110,7 @@ struct SearchResult {
   coloc::FetchTrace trace;   // union over the query's fetches
   int64_t search_ns = 0;     // ANN search
   int64_t fetch_ns = 0;      // tier reads
+  uint64_t index_version = 0;  // writes applied to the state the search read
 };
 
 struct ShardStats {
@@ -104,7 +119,33 @@ struct ShardStats {
   int64_t wal_bytes = 0;
   int64_t searches = 0;
   int64_t cross_tier_searches = 0;
+  uint64_t index_version = 0;      // writes applied
+  uint64_t log_start_version = 0;  // the log holds versions after this one (the last snapshot's)
   std::vector<coloc::TierUsage> tiers;
+};
+
+// What a versioned write did.
+struct WriteOutcome {
+  uint64_t version = 0;    // the shard's index version after the call
+  bool duplicate = false;  // the write's version was already applied: nothing was done
+  bool gap = false;        // the write's version is beyond version + 1: refused (Unavailable)
+};
+
+// A piece of the log read for a peer (ReadLog).
+struct LogRead {
+  std::string bytes;            // replication stream records (records.h)
+  uint64_t records = 0;
+  uint64_t version = 0;         // the shard's index version when read
+  uint64_t log_start = 0;       // versions up to this one are no longer in the log
+  bool truncated = false;       // `after` < log_start: the versions asked for are gone
+};
+
+// What ApplyLog did, also on error (the records before a bad one stay applied).
+struct LogApplied {
+  uint64_t version = 0;         // the shard's index version afterwards
+  uint64_t applied = 0;         // records applied
+  uint64_t skipped = 0;         // records at or below the version already held
+  bool gap = false;             // a record's version was beyond version + 1 (Unavailable)
 };
 
 class Shard {
@@ -116,6 +157,23 @@ class Shard {
   // written: a rejected batch changes nothing.
   Status Upsert(std::span<const Item> items);
   Status Delete(std::span<const uint64_t> ids);  // unknown ids are ignored
+  // The same with the version the write must get (nullopt: the next one). A duplicate is OK
+  // with outcome->duplicate; a gap is Unavailable ("stale: replica at version V, write is
+  // version W") with outcome->gap. `outcome` (optional) is filled in every case.
+  Status Upsert(std::span<const Item> items, std::optional<uint64_t> version, WriteOutcome* outcome);
+  Status Delete(std::span<const uint64_t> ids, std::optional<uint64_t> version, WriteOutcome* outcome);
+
+  // Index version: writes applied.
+  uint64_t version() const;
+  // The writes with versions after `after`, as replication records, up to `max_bytes` of them
+  // (always at least one when there is one). NotFound with out->truncated when a snapshot has
+  // dropped version after + 1 from the log; Corruption when the log file is damaged.
+  Status ReadLog(uint64_t after, size_t max_bytes, LogRead* out) const;
+  // Applies a replication stream in order: records at or below the current version are skipped,
+  // the next version is applied (logged, as a write), a later one stops with Unavailable and
+  // out->gap. A truncated or corrupt record, or one whose write is invalid for this shard, stops
+  // with InvalidArgument naming its byte offset; nothing after it is applied.
+  Status ApplyLog(std::string_view stream, LogApplied* out);
   Result<SearchResult> Search(const SearchRequest& request);
   Status Snapshot();
   ShardStats Stats() const;

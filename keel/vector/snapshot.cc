@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 
@@ -16,14 +17,21 @@ namespace keel::vector {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'S', 'N', 'A', 'P', '0', '1'};
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHeaderBytes = 72;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kFlushBytes = 8 << 20;
 
+// Format version 1: everything up to items_hash. Version 2 adds index_version and log_epoch.
 struct Header {
   uint32_t version, text_dim, image_dim, kind;
   uint64_t items, index_len, items_len, index_hash, items_hash;
+  uint64_t index_version;
+  uint32_t log_epoch, reserved;
 };
+constexpr size_t kV1Fields = 56;
+static_assert(sizeof(Header) == 72 && offsetof(Header, index_version) == kV1Fields);
+// magic + fields + XXH3-64 of both.
+constexpr size_t HeaderBytes(uint32_t version) { return 8 + (version == 1 ? kV1Fields : sizeof(Header)) + 8; }
+constexpr size_t kHeaderBytes = HeaderBytes(kVersion);
 
 std::string EncodeHeader(const Header& h) {
   std::string out(kMagic, sizeof(kMagic));
@@ -32,7 +40,6 @@ std::string EncodeHeader(const Header& h) {
   out.append(reinterpret_cast<const char*>(&self), sizeof(self));
   return out;
 }
-static_assert(sizeof(Header) == 56 && 8 + sizeof(Header) + 8 == kHeaderBytes);
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -87,7 +94,8 @@ Status SnapshotWriter::Finish() {
   }
   KEEL_RETURN_IF_ERROR(Flush());
   Header h{kVersion, static_cast<uint32_t>(info_.text_dim), static_cast<uint32_t>(info_.image_dim),
-           static_cast<uint32_t>(info_.kind), info_.items, index_len_, items_len_, index_hash_, items_hash_->h.digest()};
+           static_cast<uint32_t>(info_.kind), info_.items, index_len_, items_len_, index_hash_, items_hash_->h.digest(),
+           info_.index_version, info_.log_epoch, 0};
   std::string head = EncodeHeader(h);
   if (::pwrite(fd_, head.data(), head.size(), 0) != static_cast<ssize_t>(head.size())) {
     return Status::IOError(tmp_ + ": write header: " + Errno());
@@ -106,30 +114,36 @@ Status ReadSnapshot(const std::string& path, SnapshotInfo* info,
   KEEL_ASSIGN_OR_RETURN(auto file, MappedFile::Open(path));
   auto bad = [&](const std::string& why) { return Status::Corruption(path + ": " + why); };
   std::string_view all(reinterpret_cast<const char*>(file->data()), file->size());
-  if (all.size() < kHeaderBytes) return bad("truncated header (" + std::to_string(all.size()) + " bytes)");
+  if (all.size() < HeaderBytes(1)) return bad("truncated header (" + std::to_string(all.size()) + " bytes)");
   if (std::memcmp(all.data(), kMagic, sizeof(kMagic)) != 0) return bad("bad magic");
-  Header h;
-  std::memcpy(&h, all.data() + 8, sizeof(h));
+  Header h{};
+  std::memcpy(&h.version, all.data() + 8, sizeof(h.version));
+  if (h.version != 1 && h.version != kVersion) return bad("unsupported version " + std::to_string(h.version));
+  const size_t header_bytes = HeaderBytes(h.version);
+  if (all.size() < header_bytes) return bad("truncated header (" + std::to_string(all.size()) + " bytes)");
+  const size_t fields = header_bytes - 16;
+  std::memcpy(&h, all.data() + 8, fields);
   uint64_t self = 0;
-  std::memcpy(&self, all.data() + 8 + sizeof(h), 8);
-  if (Xxh3_64(all.data(), 8 + sizeof(h)) != self) return bad("header checksum mismatch");
-  if (h.version != kVersion) return bad("unsupported version " + std::to_string(h.version));
+  std::memcpy(&self, all.data() + 8 + fields, 8);
+  if (Xxh3_64(all.data(), 8 + fields) != self) return bad("header checksum mismatch");
   if (h.kind > static_cast<uint32_t>(IndexKind::kIvfPq)) return bad("unknown index kind");
-  if (all.size() - kHeaderBytes != h.index_len + h.items_len) {
+  if (all.size() - header_bytes != h.index_len + h.items_len) {
     return bad("size " + std::to_string(all.size()) + " does not match the header's sections");
   }
-  std::string_view index_bytes = all.substr(kHeaderBytes, h.index_len);
-  std::string_view items = all.substr(kHeaderBytes + h.index_len);
+  std::string_view index_bytes = all.substr(header_bytes, h.index_len);
+  std::string_view items = all.substr(header_bytes + h.index_len);
   if (Xxh3_64(index_bytes.data(), index_bytes.size()) != h.index_hash) {
-    return bad("index section checksum mismatch at offset " + std::to_string(kHeaderBytes));
+    return bad("index section checksum mismatch at offset " + std::to_string(header_bytes));
   }
   if (Xxh3_64(items.data(), items.size()) != h.items_hash) {
-    return bad("item section checksum mismatch at offset " + std::to_string(kHeaderBytes + h.index_len));
+    return bad("item section checksum mismatch at offset " + std::to_string(header_bytes + h.index_len));
   }
   info->text_dim = static_cast<int>(h.text_dim);
   info->image_dim = static_cast<int>(h.image_dim);
   info->kind = static_cast<IndexKind>(h.kind);
   info->items = h.items;
+  info->index_version = h.index_version;  // 0 in a version 1 file (h was zeroed)
+  info->log_epoch = h.log_epoch;
   KEEL_RETURN_IF_ERROR(on_index(index_bytes));
   for (uint64_t i = 0; i < h.items; ++i) {
     int64_t label = 0;

@@ -1,9 +1,12 @@
 // The shard's snapshot file: the serialised text index plus every item (id, index label,
 // vectors, attributes), so a restart needs neither a rebuild nor the tiers' old contents.
 //
-// Layout: a 72-byte header (magic "KVSNAP01", version, text/image dims, index kind, item count,
-// index and item section lengths, XXH3-64 of each section, XXH3-64 of the header itself), the
-// index section (TextIndex::Save), the item section (per item: i64 label, EncodeItem). Written
+// Layout: an 88-byte header (magic "KVSNAP01", format version 2, text/image dims, index kind,
+// item count, index and item section lengths, XXH3-64 of each section, the shard's index version
+// (writes applied), the write-ahead log epoch that starts after this snapshot, XXH3-64 of the
+// header itself), the index section (TextIndex::Save), the item section (per item: i64 label,
+// EncodeItem). Format version 1 (a 72-byte header without index version and epoch) still reads,
+// as index version 0 and epoch 0. Written
 // to "<path>.tmp", fsynced, renamed over `path`, directory fsynced: a crash leaves either the old
 // snapshot or the new one, never a mix.
 #pragma once
@@ -24,6 +27,8 @@ struct SnapshotInfo {
   int image_dim = 0;
   IndexKind kind = IndexKind::kHnsw;
   uint64_t items = 0;
+  uint64_t index_version = 0;  // writes applied when the snapshot was taken
+  uint32_t log_epoch = 0;      // tag of the write-ahead log records that follow this snapshot
 };
 
 class SnapshotWriter {
@@ -38,6 +43,9 @@ class SnapshotWriter {
   Status AddItem(int64_t label, const Item& item);
   // InvalidArgument when fewer or more items were added than info.items; IOError on write.
   Status Finish();
+  // True once Finish renamed the file over `path`, even when syncing the directory then failed:
+  // from then on the new snapshot may be the one a restart reads.
+  bool installed() const { return finished_; }
 
  private:
   SnapshotWriter() = default;

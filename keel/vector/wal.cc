@@ -20,11 +20,27 @@ constexpr uint32_t kRecordMagic = 0x4C57564B;  // "KVWL"
 
 std::string Errno() { return std::strerror(errno); }
 
-uint64_t RecordChecksum(uint64_t len, std::string_view payload) {
+// Covers the epoch tag too, except tag 0, whose records predate tags (their checksums stay valid).
+uint64_t RecordChecksum(uint32_t tag, uint64_t len, std::string_view payload) {
   Hasher64 h;
+  if (tag != 0) h.update(&tag, sizeof(tag));
   h.update(&len, sizeof(len));
   h.update(payload);
   return h.digest();
+}
+
+// One record's header fields at `off` (at least kHeaderBytes readable there).
+struct RecordHeader {
+  uint32_t magic = 0, tag = 0;
+  uint64_t len = 0, sum = 0;
+};
+RecordHeader ReadHeader(const char* p) {
+  RecordHeader h;
+  std::memcpy(&h.magic, p, 4);
+  std::memcpy(&h.tag, p + 4, 4);
+  std::memcpy(&h.len, p + 8, 8);
+  std::memcpy(&h.sum, p + 16, 8);
+  return h;
 }
 
 Status ReadAll(int fd, const std::string& path, std::string* out) {
@@ -44,10 +60,11 @@ Status ReadAll(int fd, const std::string& path, std::string* out) {
 
 }  // namespace
 
-Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const Apply& apply, WalReplay* replay) {
+Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const Apply& apply, WalReplay* replay,
+                                       uint32_t epoch) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Status::IOError(path + ": open: " + Errno());
-  std::unique_ptr<Wal> wal(new Wal(path, fd, sync, 0));
+  std::unique_ptr<Wal> wal(new Wal(path, fd, sync, 0, epoch));
   std::string data;
   KEEL_RETURN_IF_ERROR(ReadAll(fd, path, &data));
 
@@ -56,31 +73,33 @@ Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const
   while (off < data.size()) {
     const size_t left = data.size() - off;
     if (left < kHeaderBytes) break;  // torn header
-    uint32_t magic = 0;
-    uint64_t len = 0, sum = 0;
-    std::memcpy(&magic, data.data() + off, 4);
-    std::memcpy(&len, data.data() + off + 8, 8);
-    std::memcpy(&sum, data.data() + off + 16, 8);
-    const bool whole = len <= left - kHeaderBytes;
-    const bool last = whole && len == left - kHeaderBytes;
-    std::string_view payload = whole ? std::string_view(data).substr(off + kHeaderBytes, len) : std::string_view();
+    const RecordHeader h = ReadHeader(data.data() + off);
+    const bool whole = h.len <= left - kHeaderBytes;
+    const bool last = whole && h.len == left - kHeaderBytes;
+    std::string_view payload = whole ? std::string_view(data).substr(off + kHeaderBytes, h.len) : std::string_view();
     auto corrupt = [&](const char* why) {
       return Status::Corruption(path + ": bad WAL record at offset " + std::to_string(off) + " (" + why + "), " +
                                 std::to_string(left) + " bytes from there to the end");
     };
-    if (magic != kRecordMagic) {
+    if (h.magic != kRecordMagic) {
       // A crash can leave the file extended with zeros; anything else here is damage.
       if (data.find_first_not_of('\0', off) == std::string::npos) break;
       return corrupt("bad magic");
     }
     if (!whole) break;  // the crash cut this record short: torn tail
-    if (RecordChecksum(len, payload) != sum) {
+    if (RecordChecksum(h.tag, h.len, payload) != h.sum) {
       if (last) break;  // the last record's bytes never all reached the disk
       return corrupt("checksum mismatch");
     }
-    KEEL_RETURN_IF_ERROR(apply(payload));
-    ++r.records;
-    off += kHeaderBytes + len;
+    if (h.tag != epoch) {
+      if (r.records > 0) return corrupt("record of an earlier epoch after current ones");
+      ++r.stale;  // held by the snapshot that started this epoch
+    } else {
+      KEEL_RETURN_IF_ERROR(apply(payload));
+      r.offsets.push_back(static_cast<int64_t>(off));
+      ++r.records;
+    }
+    off += kHeaderBytes + h.len;
   }
   r.bytes = static_cast<int64_t>(off);
   r.torn_bytes = static_cast<int64_t>(data.size() - off);
@@ -89,9 +108,10 @@ Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const
     if (::ftruncate(fd, static_cast<off_t>(off)) != 0) return Status::IOError(path + ": ftruncate: " + Errno());
     if (sync && ::fsync(fd) != 0) return Status::IOError(path + ": fsync: " + Errno());
   }
+  if (r.stale > 0) Log().warn("{}: skipped {} records of an earlier epoch (already in the snapshot)", path, r.stale);
   if (::lseek(fd, static_cast<off_t>(off), SEEK_SET) < 0) return Status::IOError(path + ": lseek: " + Errno());
   wal->size_ = r.bytes;
-  if (replay != nullptr) *replay = r;
+  if (replay != nullptr) *replay = std::move(r);
   return wal;
 }
 
@@ -104,17 +124,16 @@ Status Wal::Append(std::span<const std::string_view> payloads) {
   for (auto p : payloads) total += kHeaderBytes + p.size();
   std::string buf;
   buf.reserve(total);
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto p : payloads) {
     const uint64_t len = p.size();
-    const uint32_t zero = 0;
-    const uint64_t sum = RecordChecksum(len, p);
+    const uint64_t sum = RecordChecksum(epoch_, len, p);
     buf.append(reinterpret_cast<const char*>(&kRecordMagic), 4);
-    buf.append(reinterpret_cast<const char*>(&zero), 4);
+    buf.append(reinterpret_cast<const char*>(&epoch_), 4);
     buf.append(reinterpret_cast<const char*>(&len), 8);
     buf.append(reinterpret_cast<const char*>(&sum), 8);
     buf.append(p);
   }
-  std::lock_guard<std::mutex> lock(mu_);
   Status s = WriteAllToFd(fd_, path_, buf.data(), buf.size());
   if (s.ok() && sync_ && ::fdatasync(fd_) != 0) s = Status::IOError(path_ + ": fdatasync: " + Errno());
   if (!s.ok()) {
@@ -128,6 +147,16 @@ Status Wal::Append(std::span<const std::string_view> payloads) {
 
 Status Wal::TruncateTo(int64_t size) {
   std::lock_guard<std::mutex> lock(mu_);
+  return TruncateLocked(size);
+}
+
+Status Wal::Reset(uint32_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  epoch_ = epoch;
+  return TruncateLocked(0);
+}
+
+Status Wal::TruncateLocked(int64_t size) {
   if (size < 0 || size > size_) return Status::InvalidArgument(path_ + ": cannot truncate to " + std::to_string(size));
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return Status::IOError(path_ + ": ftruncate: " + Errno());
   if (::lseek(fd_, static_cast<off_t>(size), SEEK_SET) < 0) return Status::IOError(path_ + ": lseek: " + Errno());
@@ -136,9 +165,47 @@ Status Wal::TruncateTo(int64_t size) {
   return Status::Ok();
 }
 
+Status Wal::Read(int64_t begin, int64_t end, const Apply& fn) const {
+  std::string data;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (begin < 0 || end < begin || end > size_) {
+      return Status::InvalidArgument(path_ + ": cannot read bytes [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
+    }
+    data.resize(static_cast<size_t>(end - begin));
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = ::pread(fd_, data.data() + done, data.size() - done, static_cast<off_t>(begin + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status::IOError(path_ + ": read: " + (n == 0 ? std::string("unexpected end") : Errno()));
+      done += static_cast<size_t>(n);
+    }
+  }
+  size_t off = 0;
+  while (off < data.size()) {
+    auto corrupt = [&](const char* why) {
+      return Status::Corruption(path_ + ": bad WAL record at offset " + std::to_string(begin + static_cast<int64_t>(off)) + " (" + why + ")");
+    };
+    if (data.size() - off < kHeaderBytes) return corrupt("truncated header");
+    const RecordHeader h = ReadHeader(data.data() + off);
+    if (h.magic != kRecordMagic) return corrupt("bad magic");
+    if (h.len > data.size() - off - kHeaderBytes) return corrupt("truncated payload");
+    std::string_view payload = std::string_view(data).substr(off + kHeaderBytes, h.len);
+    if (RecordChecksum(h.tag, h.len, payload) != h.sum) return corrupt("checksum mismatch");
+    KEEL_RETURN_IF_ERROR(fn(payload));
+    off += kHeaderBytes + h.len;
+  }
+  return Status::Ok();
+}
+
 int64_t Wal::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return size_;
+}
+
+uint32_t Wal::epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_;
 }
 
 }  // namespace keel::vector

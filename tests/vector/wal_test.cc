@@ -153,6 +153,79 @@ TEST(WalTest, TruncateEmptiesTheLog) {
   EXPECT_EQ(got[0], "two");
 }
 
+TEST(WalTest, RecordsOfAnEarlierEpochAtTheHeadAreSkippedAndCounted) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 2);  // epoch 0
+  std::vector<std::string> got;
+  WalReplay r;
+  {
+    auto wal = Wal::Open(path, true, [&](std::string_view p) { got.emplace_back(p); return Status::Ok(); }, &r, 1);
+    ASSERT_TRUE(wal.ok()) << wal.status().ToString();
+    EXPECT_TRUE(got.empty());
+    EXPECT_EQ(r.stale, 2);
+    EXPECT_EQ((*wal)->epoch(), 1u);
+    ASSERT_TRUE((*wal)->Append("current").ok());
+  }
+  got.clear();
+  auto wal = Wal::Open(path, true, [&](std::string_view p) { got.emplace_back(p); return Status::Ok(); }, &r, 1);
+  ASSERT_TRUE(wal.ok()) << wal.status().ToString();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], "current");
+  EXPECT_EQ(r.stale, 2);
+  EXPECT_EQ(r.offsets, std::vector<int64_t>{static_cast<int64_t>(2 * kRecordBytes)});
+  // The epoch tag is under the checksum: a flipped tag is damage, not a stale record to skip.
+  ASSERT_TRUE((*wal)->Append("tail").ok());
+  wal->reset();
+  FlipByte(path, 2 * kRecordBytes + 4);
+  auto damaged = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 1);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), StatusCode::kCorruption);
+}
+
+TEST(WalTest, AStaleRecordAfterACurrentOneIsCorruption) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  {
+    auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 3);
+    ASSERT_TRUE(wal.ok());
+    ASSERT_TRUE((*wal)->Append("epoch 3").ok());
+    ASSERT_TRUE((*wal)->Reset(4).ok());
+    EXPECT_EQ((*wal)->bytes(), 0);
+    ASSERT_TRUE((*wal)->Append("epoch 4").ok());
+  }
+  {
+    auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 3);
+    ASSERT_TRUE(wal.ok());  // "epoch 4" is stale for epoch 3: skipped
+    ASSERT_TRUE((*wal)->Append("epoch 3 again").ok());
+  }
+  auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 4);
+  ASSERT_FALSE(wal.ok());
+  EXPECT_EQ(wal.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(wal.status().message().find("earlier epoch"), std::string::npos) << wal.status().message();
+}
+
+TEST(WalTest, ReadReturnsTheRecordsOfARangeAndRefusesDamage) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 4);
+  std::vector<std::string> got;
+  auto wal = OpenCollect(path, &got);
+  ASSERT_TRUE(wal.ok());
+  got.clear();
+  auto collect = [&](std::string_view p) { got.emplace_back(p); return Status::Ok(); };
+  ASSERT_TRUE((*wal)->Read(kRecordBytes, 3 * kRecordBytes, collect).ok());
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].substr(0, 8), "record-1");
+  EXPECT_EQ(got[1].substr(0, 8), "record-2");
+  EXPECT_FALSE((*wal)->Read(0, 5 * kRecordBytes, collect).ok());  // past the end
+  EXPECT_EQ((*wal)->Read(0, kRecordBytes + 3, collect).code(), StatusCode::kCorruption);  // not a record boundary
+  FlipByte(path, 2 * kRecordBytes + Wal::kHeaderBytes + 7);
+  Status s = (*wal)->Read(kRecordBytes, 3 * kRecordBytes, collect);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_NE(s.message().find("offset " + std::to_string(2 * kRecordBytes)), std::string::npos) << s.message();
+}
+
 TEST(RecordsTest, UpsertAndDeleteRoundTrip) {
   std::vector<Item> items(2);
   items[0].id = 5;
