@@ -295,6 +295,7 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
           shortest = std::min(shortest, authentic[static_cast<size_t>(g)].hits.size());
           found.group.push_back(authentic_replica[static_cast<size_t>(g)]);
         }
+        std::sort(found.group.begin(), found.group.end());  // replica indices, not arrival order
         found.verdict = Verdict::kVerified;
         found.hits = Consensus(members, k);
         found.index_version = authentic[static_cast<size_t>(group[0])].index_version;

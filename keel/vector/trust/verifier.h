@@ -91,7 +91,7 @@ struct ShardAnswer {
   // may be incomplete (shorter) when no complete group formed before replicas or time ran out:
   // every hit in it is still vouched for by the whole group.
   bool complete = false;
-  std::vector<int> group;              // replicas whose replies formed the answer
+  std::vector<int> group;              // replicas whose replies formed the answer, ascending
   uint64_t index_version = 0;
   double min_similarity = 0;           // inside the group
   int asked = 0, authentic = 0, escalations = 0;
