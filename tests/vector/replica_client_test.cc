@@ -1,0 +1,137 @@
+// ReplicaClient and CallPool against real HTTP servers on loopback.
+#include "keel/vector/replica_client.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace keel::vector {
+namespace {
+
+TEST(ParseHttpUrlTest, AcceptsHostPortOnly) {
+  auto u = ParseHttpUrl("http://127.0.0.1:7410");
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(u->host, "127.0.0.1");
+  EXPECT_EQ(u->port, 7410);
+  EXPECT_TRUE(ParseHttpUrl("http://replica-a.local:80/").ok());
+  EXPECT_EQ(ParseHttpUrl("http://[::1]:7410")->host, "::1");
+  for (const char* bad : {"https://h:1", "h:1", "http://h", "http://h:0", "http://h:70000", "http://h:1/v1", "http://u@h:1", "http://:1"}) {
+    EXPECT_FALSE(ParseHttpUrl(bad).ok()) << bad;
+  }
+}
+
+class ReplicaClientTest : public ::testing::Test {
+ protected:
+  void Serve(HttpHandler handler, HttpServerOptions o = {}) {
+    o.host = "127.0.0.1";
+    o.port = 0;
+    server_ = std::make_unique<HttpServer>(o, std::move(handler));
+    ASSERT_TRUE(server_->Start().ok());
+  }
+  HttpEndpoint endpoint() const { return {"127.0.0.1", server_->port()}; }
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(ReplicaClientTest, KeepsConnectionsAlive) {
+  std::mutex mu;
+  std::set<std::string> peers;
+  Serve([&](const HttpRequest& req, HttpResponder& res) {
+    {
+      std::lock_guard lock(mu);
+      peers.insert(req.remote);
+    }
+    res.Send(req.path == "/echo" ? 200 : 404, "text/plain", req.method + " " + req.body);
+  });
+  ReplicaClient client(endpoint());
+  for (int i = 0; i < 5; ++i) {
+    auto r = client.Call("POST", "/echo", "x" + std::to_string(i), "text/plain", DeadlineIn(5000));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "POST x" + std::to_string(i));
+    EXPECT_EQ(r->headers.Get("content-type"), "text/plain");
+  }
+  auto missing = client.Call("GET", "/nope", "", "", DeadlineIn(5000));
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->status, 404);  // any HTTP status is an answer
+  std::lock_guard lock(mu);
+  EXPECT_EQ(peers.size(), 1u);  // six calls, one connection
+}
+
+TEST_F(ReplicaClientTest, ReconnectsWhenTheServerClosedAnIdleConnection) {
+  std::atomic<int> calls{0};
+  HttpServerOptions o;
+  o.idle_timeout_seconds = 0.1;
+  Serve([&](const HttpRequest&, HttpResponder& res) {
+    ++calls;
+    res.Send(200, "text/plain", "ok");
+  }, o);
+  ReplicaClient client(endpoint());
+  ASSERT_TRUE(client.Call("GET", "/", "", "", DeadlineIn(5000)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the server closes the pooled one
+  auto r = client.Call("GET", "/", "", "", DeadlineIn(5000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->body, "ok");
+  EXPECT_EQ(calls.load(), 2);
+}
+
+TEST_F(ReplicaClientTest, SilentPeerFailsAtTheDeadline) {
+  // Listens (so the connect completes in the kernel) but never reads or answers.
+  auto listener = ListenTcp("127.0.0.1", 0, 16);
+  ASSERT_TRUE(listener.ok());
+  ReplicaClient client({"127.0.0.1", listener->port});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = client.Call("GET", "/", "", "", DeadlineIn(200));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("deadline"), std::string::npos) << r.status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));  // bounded, not hung
+  ::close(listener->fd);
+}
+
+TEST_F(ReplicaClientTest, RefusedAndOversizedAnswersFail) {
+  Serve([](const HttpRequest&, HttpResponder& res) { res.Send(200, "text/plain", std::string(1 << 20, 'x')); });
+  ReplicaClientOptions small;
+  small.max_response_bytes = 64 << 10;
+  ReplicaClient client(endpoint(), small);
+  auto r = client.Call("GET", "/", "", "", DeadlineIn(5000));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(client.Address()), std::string::npos) << r.status().message();
+  ReplicaClient big(endpoint());
+  auto ok = big.Call("GET", "/", "", "", DeadlineIn(5000));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->body.size(), size_t{1} << 20);
+  const int port = server_->port();
+  server_->Stop();
+  ReplicaClient gone({"127.0.0.1", port});
+  EXPECT_EQ(gone.Call("GET", "/", "", "", DeadlineIn(5000)).status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(ReplicaClientTest, RunAllCallsConcurrently) {
+  std::atomic<int> in_flight{0}, most{0};
+  Serve([&](const HttpRequest&, HttpResponder& res) {
+    const int now = ++in_flight;
+    int seen = most.load();
+    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    --in_flight;
+    res.Send(200, "text/plain", "ok");
+  });
+  ReplicaClient client(endpoint());
+  CallPool pool(8);
+  std::vector<int> status(6, 0);
+  pool.RunAll(6, [&](int i) {
+    auto r = client.Call("GET", "/", "", "", DeadlineIn(10000));
+    status[static_cast<size_t>(i)] = r.ok() ? r->status : -1;
+  });
+  EXPECT_EQ(status, std::vector<int>(6, 200));
+  EXPECT_EQ(most.load(), 6);  // all six were in the server at once
+}
+
+}  // namespace
+}  // namespace keel::vector

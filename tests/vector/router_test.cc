@@ -1,0 +1,472 @@
+// keel vector-router against real replicas: 2 shards x 3 replicas (zones a, b, c), each a
+// keel::vector::Service on a loopback port with its own Ed25519 key and HNSW seed. Writes go
+// through the router; searches are compared with exact L2 over everything written (what one
+// shard holding every item answers).
+#include "keel/vector/router.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "keel/vector/service.h"
+#include "keel/vector/trust/signed_reply.h"
+#include "tests/core/http_test_client.h"
+#include "tests/engine/test_util.h"
+
+namespace keel::vector {
+namespace {
+
+using json = nlohmann::json;
+using test::HttpTestClient;
+using test::HttpTestResponse;
+
+constexpr int kDim = 16;
+constexpr int kShards = 2;
+constexpr int kReplicas = 3;
+constexpr uint64_t kItems = 2000;
+constexpr const char* kZones[kReplicas] = {"a", "b", "c"};
+
+std::vector<float> RandomVector(std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(kDim);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Item i's vectors, the same in every test (seeded by id).
+std::vector<float> TextOf(uint64_t id) {
+  std::mt19937 rng(static_cast<uint32_t>(id * 2 + 1));
+  return RandomVector(rng);
+}
+std::vector<float> ImageOf(uint64_t id) {
+  std::mt19937 rng(static_cast<uint32_t>(id * 2 + 2));
+  return RandomVector(rng);
+}
+
+json Batch(uint64_t begin, uint64_t end) {
+  json items = json::array();
+  for (uint64_t id = begin; id < end; ++id) items.push_back({{"id", id}, {"text", TextOf(id)}, {"image", ImageOf(id)}});
+  return {{"items", items}};
+}
+
+float L2(const std::vector<float>& a, const std::vector<float>& b) {
+  float d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]);
+  return d;
+}
+
+// Exact nearest ids by (distance, id) over `ids`.
+std::vector<uint64_t> Nearest(const std::vector<float>& q, int k, const std::set<uint64_t>& ids) {
+  std::vector<std::pair<float, uint64_t>> all;
+  for (uint64_t id : ids) all.emplace_back(L2(TextOf(id), q), id);
+  std::sort(all.begin(), all.end());
+  std::vector<uint64_t> out;
+  for (int i = 0; i < k && i < static_cast<int>(all.size()); ++i) out.push_back(all[static_cast<size_t>(i)].second);
+  return out;
+}
+
+std::vector<uint64_t> Ids(const json& answer) {
+  std::vector<uint64_t> ids;
+  if (!answer.is_object() || !answer.contains("hits")) return ids;
+  for (const auto& h : answer["hits"]) ids.push_back(h.value("id", uint64_t{0}));
+  return ids;
+}
+
+std::string ReplicaId(int shard, int r) { return "s" + std::to_string(shard) + "-" + kZones[r]; }
+
+// The value of one sample in a Prometheus text page, -1 when absent.
+double MetricValue(const std::string& page, const std::string& sample) {
+  const size_t at = page.find("\n" + sample + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(page.substr(at + sample.size() + 2));
+}
+
+class RouterTest : public ::testing::Test {
+ protected:
+  using Customize = std::function<void(int shard, int replica, ServiceOptions&)>;
+
+  void StartCluster(const Customize& customize = {}) {
+    std::filesystem::create_directories(dir_.file("keys"));
+    for (int s = 0; s < kShards; ++s) {
+      for (int r = 0; r < kReplicas; ++r) {
+        const std::string id = ReplicaId(s, r);
+        auto key = trust::SigningKey::Generate();
+        ASSERT_TRUE(key.ok()) << key.status().ToString();
+        ASSERT_TRUE(key->Save(dir_.file("keys/" + id + ".key"), dir_.file("keys/" + id + ".pub")).ok());
+        ServiceOptions& o = options_[s][r];
+        o.shard.dir = dir_.file(id);
+        o.shard.text_dim = kDim;
+        o.shard.image_dim = kDim;
+        o.shard.max_k = 100;
+        o.shard.index.hnsw_seed = 100 + s * kReplicas + r;  // independent graphs, as in a real cluster
+        o.port = 0;
+        o.identity.shard = static_cast<uint32_t>(s);
+        o.identity.shards = kShards;
+        o.identity.replica = id;
+        o.identity.zone = kZones[r];
+        o.identity.signing_key = std::make_shared<const trust::SigningKey>(std::move(key).value());
+        if (customize) customize(s, r, o);
+        StartReplica(s, r);
+      }
+    }
+  }
+
+  // (Re)starts a replica on its directory and, after the first start, on the same port.
+  void StartReplica(int s, int r) {
+    auto svc = Service::Start(options_[s][r]);
+    ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+    replicas_[s][r] = std::move(svc).value();
+    options_[s][r].port = replicas_[s][r]->port();
+  }
+  void StopReplica(int s, int r) {
+    ASSERT_TRUE(replicas_[s][r]);
+    replicas_[s][r]->Stop();
+    replicas_[s][r].reset();
+  }
+
+  json Config(const std::string& mode) {
+    json shards = json::array();
+    for (int s = 0; s < kShards; ++s) {
+      json reps = json::array();
+      for (int r = 0; r < kReplicas; ++r) {
+        json rep = {{"id", ReplicaId(s, r)}, {"url", "http://127.0.0.1:" + std::to_string(options_[s][r].port)}, {"zone", kZones[r]}};
+        if (mode == "trust") rep["public_key"] = "keys/" + ReplicaId(s, r) + ".pub";
+        reps.push_back(rep);
+      }
+      shards.push_back({{"id", s}, {"replicas", reps}});
+    }
+    return {{"text_dim", kDim}, {"image_dim", kDim}, {"max_k", 100}, {"mode", mode}, {"shards", shards}};
+  }
+
+  void StartRouter(const json& config, int sync_interval_ms = 100) {
+    const std::string path = dir_.file("cluster.json");
+    std::ofstream(path) << config.dump(2);
+    auto o = LoadRouterConfig(path);
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    o->port = 0;
+    o->sync_interval_ms = sync_interval_ms;
+    auto router = Router::Start(*o);
+    ASSERT_TRUE(router.ok()) << router.status().ToString();
+    router_ = std::move(router).value();
+  }
+
+  HttpTestResponse Call(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+    HttpTestClient http(port);
+    return http.Request(method, path, body);
+  }
+  HttpTestResponse Post(const std::string& path, const json& body) { return Call(router_->port(), "POST", path, body.dump()); }
+
+  json Search(const json& query) {
+    HttpTestResponse res = Post("/v1/search", query);
+    EXPECT_EQ(res.status, 200) << res.body;
+    return json::parse(res.body, nullptr, false);
+  }
+
+  // Writes items 0..1999 through the router in 4 batches: every shard at version 4.
+  void LoadAll() {
+    for (uint64_t b = 0; b < kItems; b += 500) {
+      HttpTestResponse res = Post("/v1/upsert", Batch(b, b + 500));
+      ASSERT_EQ(res.status, 200) << res.body;
+    }
+    for (uint64_t id = 0; id < kItems; ++id) written_.insert(id);
+  }
+
+  uint64_t ReplicaVersion(int s, int r) {
+    HttpTestResponse res = Call(options_[s][r].port, "GET", "/v1/stats");
+    if (res.status != 200) return 0;
+    return json::parse(res.body, nullptr, false).value("index_version", uint64_t{0});
+  }
+
+  // Polls `done` up to 30 s (a bound so a broken loop fails instead of hanging).
+  static bool Eventually(const std::function<bool()>& done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < until) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  }
+
+  void TearDown() override {
+    if (router_) router_->Stop();
+    for (auto& shard : replicas_) {
+      for (auto& r : shard) {
+        if (r) r->Stop();
+      }
+    }
+  }
+
+  test::TempDir dir_{"keel-router"};
+  ServiceOptions options_[kShards][kReplicas];
+  std::unique_ptr<Service> replicas_[kShards][kReplicas];
+  std::unique_ptr<Router> router_;
+  std::set<uint64_t> written_;
+};
+
+TEST_F(RouterTest, SearchesEqualOneShardHoldingEverythingAndAreVerified) {
+  StartCluster();
+  StartRouter(Config("trust"));
+  LoadAll();
+  std::mt19937 rng(42);
+  for (int q = 0; q < 20; ++q) {
+    const std::vector<float> query = RandomVector(rng);
+    json answer = Search({{"kind", "text"}, {"text", query}, {"k", 10}, {"ef", 512}});
+    ASSERT_TRUE(answer["verified"].get<bool>()) << answer.dump();
+    EXPECT_EQ(Ids(answer), Nearest(query, 10, written_)) << answer.dump();
+    for (const auto& h : answer["hits"]) {
+      EXPECT_NEAR(h["text_distance"].get<double>(), L2(TextOf(h["id"].get<uint64_t>()), query), 1e-4);
+    }
+    ASSERT_EQ(answer["shards"].size(), 2u);
+    for (const auto& s : answer["shards"]) {
+      EXPECT_EQ(s["status"], "verified");
+      EXPECT_EQ(s["index_version"], 4);
+      std::set<std::string> zones;
+      for (const auto& id : s["replicas"]) zones.insert(id.get<std::string>().substr(3));
+      EXPECT_GE(zones.size(), 2u) << s.dump();  // a quorum from two failure domains
+    }
+  }
+}
+
+TEST_F(RouterTest, MultimodalAndImageLookupsMergeAsOneShardRanks) {
+  StartCluster();
+  StartRouter(Config("trust"));
+  LoadAll();
+  std::mt19937 rng(9);
+  const std::vector<float> text = RandomVector(rng), image = RandomVector(rng);
+  json answer = Search({{"kind", "multimodal"}, {"text", text}, {"image", image}, {"k", 10}, {"ef", 512}});
+  ASSERT_TRUE(answer["verified"].get<bool>()) << answer.dump();
+  // One shard: the 10 nearest by text, re-ranked by image distance.
+  std::vector<uint64_t> expected = Nearest(text, 10, written_);
+  std::sort(expected.begin(), expected.end(), [&](uint64_t a, uint64_t b) { return L2(ImageOf(a), image) < L2(ImageOf(b), image); });
+  EXPECT_EQ(Ids(answer), expected) << answer.dump();
+
+  const std::vector<uint64_t> asked = {1999, 4, 77, 1000, 5};
+  json lookup = Search({{"kind", "image"}, {"ids", asked}});
+  ASSERT_TRUE(lookup["verified"].get<bool>()) << lookup.dump();
+  EXPECT_EQ(Ids(lookup), asked);
+  for (const auto& h : lookup["hits"]) EXPECT_EQ(h["image"].get<std::vector<float>>(), ImageOf(h["id"].get<uint64_t>()));
+  // Ids 1999 and 77 are shard 1's, 4, 1000 and 5 shard 0's: both asked.
+  EXPECT_EQ(lookup["shards"].size(), 2u);
+  json one_shard = Search({{"kind", "image"}, {"ids", {4, 6}}});
+  EXPECT_EQ(one_shard["shards"].size(), 1u) << one_shard.dump();
+}
+
+TEST_F(RouterTest, ReplicaStoppedDuringWritesCatchesUpAfterRestart) {
+  StartCluster();
+  StartRouter(Config("trust"), /*sync_interval_ms=*/100);
+  LoadAll();
+  StopReplica(1, 1);  // s1-b misses the next two writes
+  HttpTestResponse up = Post("/v1/upsert", Batch(2000, 2100));
+  ASSERT_EQ(up.status, 200) << up.body;
+  json shard1 = json::parse(up.body)["shards"][1];
+  EXPECT_EQ(shard1["applied"].size(), 2u) << up.body;
+  HttpTestResponse del = Post("/v1/delete", {{"ids", {1, 3, 5}}});
+  ASSERT_EQ(del.status, 200) << del.body;
+  EXPECT_EQ(ReplicaVersion(1, 0), 6u);
+
+  StartReplica(1, 1);
+  ASSERT_TRUE(Eventually([&] { return ReplicaVersion(1, 1) == 6; })) << "s1-b still at version " << ReplicaVersion(1, 1);
+  // Its own answers now hold what it missed: item 2001 is there, item 3 is gone.
+  HttpTestResponse res = Call(options_[1][1].port, "POST", "/v1/search",
+                              json{{"text", TextOf(2001)}, {"k", 1}, {"ef", 512}}.dump());
+  ASSERT_EQ(res.status, 200) << res.body;
+  EXPECT_EQ(Ids(json::parse(res.body)), std::vector<uint64_t>{2001});
+  res = Call(options_[1][1].port, "POST", "/v1/search", json{{"text", TextOf(3)}, {"k", 1}, {"ef", 512}}.dump());
+  EXPECT_NE(Ids(json::parse(res.body)), std::vector<uint64_t>{3});
+  EXPECT_GE(MetricValue(Call(router_->port(), "GET", "/metrics").body, "keel_router_catch_ups_total"), 1);
+}
+
+TEST_F(RouterTest, WriteCatchesALaggingReplicaUpBeforeApplyingIt) {
+  StartCluster();
+  StartRouter(Config("trust"), /*sync_interval_ms=*/0);  // no background loop: the write must do it
+  LoadAll();
+  StopReplica(0, 2);
+  ASSERT_EQ(Post("/v1/upsert", Batch(2000, 2050)).status, 200);
+  StartReplica(0, 2);
+  HttpTestResponse up = Post("/v1/upsert", Batch(2050, 2100));
+  ASSERT_EQ(up.status, 200) << up.body;
+  json shard0 = json::parse(up.body)["shards"][0];
+  EXPECT_EQ(shard0["version"], 6);
+  EXPECT_EQ(shard0["applied"].size(), 3u) << up.body;  // s0-c answered 409, got version 5, then 6
+  EXPECT_EQ(ReplicaVersion(0, 2), 6u);
+}
+
+TEST_F(RouterTest, WriteWithoutAMajorityIs503NamingTheReplicas) {
+  StartCluster();
+  StartRouter(Config("trust"), /*sync_interval_ms=*/0);
+  LoadAll();
+  StopReplica(0, 0);
+  StopReplica(0, 1);
+  HttpTestResponse res = Post("/v1/upsert", Batch(3000, 3002));  // one item per shard
+  ASSERT_EQ(res.status, 503) << res.body;
+  const std::string message = json::parse(res.body)["error"]["message"];
+  EXPECT_NE(message.find("s0-a"), std::string::npos) << message;
+  EXPECT_NE(message.find("s0-b"), std::string::npos) << message;
+  EXPECT_EQ(message.find("s0-c:"), std::string::npos) << message;
+  // Shard 1 alone still takes writes.
+  EXPECT_EQ(Post("/v1/upsert", Batch(3001, 3002)).status, 200);
+  EXPECT_EQ(Post("/v1/delete", {{"ids", {3001}}}).status, 200);
+}
+
+TEST_F(RouterTest, PlainModeAnswersWithTheFirstValidReply) {
+  StartCluster([](int, int r, ServiceOptions& o) {
+    if (r == 0) {  // every shard's zone-a replica answers searches after 1.5 s
+      o.identity.adversary.mode = trust::AdversaryMode::kSlow;
+      o.identity.adversary.delay = std::chrono::milliseconds(1500);
+    }
+  });
+  StartRouter(Config("plain"));  // no public keys: plain mode checks no signature
+  LoadAll();
+  std::mt19937 rng(5);
+  for (int q = 0; q < 5; ++q) {
+    const std::vector<float> query = RandomVector(rng);
+    json answer = Search({{"text", query}, {"k", 10}, {"ef", 512}});
+    EXPECT_FALSE(answer["verified"].get<bool>());
+    EXPECT_EQ(Ids(answer), Nearest(query, 10, written_));
+    for (const auto& s : answer["shards"]) {
+      EXPECT_EQ(s["status"], "unchecked");
+      ASSERT_EQ(s["replicas"].size(), 1u);
+      EXPECT_NE(s["replicas"][0].get<std::string>().substr(3), "a") << "the slow replica cannot be first";
+    }
+  }
+  const std::string metrics = Call(router_->port(), "GET", "/metrics").body;
+  EXPECT_EQ(MetricValue(metrics, "keel_trust_verdicts_total{verdict=\"verified\"}"), 0);
+}
+
+TEST_F(RouterTest, ForgedReplyIsDiscardedAndCounted) {
+  StartCluster([](int s, int r, ServiceOptions& o) {
+    if (s == 0 && r == 2) {  // s0-c signs with a key the router does not know
+      o.identity.signing_key = std::make_shared<const trust::SigningKey>(trust::SigningKey::Generate().value());
+    }
+  });
+  json config = Config("trust");
+  config["trust"] = {{"fanout", 3}};  // ask every replica, so s0-c is asked every time
+  StartRouter(config);
+  LoadAll();
+  constexpr int kSearches = 5;
+  std::mt19937 rng(11);
+  for (int q = 0; q < kSearches; ++q) {
+    const std::vector<float> query = RandomVector(rng);
+    json answer = Search({{"text", query}, {"k", 10}, {"ef", 512}});
+    ASSERT_TRUE(answer["verified"].get<bool>()) << answer.dump();
+    EXPECT_EQ(Ids(answer), Nearest(query, 10, written_));
+    for (const auto& id : answer["shards"][0]["replicas"]) EXPECT_NE(id, "s0-c");
+  }
+  const std::string sample = "keel_trust_replies_total{outcome=\"bad_signature\"}";
+  ASSERT_TRUE(Eventually([&] { return MetricValue(Call(router_->port(), "GET", "/metrics").body, sample) == kSearches; }))
+      << Call(router_->port(), "GET", "/metrics").body;
+}
+
+TEST_F(RouterTest, StatsHealthAndBadRequests) {
+  StartCluster();
+  StartRouter(Config("trust"));
+  LoadAll();
+  EXPECT_EQ(Call(router_->port(), "GET", "/healthz").status, 200);
+  json stats = json::parse(Call(router_->port(), "GET", "/v1/stats").body);
+  EXPECT_EQ(stats["mode"], "trust");
+  EXPECT_EQ(stats["shards"][1]["committed_version"], 4);
+  EXPECT_EQ(stats["shards"][1]["replicas"].size(), 3u);
+  HttpTestResponse res = Post("/v1/search", {{"text", std::vector<float>(kDim + 1, 0.5f)}});
+  EXPECT_EQ(res.status, 400);
+  EXPECT_NE(res.body.find("expected 16"), std::string::npos) << res.body;
+  res = Post("/v1/search", {{"text", std::vector<float>(kDim, 0.5f)}, {"nonce", std::string(100, 'x')}});
+  EXPECT_EQ(res.status, 400) << res.body;
+  res = Post("/v1/upsert", {{"items", {{{"id", 1}, {"text", {1, 2}}}}}});
+  EXPECT_EQ(res.status, 400);
+  EXPECT_NE(res.body.find("items[0].text"), std::string::npos) << res.body;
+  res = Post("/v1/upsert", json{{"items", json::array({Batch(7, 8)["items"][0], Batch(7, 8)["items"][0]})}});
+  EXPECT_EQ(res.status, 400) << res.body;
+  const std::string metrics = Call(router_->port(), "GET", "/metrics").body;
+  EXPECT_GE(MetricValue(metrics, "keel_router_requests_total{route=\"/v1/search\",code=\"400\"}"), 2);
+  EXPECT_NE(metrics.find("keel_router_replica_version{replica=\"s1-c\"} 4"), std::string::npos) << metrics;
+}
+
+// ---- config
+
+json ValidConfig() {
+  return {{"mode", "trust"},
+          {"shards",
+           {{{"id", 0}, {"replicas", {{{"id", "s0-a"}, {"url", "http://127.0.0.1:7410"}, {"zone", "a"}, {"public_key", "k/a.pub"}},
+                                      {{"id", "s0-b"}, {"url", "http://127.0.0.1:7411"}, {"zone", "b"}, {"public_key", "k/b.pub"}}}}},
+            {{"id", 1}, {"replicas", {{{"id", "s1-a"}, {"url", "http://127.0.0.1:7412"}, {"zone", "a"}, {"public_key", "k/c.pub"}}}}}}}};
+}
+
+std::string ConfigError(const std::function<void(json&)>& edit) {
+  json c = ValidConfig();
+  edit(c);
+  auto o = ParseRouterConfig(c.dump(), "/etc/keel");
+  return o.ok() ? "accepted" : o.status().message();
+}
+
+TEST(RouterConfigTest, ValidConfigResolvesKeysAgainstItsDirectory) {
+  auto o = ParseRouterConfig(ValidConfig().dump(), "/etc/keel");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->shards.size(), 2u);
+  EXPECT_EQ(o->shards[0].replicas[1].public_key, "/etc/keel/k/b.pub");
+  EXPECT_EQ(o->trust.quorum, 2);
+  json tuned_config = ValidConfig();
+  tuned_config["trust"] = {{"hedge_ms", 0}, {"depth", 1.5}, {"fanout", 3}};
+  auto tuned = ParseRouterConfig(tuned_config.dump(), "");
+  ASSERT_TRUE(tuned.ok()) << tuned.status().ToString();
+  EXPECT_EQ(tuned->trust.hedge.count(), 0);
+  EXPECT_EQ(tuned->trust.depth, 1.5);
+  EXPECT_EQ(tuned->trust.fanout, 3);
+  EXPECT_EQ(tuned->shards[0].replicas[0].public_key, "k/a.pub");  // no directory: as written
+  EXPECT_EQ(o->mode, RouterMode::kTrust);
+}
+
+TEST(RouterConfigTest, ErrorsNameTheField) {
+  auto has = [](const std::string& message, const std::string& field) {
+    return message.find(field) != std::string::npos ? ::testing::AssertionSuccess()
+                                                    : ::testing::AssertionFailure() << "'" << message << "' does not name " << field;
+  };
+  EXPECT_TRUE(has(ConfigError([](json& c) { c.erase("shards"); }), "shards"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][1]["id"] = 2; }), "shards[1].id"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][0]["replicas"][1]["url"] = "127.0.0.1:7411"; }), "shards[0].replicas[1].url"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][0]["replicas"][1].erase("zone"); }), "shards[0].replicas[1].zone"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][1]["replicas"][0]["id"] = "s0-a"; }), "shards[1].replicas[0].id"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][1]["replicas"][0].erase("public_key"); }), "shards[1].replicas[0].public_key"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["trust"] = {{"quorum", 0}}; }), "trust.quorum"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["trust"] = {{"threshold", 2.0}}; }), "trust.threshold"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["trust"] = {{"deadline_ms", "fast"}}; }), "trust.deadline_ms"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["trust"] = {{"hedge_ms", -1}}; }), "trust.hedge_ms"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["tust"] = json::object(); }), "tust"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["mode"] = "fast"; }), "mode"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["plain"] = {{"fanout", -1}}; }), "plain.fanout"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["text_dim"] = 0; }), "text_dim"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][0]["replicas"] = json::array(); }), "shards[0].replicas"));
+  // Plain mode needs no keys.
+  EXPECT_EQ(ConfigError([](json& c) {
+              c["mode"] = "plain";
+              c["shards"][1]["replicas"][0].erase("public_key");
+            }),
+            "accepted");
+}
+
+TEST(RouterConfigTest, FileErrorsNameTheFileAndMissingKeysTheReplica) {
+  test::TempDir dir("keel-router-config");
+  EXPECT_EQ(LoadRouterConfig(dir.file("absent.json")).status().code(), StatusCode::kNotFound);
+  std::ofstream(dir.file("bad.json")) << "{\"shards\": [";
+  auto bad = LoadRouterConfig(dir.file("bad.json"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(dir.file("bad.json")), std::string::npos) << bad.status().message();
+  std::ofstream(dir.file("c.json")) << ValidConfig().dump();
+  auto o = LoadRouterConfig(dir.file("c.json"));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  o->port = 0;
+  auto router = Router::Start(*o);  // k/a.pub does not exist
+  ASSERT_FALSE(router.ok());
+  EXPECT_NE(router.status().message().find("s0-a"), std::string::npos) << router.status().message();
+  EXPECT_NE(router.status().message().find("public_key"), std::string::npos) << router.status().message();
+}
+
+}  // namespace
+}  // namespace keel::vector
