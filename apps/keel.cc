@@ -22,6 +22,7 @@
 #include "keel/kv/registry.h"
 #include "keel/kvstore/service.h"
 #include "keel/moe/offload.h"
+#include "keel/vector/router.h"
 #include "keel/vector/service.h"
 
 namespace {
@@ -257,10 +258,31 @@ struct VectorArgs {
   vector::ServiceOptions service;
   std::string index = "hnsw", placement = "coloc";
   int64_t dram_mb = 256, ssd_mb = 1024, cold_mb = 1024, max_body_mb = 64;
+  std::string adversary = "honest";
+  int64_t adversary_delay_ms = 200;
+  std::string keygen_out;
 };
+
+int RunVectorKeygen(const std::string& prefix) {
+  auto key = vector::trust::SigningKey::Generate();
+  if (!key.ok()) return Fail(key.status());
+  if (Status s = key->Save(prefix + ".key", prefix + ".pub"); !s.ok()) return Fail(s);
+  Log().info("wrote {}.key (private, 0600) and {}.pub", prefix, prefix);
+  return 0;
+}
 
 int RunVector(VectorArgs a) {
   auto& sh = a.service.shard;
+  if (sh.dir.empty()) return Fail(Status::InvalidArgument("vector: --dir is required"));
+  auto& adv = a.service.identity.adversary;
+  auto mode = vector::trust::ParseAdversaryMode(a.adversary);
+  if (!mode.ok()) return Fail(mode.status());
+  adv.mode = *mode;
+  adv.delay = std::chrono::milliseconds(a.adversary_delay_ms);
+  if (adv.mode != vector::trust::AdversaryMode::kHonest) {
+    Log().warn("vector replica {}: adversary mode {} (tampers with its answers; tests and benchmarks only)",
+               a.service.identity.replica, a.adversary);
+  }
   auto kind = vector::ParseIndexKind(a.index);
   if (!kind.ok()) return Fail(kind.status());
   sh.index.kind = *kind;
@@ -278,9 +300,12 @@ int RunVector(VectorArgs a) {
   }
   auto service = vector::Service::Start(a.service);
   if (!service.ok()) return Fail(service.status());
-  Log().info("vector shard {} ({} items, {}, text {}d, image {}d) on http://{}:{} (placement {})", sh.dir,
-             (*service)->shard().Stats().items, a.index, sh.text_dim, sh.image_dim, a.service.host, (*service)->port(),
-             a.service.placer ? a.placement : "off");
+  const auto& id = a.service.identity;
+  Log().info("vector shard {} ({} items, index version {}, {}, text {}d, image {}d) on http://{}:{} (placement {}); "
+             "shard {}/{} replica {} zone {}, replies {}",
+             sh.dir, (*service)->shard().Stats().items, (*service)->shard().version(), a.index, sh.text_dim, sh.image_dim,
+             a.service.host, (*service)->port(), a.service.placer ? a.placement : "off", id.shard, id.shards, id.replica,
+             id.zone, id.signing_key_path.empty() ? "unsigned" : "signed");
   auto sig = WaitForTerminationSignal();
   if (!sig.ok()) return Fail(sig.status());
   Log().info("received {}; stopping (snapshot)", SignalName(*sig));
@@ -499,8 +524,9 @@ int main(int argc, char** argv) {
   kvs->add_option("--max-connections", kv.service.server.max_connections, "open client connections")->capture_default_str()->check(CLI::Range(1, 100000));
 
   VectorArgs vec;
-  auto* vecs = app.add_subcommand("vector", "Serve a vector shard (FAISS text index, image vectors, tiered storage) over HTTP/JSON");
-  vecs->add_option("--dir", vec.service.shard.dir, "snapshot and write-ahead log directory")->required();
+  auto* vecs = app.add_subcommand("vector", "Serve a vector shard (FAISS text index, image vectors, tiered storage) over HTTP/JSON; "
+                                            "in a cluster, one signed replica of one shard behind `keel vector-router`");
+  vecs->add_option("--dir", vec.service.shard.dir, "snapshot and write-ahead log directory (required to serve)");
   vecs->add_option("--host", vec.service.host, "address to bind")->capture_default_str();
   vecs->add_option("--port", vec.service.port, "port to bind (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   vecs->add_option("--text-dim", vec.service.shard.text_dim, "text vector dimension")->capture_default_str()->check(CLI::Range(1, 65536));
@@ -524,6 +550,43 @@ int main(int argc, char** argv) {
   vecs->add_option("--max-connections", vec.service.max_connections,
                    "open connections (idle ones hold no thread; at the cap the longest-waiting idle one is closed)")
       ->capture_default_str()->check(CLI::Range(1, 100000));
+  auto& vid = vec.service.identity;
+  vecs->add_option("--shard-id", vid.shard, "this shard's id in the cluster (< --shards)")->capture_default_str();
+  vecs->add_option("--shards", vid.shards, "shards in the cluster (ids are owned by id % shards)")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  vecs->add_option("--replica-id", vid.replica, "replica id, as the router's config names it (signed into every answer)")->capture_default_str();
+  vecs->add_option("--zone", vid.zone, "failure domain label (signed into every answer)")->capture_default_str();
+  vecs->add_option("--signing-key", vid.signing_key_path,
+                   "Ed25519 private key (PEM from `keel vector keygen`, mode 0600): sign search answers; without it answers "
+                   "carry no \"trust\" object")
+      ->check(CLI::ExistingFile);
+  vecs->add_option("--hnsw-seed", vec.service.shard.index.hnsw_seed,
+                   "seed of HNSW's level generator (12345 is FAISS's default); give replicas different seeds so their "
+                   "graphs differ")
+      ->capture_default_str();
+  vecs->add_option("--adversary", vec.adversary,
+                   "TESTS AND BENCHMARKS ONLY: tamper with answers before signing them: honest, drop (the best hits), "
+                   "inject (made-up ids of this shard), reorder, stale (older index version), slow (answer late)")
+      ->capture_default_str()->check(CLI::IsMember({"honest", "drop", "inject", "reorder", "stale", "slow"}));
+  vecs->add_option("--adversary-seed", vid.adversary.seed, "adversary seed (replicas with the same mode and seed collude)")
+      ->capture_default_str();
+  vecs->add_option("--adversary-strength", vid.adversary.strength, "hits dropped or injected; versions behind for stale")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  vecs->add_option("--adversary-fraction", vid.adversary.fraction, "fraction of queries tampered with (chosen by query digest)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  vecs->add_option("--adversary-delay-ms", vec.adversary_delay_ms, "delay of --adversary slow")
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{600000}));
+  auto* vec_keygen = vecs->add_subcommand("keygen", "Write a replica signing key pair: PREFIX.key (private, 0600) and PREFIX.pub");
+  vec_keygen->add_option("--out", vec.keygen_out, "path prefix of the two files (refused if PREFIX.key exists)")->required();
+
+  // ---- vector-router (begin)
+  std::string vr_config, vr_host;
+  int vr_port = -1;
+  auto* vrs = app.add_subcommand("vector-router", "Serve S vector shards x R replicas behind one endpoint, verifying replica answers (TrustANN)");
+  vrs->add_option("--config,-c", vr_config, "cluster config (JSON: shards, replicas, zones, public keys, trust options)")->required()->check(CLI::ExistingFile);
+  vrs->add_option("--host", vr_host, "address to bind (overrides the config; default 127.0.0.1)");
+  vrs->add_option("--port", vr_port, "port to bind, 0 = any free port (overrides the config; default 7403)")->check(CLI::Range(0, 65535));
+  // ---- vector-router (end)
 
   // ---- gateway (begin)
   std::string gw_config, gw_host;
@@ -634,7 +697,9 @@ int main(int argc, char** argv) {
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);
   if (kvs->parsed()) return RunKvstore(kv);
+  if (vec_keygen->parsed()) return RunVectorKeygen(vec.keygen_out);
   if (vecs->parsed()) return RunVector(vec);
+  if (vrs->parsed()) return vector::RunVectorRouterMain(vr_config, vr_host, vr_port);
   if (gws->parsed()) return keel::gateway::RunGatewayMain(gw_config, gw_host, gw_port);
   if (gwps->parsed()) return RunGatewayPolicy(gwp);  // gateway-policy
   if (fvs->parsed()) {  // fake-vendor
