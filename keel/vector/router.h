@@ -71,7 +71,7 @@ struct RouterOptions {
   int stats_timeout_ms = 1000;     // one /v1/stats read
   int sync_interval_ms = 1000;     // background stats + catch-up; 0 = no loop
   size_t log_batch_bytes = size_t{16} << 20;  // max_bytes of one GET /v1/log during catch-up
-  int call_threads = 0;            // replica calls in flight at once; 0 = max(16, 4 x replicas)
+  int call_threads = 0;            // replica calls in flight at once; 0 = max(128, 16 x replicas)
   ReplicaClientOptions client;
 
   // InvalidArgument naming the field: dimensions, k, shard ids 0..S-1, replica ids unique,

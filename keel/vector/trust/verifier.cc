@@ -180,6 +180,30 @@ std::vector<int> Verifier::SelectGroup(const std::vector<Candidate>& replies, in
   return best;
 }
 
+// RFC 6298's retransmission timer, applied to replica replies: SRTT + 4 x RTTVAR, so a reply is
+// overdue when it is much later than authentic replies have lately been; capped by options.hedge.
+std::chrono::steady_clock::duration Verifier::HedgeDelay() const {
+  if (options_.hedge.count() <= 0) return std::chrono::steady_clock::duration::zero();
+  std::lock_guard lock(hedge_mu_);
+  if (!have_rtt_) return options_.hedge;
+  const double us = std::clamp(srtt_us_ + 4 * rttvar_us_, static_cast<double>(kMinHedgeUs),
+                               static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(options_.hedge).count()));
+  return std::chrono::microseconds(static_cast<int64_t>(us));
+}
+
+void Verifier::ObserveReplyTime(std::chrono::steady_clock::duration d) const {
+  const double r = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+  std::lock_guard lock(hedge_mu_);
+  if (!have_rtt_) {
+    srtt_us_ = r;
+    rttvar_us_ = r / 2;
+    have_rtt_ = true;
+    return;
+  }
+  rttvar_us_ = 0.75 * rttvar_us_ + 0.25 * std::fabs(srtt_us_ - r);
+  srtt_us_ = 0.875 * srtt_us_ + 0.125 * r;
+}
+
 namespace {
 
 // What one Verify call shares with the replies still in flight (they may outlive the call).
@@ -187,6 +211,7 @@ struct Collector {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::pair<int, ReplicaReply>> arrived;  // not yet taken
+  std::vector<std::chrono::steady_clock::time_point> arrived_at;  // parallel to `arrived`
   int outstanding = 0;
 };
 
@@ -224,6 +249,7 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
     }
   }
   std::vector<bool> asked(static_cast<size_t>(n), false);
+  std::vector<Clock::time_point> asked_at(static_cast<size_t>(n));
   std::set<std::string> zones_heard;  // zones with an authentic reply
   size_t next = 0;
   auto ask = [&](int count) {
@@ -234,6 +260,7 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
         if (asked[static_cast<size_t>(i)]) continue;
         if (pass == 0 && zones_heard.count(replicas.info(i).zone)) continue;
         asked[static_cast<size_t>(i)] = true;
+        asked_at[static_cast<size_t>(i)] = Clock::now();
         ++answer.asked;
         --count;
         {
@@ -243,6 +270,7 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
         replicas.Ask(i, [collector, i](ReplicaReply reply) {
           std::lock_guard lock(collector->mu);
           collector->arrived.emplace_back(i, std::move(reply));
+          collector->arrived_at.push_back(std::chrono::steady_clock::now());
           --collector->outstanding;
           collector->cv.notify_all();
         });
@@ -259,21 +287,26 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
   bool deadline_passed = false;
   for (;;) {
     std::vector<std::pair<int, ReplicaReply>> batch;
+    std::vector<Clock::time_point> batch_at;
     int outstanding = 0;
-    const Clock::time_point wake = options_.hedge.count() > 0 ? std::min(deadline, last_ask + options_.hedge) : deadline;
+    const Clock::duration hedge = HedgeDelay();
+    const Clock::time_point wake = hedge.count() > 0 ? std::min(deadline, last_ask + hedge) : deadline;
     {
       std::unique_lock lock(collector->mu);
       collector->cv.wait_until(lock, wake, [&] { return !collector->arrived.empty() || collector->outstanding == 0; });
       batch.swap(collector->arrived);
+      batch_at.swap(collector->arrived_at);
       outstanding = collector->outstanding;
     }
     bool added = false;
-    for (auto& [i, reply] : batch) {
+    for (size_t b = 0; b < batch.size(); ++b) {
+      auto& [i, reply] = batch[b];
       if (reply.fault == ReplyFault::kNone && reply.index_version < min_version) reply.fault = ReplyFault::kStale;
       if (reply.fault != ReplyFault::kNone) {
         answer.faults.emplace_back(i, reply.fault);
         continue;
       }
+      ObserveReplyTime(batch_at[b] - asked_at[static_cast<size_t>(i)]);
       zones_heard.insert(replicas.info(i).zone);
       authentic_replica.push_back(i);
       authentic.push_back(std::move(reply));
@@ -313,7 +346,7 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
       deadline_passed = true;
       break;
     }
-    const bool hedge_due = options_.hedge.count() > 0 && Clock::now() >= last_ask + options_.hedge;
+    const bool hedge_due = hedge.count() > 0 && Clock::now() >= last_ask + hedge;
     if (outstanding == 0 || hedge_due) {
       // Everything asked has answered, or a reply is overdue, and no group formed: ask fresh
       // replicas; with nobody left, wait for what is outstanding or give up.

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,10 @@ struct VerifierOptions {
                              // honest replicas that differ only near rank k still give k hits
   std::chrono::milliseconds deadline{1000};  // from the start of Verify to the last escalation's answer
   // No decision this long after the last ask: escalate without waiting for the replies still out
-  // (a hung replica costs a hedge, not the deadline). 0 = escalate only when every reply is in.
+  // (a hung replica costs a hedge, not the deadline). The delay adapts as TCP's retransmission
+  // timer does (RFC 6298: smoothed reply time + 4 x its mean deviation, over authentic replies,
+  // at least 2 ms); `hedge` is its upper bound and its value before any reply was seen.
+  // 0 = escalate only when every reply is in.
   std::chrono::milliseconds hedge{100};
   Status Validate() const;   // InvalidArgument naming the field
 };
@@ -122,8 +126,15 @@ class Verifier {
   static std::vector<SignedHit> Consensus(const std::vector<const std::vector<SignedHit>*>& members, int k);
 
  private:
+  std::chrono::steady_clock::duration HedgeDelay() const;
+  void ObserveReplyTime(std::chrono::steady_clock::duration d) const;
+  static constexpr int64_t kMinHedgeUs = 2000;
+
   VerifierOptions options_;
   mutable std::atomic<uint64_t> rotation_{0};  // spreads first asks over a shard's replicas
+  mutable std::mutex hedge_mu_;                // the reply-time estimate behind HedgeDelay
+  mutable bool have_rtt_ = false;
+  mutable double srtt_us_ = 0, rttvar_us_ = 0;
 };
 
 }  // namespace keel::vector::trust
