@@ -90,6 +90,13 @@ Result<HttpReply> ReplicaClient::CallOn(int fd, std::string_view head, std::stri
   while (!parser.is_done()) {
     const ssize_t n = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
     if (n == 0) {
+      // Beast asserts that put_eof follows some input: a replica that died before answering (no
+      // byte of a response) must not reach it.
+      if (!parser.got_some()) {
+        if (pending.empty()) return Status::Unavailable("connection closed before a response");
+        *nothing_read = false;
+        return Status::Unavailable("connection closed inside the response head");
+      }
       parser.put_eof(ec);
       if (ec || !parser.is_done()) return Status::Unavailable("connection closed before the end of the response");
       break;

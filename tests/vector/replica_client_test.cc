@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -90,6 +91,32 @@ TEST_F(ReplicaClientTest, SilentPeerFailsAtTheDeadline) {
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(r.status().message().find("deadline"), std::string::npos) << r.status().message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));  // bounded, not hung
+  ::close(listener->fd);
+}
+
+TEST_F(ReplicaClientTest, PeerThatDiesBeforeAnsweringIsUnavailableNotACrash) {
+  // Accepts, reads the request, closes without a byte of response (a replica killed mid-query),
+  // then once more after half a status line.
+  auto listener = ListenTcp("127.0.0.1", 0, 16);
+  ASSERT_TRUE(listener.ok());
+  std::thread peer([fd = listener->fd] {
+    for (const char* reply : {"", "HTTP/1.1 20"}) {
+      const int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) return;
+      char buf[4096];
+      (void)!::read(c, buf, sizeof buf);
+      (void)!::write(c, reply, std::strlen(reply));
+      ::close(c);
+    }
+  });
+  ReplicaClient client({"127.0.0.1", listener->port});
+  for (int i = 0; i < 2; ++i) {
+    auto r = client.Call("POST", "/v1/search", "{}", "application/json", DeadlineIn(5000));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("closed"), std::string::npos) << r.status().message();
+  }
+  peer.join();
   ::close(listener->fd);
 }
 
