@@ -155,6 +155,32 @@ void Router::Impl::HandleStats(const HttpRequest&, HttpResponder& res) {
   res.Send(200, "application/json", out.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
+// Every replica snapshots (and truncates its log) — what POST /v1/snapshot does on one shard.
+// A replica behind its peers can no longer catch up past a truncated log (410), so this is for
+// when every replica is current; the answer names any that failed.
+void Router::Impl::HandleSnapshot(const HttpRequest&, HttpResponder& res) {
+  std::vector<ReplicaState*> all;
+  for (auto& s : shards) {
+    for (auto& r : s->replicas) all.push_back(r.get());
+  }
+  std::vector<std::string> failed(all.size());
+  calls->RunAll(static_cast<int>(all.size()), [&](int i) {
+    auto reply = all[static_cast<size_t>(i)]->client->Call("POST", "/v1/snapshot", "{}", "application/json",
+                                                           DeadlineIn(options.write_timeout_ms));
+    if (!reply.ok()) {
+      failed[static_cast<size_t>(i)] = reply.status().message();
+    } else if (reply->status != 200) {
+      failed[static_cast<size_t>(i)] = "HTTP " + std::to_string(reply->status);
+    }
+  });
+  std::string why;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!failed[i].empty()) why += (why.empty() ? "" : "; ") + all[i]->info.id + ": " + failed[i];
+  }
+  if (!why.empty()) return SendRouterError(res, 503, "snapshot failed on " + why);
+  res.Send(200, "application/json", json{{"snapshot", "ok"}, {"replicas", all.size()}}.dump());
+}
+
 void Router::Impl::SyncLoop() {
   std::unique_lock lock(sync_mu);
   while (!stopping) {
@@ -205,6 +231,7 @@ Result<std::unique_ptr<Router>> Router::Start(const RouterOptions& options) {
   self->http_router.Handle("POST", "/v1/delete", bind(&Impl::HandleDelete));
   self->http_router.Handle("POST", "/v1/search", bind(&Impl::HandleSearch));
   self->http_router.Handle("GET", "/v1/stats", bind(&Impl::HandleStats));
+  self->http_router.Handle("POST", "/v1/snapshot", bind(&Impl::HandleSnapshot));
   self->http_router.Handle("GET", "/healthz", [](const HttpRequest&, HttpResponder& r) {
     r.Send(200, "application/json", R"({"status":"ok"})");
   });

@@ -18,6 +18,7 @@
 //       "verified"|"unverified"|"unchecked","reason","replicas":[ids],"index_version"}]. A shard
 //       without a valid reply: in trust mode it is "unverified" (the verifier's reason says
 //       why) and the answer is 200; in plain mode, which has no verdict to carry the hole, 503.
+//   POST /v1/snapshot   every replica snapshots (503 naming any that failed)
 //   GET /v1/stats, /healthz, /metrics
 //
 // Versions: a shard's committed version is the highest a majority of its replicas applied; a

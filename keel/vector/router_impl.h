@@ -87,6 +87,7 @@ class Router::Impl {
   void RegisterMetrics();
   void Route(const HttpRequest& req, HttpResponder& res);
   void HandleStats(const HttpRequest& req, HttpResponder& res);
+  void HandleSnapshot(const HttpRequest& req, HttpResponder& res);
   void SyncLoop();
   void Stop();
 

@@ -209,7 +209,9 @@ ShardResult AskVerified(Router::Impl& router, const ShardQuery& q) {
   return out;
 }
 
-// Plain mode: the first valid reply among `plain_fanout` replicas (rotating), unverified.
+// Plain mode: the first valid reply among `plain_fanout` replicas (rotating), unverified. When
+// every replica asked failed (unreachable, refused, stale), the next ones are asked, as a
+// load-balancing router retries elsewhere.
 ShardResult AskFirst(Router::Impl& router, const ShardQuery& q) {
   struct First {
     std::mutex mu;
@@ -223,21 +225,33 @@ ShardResult AskFirst(Router::Impl& router, const ShardQuery& q) {
   const int n = static_cast<int>(q.shard->replicas.size());
   const int fanout = router.options.plain_fanout > 0 ? std::min(router.options.plain_fanout, n) : n;
   const int start = static_cast<int>(router.plain_rotation.fetch_add(1) % static_cast<uint64_t>(n));
-  first->pending = fanout;
-  for (int t = 0; t < fanout; ++t) {
-    const int i = (start + t) % n;
-    router.calls->Submit([r = &router, query, first, i] {
-      CheckedAnswer a = AskReplica(*r, *query, i);
-      std::lock_guard lock(first->mu);
-      if (a.reply.fault == trust::ReplyFault::kNone && !first->winner) {
-        first->winner.emplace(i, std::move(a));
-      } else if (a.reply.fault != trust::ReplyFault::kNone) {
-        first->faults += fmt::format("{}{}: {}: {}", first->faults.empty() ? "" : "; ", query->shard->replicas[static_cast<size_t>(i)]->info.id,
-                                     trust::ReplyFaultName(a.reply.fault), a.reply.detail);
-      }
-      --first->pending;
-      first->cv.notify_all();
-    });
+  int asked = 0;
+  auto ask_next = [&](int count) {  // called with first->mu held
+    for (; count > 0 && asked < n; --count, ++asked) {
+      const int i = (start + asked) % n;
+      ++first->pending;
+      router.calls->Submit([r = &router, query, first, i] {
+        CheckedAnswer a = AskReplica(*r, *query, i);
+        std::lock_guard lock(first->mu);
+        if (a.reply.fault == trust::ReplyFault::kNone && !first->winner) {
+          first->winner.emplace(i, std::move(a));
+        } else if (a.reply.fault != trust::ReplyFault::kNone) {
+          first->faults += fmt::format("{}{}: {}: {}", first->faults.empty() ? "" : "; ",
+                                       query->shard->replicas[static_cast<size_t>(i)]->info.id,
+                                       trust::ReplyFaultName(a.reply.fault), a.reply.detail);
+        }
+        --first->pending;
+        first->cv.notify_all();
+      });
+    }
+  };
+  {
+    std::unique_lock lock(first->mu);
+    ask_next(fanout);
+    while (!first->winner && asked < n && std::chrono::steady_clock::now() < q.deadline) {
+      first->cv.wait_until(lock, q.deadline, [&] { return first->winner || first->pending == 0; });
+      if (!first->winner && first->pending == 0) ask_next(fanout);
+    }
   }
   ShardResult out;
   out.shard = q.shard->id;

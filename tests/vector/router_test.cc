@@ -185,6 +185,13 @@ TEST_F(RouterTest, StatsHealthAndBadRequests) {
   const std::string metrics = Call(router_->port(), "GET", "/metrics").body;
   EXPECT_GE(MetricValue(metrics, "keel_router_requests_total{route=\"/v1/search\",code=\"400\"}"), 2);
   EXPECT_NE(metrics.find("keel_router_replica_version{replica=\"s1-c\"} 4"), std::string::npos) << metrics;
+  // Snapshot through the router: every replica writes one and empties its log.
+  res = Call(router_->port(), "POST", "/v1/snapshot", "{}");
+  ASSERT_EQ(res.status, 200) << res.body;
+  EXPECT_EQ(json::parse(res.body)["replicas"], kShards * kReplicas);
+  for (int s = 0; s < kShards; ++s) {
+    for (int r = 0; r < kReplicas; ++r) EXPECT_EQ(replicas_[s][r]->shard().Stats().wal_bytes, 0) << ReplicaId(s, r);
+  }
 }
 
 // ---- config
