@@ -1,7 +1,8 @@
 // CountingResponder: wraps a handler's HttpResponder and counts the request in a
 // {route, code} counter family the moment its status is written — before the client can see
 // the answer — so a /metrics scrape that follows a response always includes it. Used by every
-// server's dispatch (engine, vector service).
+// server's dispatch (engine, vector service). HandleHealthAndMetrics: the two routes every
+// service answers the same way.
 #pragma once
 
 #include <string>
@@ -44,5 +45,14 @@ class CountingResponder final : public HttpResponder {
   std::string route_;
   bool counted_ = false;
 };
+
+// GET /healthz -> {"status":"ok"}; GET /metrics -> `metrics` as Prometheus text. `metrics` must
+// outlive the router.
+inline void HandleHealthAndMetrics(HttpRouter& router, const MetricsRegistry& metrics) {
+  router.Handle("GET", "/healthz", [](const HttpRequest&, HttpResponder& r) { r.Send(200, "application/json", R"({"status":"ok"})"); });
+  router.Handle("GET", "/metrics", [&metrics](const HttpRequest&, HttpResponder& r) {
+    r.Send(200, MetricsRegistry::kContentType, metrics.Render());
+  });
+}
 
 }  // namespace keel

@@ -1,5 +1,7 @@
 #include "keel/kvstore/service.h"
 
+#include "keel/core/http_metrics.h"
+
 namespace keel::kvstore {
 
 Result<std::unique_ptr<Service>> Service::Start(const ServiceOptions& options) {
@@ -9,12 +11,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServiceOptions& options) {
   KEEL_ASSIGN_OR_RETURN(s->server_, Server::Start(*s->store_, options.server, &s->metrics_));
   if (options.http_port >= 0) {
     Service* self = s.get();
-    s->router_.Handle("GET", "/healthz", [](const HttpRequest&, HttpResponder& r) {
-      r.Send(200, "application/json", R"({"status":"ok"})");
-    });
-    s->router_.Handle("GET", "/metrics", [self](const HttpRequest&, HttpResponder& r) {
-      r.Send(200, MetricsRegistry::kContentType, self->metrics_.Render());
-    });
+    HandleHealthAndMetrics(s->router_, s->metrics_);
     s->router_.Handle("GET", "/v1/stats", [self](const HttpRequest&, HttpResponder& r) {
       r.Send(200, "application/json", self->store_->StatsJson());
     });

@@ -232,12 +232,7 @@ Result<std::unique_ptr<Router>> Router::Start(const RouterOptions& options) {
   self->http_router.Handle("POST", "/v1/search", bind(&Impl::HandleSearch));
   self->http_router.Handle("GET", "/v1/stats", bind(&Impl::HandleStats));
   self->http_router.Handle("POST", "/v1/snapshot", bind(&Impl::HandleSnapshot));
-  self->http_router.Handle("GET", "/healthz", [](const HttpRequest&, HttpResponder& r) {
-    r.Send(200, "application/json", R"({"status":"ok"})");
-  });
-  self->http_router.Handle("GET", "/metrics", [self](const HttpRequest&, HttpResponder& r) {
-    r.Send(200, MetricsRegistry::kContentType, self->metrics.Render());
-  });
+  HandleHealthAndMetrics(self->http_router, self->metrics);
   HttpServerOptions h;
   h.host = options.host;
   h.port = options.port;

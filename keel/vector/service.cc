@@ -107,12 +107,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServiceOptions& options) {
   s->router_.Handle("GET", "/v1/stats", bind(&Service::HandleStats));
   s->router_.Handle("GET", "/v1/log", bind(&Service::HandleLogRead));
   s->router_.Handle("POST", "/v1/log", bind(&Service::HandleLogApply));
-  s->router_.Handle("GET", "/healthz", [](const HttpRequest&, HttpResponder& r) {
-    r.Send(200, "application/json", R"({"status":"ok"})");
-  });
-  s->router_.Handle("GET", "/metrics", [self](const HttpRequest&, HttpResponder& r) {
-    r.Send(200, MetricsRegistry::kContentType, self->metrics_.Render());
-  });
+  HandleHealthAndMetrics(s->router_, s->metrics_);
   HttpServerOptions h;
   h.host = options.host;
   h.port = options.port;
