@@ -87,6 +87,8 @@ struct Attack {
   const char* counted;  // a metric sample the attack must have moved
 };
 
+void PrintTo(const Attack& a, std::ostream* os) { *os << trust::AdversaryModeName(a.mode) << " strength " << a.strength; }
+
 class TrustAttackTest : public TrustClusterTest, public ::testing::WithParamInterface<Attack> {};
 
 TEST_P(TrustAttackTest, NoTamperedAnswerIsVerified) {
