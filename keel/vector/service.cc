@@ -178,17 +178,7 @@ void Service::HandleUpsert(const HttpRequest& req, HttpResponder& res) {
   Status parsed = body.status();
   if (parsed.ok()) parsed = wire::ParseItems(*body, &items);
   if (parsed.ok()) parsed = wire::ParseWriteVersion(*body, &version);
-  if (!parsed.ok()) return SendWriteError(res, HttpStatusOf(parsed), parsed.message(), shard_->version());
-  WriteOutcome o;
-  if (Status s = shard_->Upsert(items, version, &o); !s.ok()) {
-    return SendWriteError(res, o.gap ? 409 : HttpStatusOf(s), s.message(), o.version);
-  }
-  if (o.duplicate) {
-    res.Send(200, "application/json", Dump({{"version", o.version}, {"duplicate", true}}));
-    return;
-  }
-  if (Status s = MaybeSnapshot(); !s.ok()) return SendWriteError(res, HttpStatusOf(s), s.message(), o.version);
-  res.Send(200, "application/json", Dump({{"upserted", items.size()}, {"version", o.version}}));
+  ApplyWrite(res, parsed, [&](WriteOutcome* o) { return shard_->Upsert(items, version, o); }, "upserted", items.size());
 }
 
 void Service::HandleDelete(const HttpRequest& req, HttpResponder& res) {
@@ -198,17 +188,22 @@ void Service::HandleDelete(const HttpRequest& req, HttpResponder& res) {
   Status parsed = body.status();
   if (parsed.ok()) parsed = wire::ParseIds(*body, &ids);
   if (parsed.ok()) parsed = wire::ParseWriteVersion(*body, &version);
+  ApplyWrite(res, parsed, [&](WriteOutcome* o) { return shard_->Delete(ids, version, o); }, "deleted", ids.size());
+}
+
+// The rest of a write once its body is parsed: apply (with the duplicate/gap rules of a versioned
+// write), snapshot when the log has grown past its bound, answer with the version.
+void Service::ApplyWrite(HttpResponder& res, const Status& parsed, const std::function<Status(WriteOutcome*)>& apply,
+                         const char* count_name, size_t count) {
   if (!parsed.ok()) return SendWriteError(res, HttpStatusOf(parsed), parsed.message(), shard_->version());
   WriteOutcome o;
-  if (Status s = shard_->Delete(ids, version, &o); !s.ok()) {
-    return SendWriteError(res, o.gap ? 409 : HttpStatusOf(s), s.message(), o.version);
-  }
+  if (Status s = apply(&o); !s.ok()) return SendWriteError(res, o.gap ? 409 : HttpStatusOf(s), s.message(), o.version);
   if (o.duplicate) {
     res.Send(200, "application/json", Dump({{"version", o.version}, {"duplicate", true}}));
     return;
   }
   if (Status s = MaybeSnapshot(); !s.ok()) return SendWriteError(res, HttpStatusOf(s), s.message(), o.version);
-  res.Send(200, "application/json", Dump({{"deleted", ids.size()}, {"version", o.version}}));
+  res.Send(200, "application/json", Dump({{count_name, count}, {"version", o.version}}));
 }
 
 void Service::HandleSearch(const HttpRequest& req, HttpResponder& res) {

@@ -37,6 +37,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -107,6 +108,8 @@ class Service {
   void Route(const HttpRequest& req, HttpResponder& res);
   void HandleUpsert(const HttpRequest& req, HttpResponder& res);
   void HandleDelete(const HttpRequest& req, HttpResponder& res);
+  void ApplyWrite(HttpResponder& res, const Status& parsed, const std::function<Status(WriteOutcome*)>& apply,
+                  const char* count_name, size_t count);
   void HandleSearch(const HttpRequest& req, HttpResponder& res);
   void HandleSnapshot(const HttpRequest& req, HttpResponder& res);
   void HandleStats(const HttpRequest& req, HttpResponder& res);
