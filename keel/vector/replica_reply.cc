@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 #include <unordered_map>
+#include <limits>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -107,6 +108,17 @@ Status CheckOrder(const std::vector<SearchHit>& hits, const SearchRequest& r) {
   return Status::Ok();
 }
 
+// With an image query a shard ranks items without an image vector last, writing image distance 0
+// for them (CheckOrder has checked that shape). The zeros after a positive distance are that tail:
+// they get +inf here, so a merge across shards ranks them last too. (All zeros is ambiguous and
+// left as it is: exact image matches and imageless items both read 0.)
+void MarkImagelessTail(std::vector<SearchHit>* hits) {
+  size_t tail = hits->size();
+  while (tail > 0 && (*hits)[tail - 1].image_distance == 0) --tail;
+  if (tail == 0) return;
+  for (size_t i = tail; i < hits->size(); ++i) (*hits)[i].image_distance = std::numeric_limits<float>::infinity();
+}
+
 // Content checks shared by both modes: ids unique and of this shard, ranking as the shard ranks.
 CheckedAnswer CheckContent(const std::vector<SearchHit>& hits, const ReplyExpectation& e) {
   std::unordered_set<uint64_t> seen;
@@ -171,6 +183,7 @@ CheckedAnswer CheckReplicaAnswer(const Result<HttpReply>& call, const ReplyExpec
   }
   CheckedAnswer content = CheckContent(out.hits, e);
   if (content.reply.fault != ReplyFault::kNone) return content;
+  if (!e.request->image_query.empty()) MarkImagelessTail(&out.hits);
   if (versioned && body.index_version < e.min_version) {
     return Fault(ReplyFault::kStale, fmt::format("index version {}, committed {}", body.index_version, e.min_version));
   }

@@ -41,7 +41,9 @@ struct ReplyExpectation {
 
 struct CheckedAnswer {
   trust::ReplicaReply reply;     // what the verifier sees: fault, or index version and signed hits
-  std::vector<SearchHit> hits;   // the same hits with their vectors (empty when faulty)
+  std::vector<SearchHit> hits;   // the same hits with their vectors (empty when faulty); with an
+                                 // image query, items without an image vector carry image
+                                 // distance +inf (the signed hits keep the 0 the replica wrote)
   int tiers_touched = 0;
 };
 

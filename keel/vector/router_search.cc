@@ -3,6 +3,7 @@
 // reply) -> merge -> answer.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <unordered_map>
 
@@ -180,7 +181,7 @@ std::vector<SearchHit> WithVectors(const std::vector<trust::SignedHit>& chosen, 
     SearchHit h = it != by_id.end() ? *it->second : SearchHit{};
     h.id = s.id;
     h.text_distance = s.text_distance;
-    h.image_distance = s.image_distance;
+    if (std::isfinite(h.image_distance)) h.image_distance = s.image_distance;  // +inf: no image vector
     out.push_back(std::move(h));
   }
   return out;
@@ -293,9 +294,14 @@ std::vector<SearchHit> Merge(const SearchRequest& r, std::vector<ShardResult>& r
   std::sort(all.begin(), all.end(), TextBefore);
   if (all.size() > static_cast<size_t>(r.k)) all.resize(static_cast<size_t>(r.k));
   if (!r.image_query.empty()) {
+    // Items without an image vector (+inf, replica_reply.h) last, in text order, as a shard ranks.
     std::stable_sort(all.begin(), all.end(), [](const SearchHit& a, const SearchHit& b) {
+      if (std::isinf(a.image_distance) && std::isinf(b.image_distance)) return TextBefore(a, b);
       return a.image_distance < b.image_distance || (a.image_distance == b.image_distance && a.id < b.id);
     });
+    for (SearchHit& h : all) {
+      if (std::isinf(h.image_distance)) h.image_distance = 0;  // as a shard writes it
+    }
   }
   return all;
 }

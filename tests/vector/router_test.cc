@@ -57,6 +57,31 @@ TEST_F(RouterTest, MultimodalAndImageLookupsMergeAsOneShardRanks) {
   EXPECT_EQ(one_shard["shards"].size(), 1u) << one_shard.dump();
 }
 
+TEST_F(RouterTest, MultimodalItemsWithoutAnImageRankLastAsOneShardRanks) {
+  StartCluster();
+  StartRouter(Config("trust"));
+  LoadAll();
+  std::mt19937 rng(77);
+  const std::vector<float> text = RandomVector(rng), image = RandomVector(rng);
+  // Six items without an image vector, nearer the query's text than anything else, on both shards.
+  json items = json::array();
+  for (uint64_t j = 0; j < 6; ++j) {
+    std::vector<float> v = text;
+    v[0] += 0.001f * static_cast<float>(j + 1);
+    items.push_back({{"id", 5000 + j}, {"text", v}});
+  }
+  ASSERT_EQ(Post("/v1/upsert", {{"items", items}}).status, 200);
+  json answer = Search({{"kind", "multimodal"}, {"text", text}, {"image", image}, {"k", 10}, {"ef", 512}});
+  ASSERT_TRUE(answer["verified"].get<bool>()) << answer.dump();
+  // One shard: the 10 nearest by text (the six, then the four nearest others), the ones with an
+  // image by image distance, then the six in text order.
+  std::vector<uint64_t> expected = Nearest(text, 4, written_);
+  std::sort(expected.begin(), expected.end(), [&](uint64_t a, uint64_t b) { return L2(ImageOf(a), image) < L2(ImageOf(b), image); });
+  for (uint64_t j = 0; j < 6; ++j) expected.push_back(5000 + j);
+  EXPECT_EQ(Ids(answer), expected) << answer.dump();
+  for (size_t i = 4; i < answer["hits"].size(); ++i) EXPECT_EQ(answer["hits"][i]["image_distance"], 0.0);
+}
+
 TEST_F(RouterTest, ReplicaStoppedDuringWritesCatchesUpAfterRestart) {
   StartCluster();
   StartRouter(Config("trust"), /*sync_interval_ms=*/100);
