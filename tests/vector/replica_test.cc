@@ -644,7 +644,7 @@ TEST(ReplicaTrustTest, IdentityAndAdversaryOptionsAreChecked) {
 // An honest replica and a tampering one, same data and seed, asked the same query.
 class AdversaryTest : public ::testing::Test {
  protected:
-  void StartPair(trust::AdversaryMode mode, uint64_t seed = 7) {
+  void StartPair(trust::AdversaryMode mode, uint64_t seed = 7, double fraction = 1.0) {
     id_.shard = 1;
     id_.shards = 3;
     id_.replica = "honest";
@@ -653,11 +653,11 @@ class AdversaryTest : public ::testing::Test {
     honest_ = Start(ReplicaOptions(honest_dir_.path(), "honest", honest_signer_));
     ASSERT_TRUE(honest_);
     LoadShardOne(*honest_);
-    bad_ = StartAdversary(bad_dir_.path(), "bad", mode, seed, &bad_signer_);
+    bad_ = StartAdversary(bad_dir_.path(), "bad", mode, seed, &bad_signer_, fraction);
     ASSERT_TRUE(bad_);
   }
   std::unique_ptr<Service> StartAdversary(const std::string& dir, const std::string& name, trust::AdversaryMode mode,
-                                          uint64_t seed, Signer* signer) {
+                                          uint64_t seed, Signer* signer, double fraction = 1.0) {
     ReplicaIdentity id = id_;
     id.replica = name;
     id.zone = "zone-" + name;
@@ -667,6 +667,7 @@ class AdversaryTest : public ::testing::Test {
     o.identity.adversary.seed = seed;
     o.identity.adversary.strength = 2;
     o.identity.adversary.delay = std::chrono::milliseconds(300);
+    o.identity.adversary.fraction = fraction;
     auto s = Start(o);
     if (s) LoadShardOne(*s);
     return s;
@@ -770,24 +771,7 @@ TEST_F(AdversaryTest, SlowAnswersHonestlyAfterTheDelay) {
 }
 
 TEST_F(AdversaryTest, FractionZeroTampersWithNothing) {
-  id_.shard = 1;
-  id_.shards = 3;
-  id_.replica = "honest";
-  id_.zone = "zone-honest";
-  honest_signer_ = MakeSigner(id_);
-  honest_ = Start(ReplicaOptions(honest_dir_.path(), "honest", honest_signer_));
-  ASSERT_TRUE(honest_);
-  LoadShardOne(*honest_);
-  ReplicaIdentity id = id_;
-  id.replica = "bad";
-  id.zone = "zone-bad";
-  bad_signer_ = MakeSigner(id);
-  ServiceOptions o = ReplicaOptions(bad_dir_.path(), "bad", bad_signer_);
-  o.identity.adversary.mode = trust::AdversaryMode::kInject;
-  o.identity.adversary.fraction = 0;
-  bad_ = Start(o);
-  ASSERT_TRUE(bad_);
-  LoadShardOne(*bad_);
+  StartPair(trust::AdversaryMode::kInject, 7, /*fraction=*/0);
   for (uint64_t q : {1, 31, 100}) {
     const SearchRequest r = TextRequest(q, 5);
     EXPECT_EQ(AskSigned(*bad_, bad_signer_, r, "n").body.hits, AskSigned(*honest_, honest_signer_, r, "n").body.hits);
