@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 
+#include "keel/core/cpu.h"
 #include "keel/core/log.h"
 #include "keel/core/signal.h"
 #include "keel/engine/bellows_calibration.h"
@@ -472,6 +473,11 @@ int main(int argc, char** argv) {
   app.fallthrough();  // --log-level may follow the subcommand too
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  std::string cpu_isa = "auto";
+  app.add_option("--cpu-isa", cpu_isa,
+                 "kernel level: auto (best this CPU has), avx2 or avx512 (KEEL_CPU_ISA sets the same; results may "
+                 "differ in the last bits between levels)")
+      ->capture_default_str();
 
   GenerateArgs gen;
   auto* generate = app.add_subcommand("generate", "Generate text from a prompt (text on stdout, logs on stderr)");
@@ -692,6 +698,18 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   SetLogLevel(log_level);
+  if (cpu_isa != "auto" || app.count("--cpu-isa") > 0) {
+    if (Status s = cpu::SetActiveIsa(cpu_isa); !s.ok()) {
+      Log().error("--cpu-isa: {}", s.message());
+      return 2;
+    }
+  }
+  // The engine's commands say which kernels run (a benchmark without it is hard to read).
+  if (generate->parsed() || serve->parsed() || bench->parsed()) {
+    Log().info("{}", cpu::Describe());
+  } else {
+    Log().debug("{}", cpu::Describe());
+  }
   if (bw_cal->parsed()) return RunBellowsCalibrate(bw);
   if (bw_ins->parsed()) return RunBellowsInspect(bw_inspect);
   if (generate->parsed()) return RunGenerate(gen);

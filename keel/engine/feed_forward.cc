@@ -10,8 +10,9 @@ namespace keel::engine {
 
 void SwiGlu(const ExpertWeights& w, const float* x, int m, float* h1, float* h3, float* out) {
   const int64_t hidden = w.w1.rows;
-  MatMul(w.w1, x, m, h1);
-  MatMul(w.w3, x, m, h3);
+  const TensorView gate_up[2] = {w.w1, w.w3};
+  float* const out_gate_up[2] = {h1, h3};
+  MatMulSameInput(gate_up, x, m, out_gate_up);
   for (int64_t j = 0; j < m * hidden; ++j) {
     const float g = h1[j];
     h1[j] = g / (1.0f + std::exp(-g)) * h3[j];

@@ -13,137 +13,6 @@
 
 namespace keel::engine {
 
-namespace {
-
-inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 Load8(const uint16_t* p, DType t) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if (t == DType::kF16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline float HSum(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
-
-inline float ScalarAt(const void* row, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(row)[i];
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(row)[i]);
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(row)[i]);
-  }
-  return 0.0f;
-}
-
-// Register-blocked dot products: R weight rows against B activation rows, 8 lanes at a time.
-// Each (row, activation) pair owns one accumulator and walks k in the same order whatever R and
-// B are, so a token's result does not depend on how it was batched (decode == prefill, bit for
-// bit), which prefix sharing and preemption rely on.
-template <DType T>
-inline __m256 LoadW(const uint8_t* row, int64_t i) {
-  if constexpr (T == DType::kF32) {
-    return Load8(reinterpret_cast<const float*>(row) + i);
-  } else {
-    return Load8(reinterpret_cast<const uint16_t*>(row) + i, T);
-  }
-}
-
-// `pf` (may be null) is the next row group's weights: pulled towards L1 two cache lines per step
-// while this group computes, so DRAM traffic overlaps the FMAs instead of following them.
-template <DType T, int R, int B>
-void DotTile(const uint8_t* const* wrows, const float* const* xs, int64_t n, float* out, int64_t out_stride,
-             const uint8_t* pf, int64_t pf_bytes) {
-  __m256 acc[R][B];
-  int64_t pf_off = 0;
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    if (pf != nullptr && pf_off < pf_bytes) {
-      _mm_prefetch(reinterpret_cast<const char*>(pf + pf_off), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(pf + pf_off + 64), _MM_HINT_T0);
-      pf_off += 128;
-    }
-    __m256 w[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) w[r] = LoadW<T>(wrows[r], i);
-#pragma GCC unroll 4
-    for (int b = 0; b < B; ++b) {
-      __m256 xv = Load8(xs[b] + i);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(w[r], xv, acc[r][b]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int b = 0; b < B; ++b) {
-      float s = HSum(acc[r][b]);
-      for (int64_t j = i; j < n; ++j) s += ScalarAt(wrows[r], T, j) * xs[b][j];
-      out[b * out_stride + r] = s;
-    }
-  }
-}
-
-template <DType T, int R>
-void RowGroup(const uint8_t* const* wrows, const float* x, int n_rows, int64_t in_dim, float* y, int64_t out_dim,
-              const uint8_t* pf, int64_t pf_bytes) {
-  // Spread the prefetch of the next group evenly over this group's calls.
-  const int calls = (n_rows + 1) / 2;
-  const int64_t slice = pf ? ((pf_bytes / calls + 127) / 128) * 128 : 0;
-  auto part = [&](int call) { return pf && call * slice < pf_bytes ? pf + call * slice : nullptr; };
-  auto part_bytes = [&](int call) { return std::min<int64_t>(slice, pf_bytes - call * slice); };
-  int b = 0;
-  for (; b + 2 <= n_rows; b += 2) {
-    const float* xs[2] = {x + b * in_dim, x + (b + 1) * in_dim};
-    DotTile<T, R, 2>(wrows, xs, in_dim, y + b * out_dim, out_dim, part(b / 2), part_bytes(b / 2));
-  }
-  if (b < n_rows) {
-    const float* xs[1] = {x + b * in_dim};
-    DotTile<T, R, 1>(wrows, xs, in_dim, y + b * out_dim, out_dim, part(b / 2), part_bytes(b / 2));
-  }
-}
-
-template <DType T>
-void MatMulT(const TensorView& w, const float* x, int n_rows, float* y) {
-  const int64_t out_dim = w.rows, in_dim = w.cols;
-  const size_t row_bytes = static_cast<size_t>(in_dim) * DTypeSize(T);
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  // Threads only pay off once there is real work per call (tiny models run single-threaded).
-  const bool parallel = out_dim * in_dim * n_rows >= (1 << 18);
-  const int64_t groups = (out_dim + 3) / 4;
-  // Four weight rows stay in L1 while every activation row streams past them.
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t o = g * 4;
-    const uint8_t* rows[4];
-    const int r = static_cast<int>(std::min<int64_t>(4, out_dim - o));
-    for (int k = 0; k < r; ++k) rows[k] = base + static_cast<size_t>(o + k) * row_bytes;
-    // The next group's rows are contiguous with this group's.
-    const uint8_t* pf = g + 1 < groups ? base + static_cast<size_t>(o + 4) * row_bytes : nullptr;
-    const int64_t pf_bytes = pf ? std::min<int64_t>(4, out_dim - o - 4) * static_cast<int64_t>(row_bytes) : 0;
-    switch (r) {
-      case 4: RowGroup<T, 4>(rows, x, n_rows, in_dim, y + o, out_dim, pf, pf_bytes); break;
-      case 3: RowGroup<T, 3>(rows, x, n_rows, in_dim, y + o, out_dim, pf, pf_bytes); break;
-      case 2: RowGroup<T, 2>(rows, x, n_rows, in_dim, y + o, out_dim, pf, pf_bytes); break;
-      default: RowGroup<T, 1>(rows, x, n_rows, in_dim, y + o, out_dim, pf, pf_bytes); break;
-    }
-  }
-}
-
-}  // namespace
-
-void MatMul(const TensorView& w, const float* x, int n_rows, float* y) {
-  switch (w.dtype) {
-    case DType::kF32: return MatMulT<DType::kF32>(w, x, n_rows, y);
-    case DType::kF16: return MatMulT<DType::kF16>(w, x, n_rows, y);
-    case DType::kBF16: return MatMulT<DType::kBF16>(w, x, n_rows, y);
-  }
-}
-
 void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) {
   float ss = 0.0f;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -316,9 +185,11 @@ Status Transformer::RunLayer(int l, const BatchToken* rows, int m, float* x, KvC
   const LayerWeights& w = model_.layers[l];
   const kv::Codec& codec = cache.codec();
   for (int i = 0; i < m; ++i) RmsNorm(&x[i * dim], w.attn_norm, dim, c.rms_eps, &xb_[i * dim]);
-  MatMul(w.wq, xb_.data(), m, q_.data());
-  MatMul(w.wk, xb_.data(), m, k_.data());
-  MatMul(w.wv, xb_.data(), m, v_.data());
+  {
+    const TensorView qkv[3] = {w.wq, w.wk, w.wv};
+    float* const out[3] = {q_.data(), k_.data(), v_.data()};
+    MatMulSameInput(qkv, xb_.data(), m, out);
+  }
   AddBias(q_.data(), w.bq, m, dim);
   AddBias(k_.data(), w.bk, m, kvd);
   AddBias(v_.data(), w.bv, m, kvd);

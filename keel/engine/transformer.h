@@ -15,6 +15,7 @@
 #include "keel/core/status.h"
 #include "keel/engine/feed_forward.h"
 #include "keel/engine/kv_cache.h"
+#include "keel/engine/matmul.h"
 #include "keel/engine/model.h"
 #include "keel/kv/codec.h"
 
@@ -91,9 +92,6 @@ class Transformer {
   std::vector<kv::AttendScratch> attend_scratch_;
 };
 
-// y[b][o] = sum_i W[o][i] * x[b][i] for b < n_rows; W in its stored dtype. Exposed for tests
-// and benchmarks.
-void MatMul(const TensorView& w, const float* x, int n_rows, float* y);
 void RmsNorm(const float* x, const float* weight, int n, float eps, float* out);
 
 }  // namespace keel::engine

@@ -1,0 +1,91 @@
+#include "keel/engine/matmul.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "keel/core/cpu.h"
+#include "keel/core/dtype.h"
+#include "keel/core/prefetch.h"
+
+namespace keel::engine {
+namespace {
+
+// The baseline level: 8 lanes; the reduction is (low half + high half), then two horizontal adds.
+struct Avx2 {
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  static F Zero() { return _mm256_setzero_ps(); }
+  static F LoadX(const float* p) { return _mm256_loadu_ps(p); }
+  template <DType T>
+  static F LoadW(const uint8_t* p) {
+    if constexpr (T == DType::kF32) {
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      if constexpr (T == DType::kF16) return _mm256_cvtph_ps(h);
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+  template <DType T>
+  static float ScalarW(const uint8_t* row, int64_t i) {
+    if constexpr (T == DType::kF32) {
+      return reinterpret_cast<const float*>(row)[i];
+    } else {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * i, 2);
+      return T == DType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
+    }
+  }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static float Reduce(F v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+  }
+};
+
+}  // namespace
+}  // namespace keel::engine
+
+#include "keel/engine/matmul_kernel.h"
+
+namespace keel::engine {
+
+namespace matmul_detail {
+void RunAvx2(const TensorView* ws, float* const* ys, int count, const float* x, int n_rows) {
+  RunAny<Avx2>(ws, ys, count, x, n_rows);
+}
+}  // namespace matmul_detail
+
+namespace {
+void Dispatch(const TensorView* ws, float* const* ys, int count, const float* x, int n_rows) {
+  if (cpu::ActiveIsa() == cpu::Isa::kAvx512) {
+    matmul_detail::RunAvx512(ws, ys, count, x, n_rows);
+  } else {
+    matmul_detail::RunAvx2(ws, ys, count, x, n_rows);
+  }
+}
+}  // namespace
+
+void MatMul(const TensorView& w, const float* x, int n_rows, float* y) {
+  if (n_rows <= 0 || w.rows <= 0) return;
+  Dispatch(&w, &y, 1, x, n_rows);
+}
+
+void MatMulSameInput(std::span<const TensorView> ws, const float* x, int n_rows, std::span<float* const> ys) {
+  if (n_rows <= 0 || ws.empty()) return;
+  bool same = true;
+  for (const TensorView& w : ws) same = same && w.cols == ws[0].cols && w.dtype == ws[0].dtype && w.rows > 0;
+  if (!same) {
+    for (size_t j = 0; j < ws.size(); ++j) MatMul(ws[j], x, n_rows, ys[j]);
+    return;
+  }
+  Dispatch(ws.data(), ys.data(), static_cast<int>(ws.size()), x, n_rows);
+}
+
+}  // namespace keel::engine

@@ -1,0 +1,72 @@
+// The AVX-512 MatMul kernel (keel/engine/matmul.h): 16 lanes; the reduction is a tree over
+// halves (16 -> 8 -> 4 -> 2 -> 1 lanes, low + high at each step).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "keel/core/cpu.h"
+#include "keel/core/dtype.h"
+#include "keel/core/prefetch.h"
+#include "keel/engine/matmul.h"
+
+KEEL_BEGIN_TARGET_AVX512
+
+namespace keel::engine {
+namespace {
+
+struct Avx512 {
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static F Zero() { return _mm512_setzero_ps(); }
+  static F LoadX(const float* p) { return _mm512_loadu_ps(p); }
+  template <DType T>
+  static F LoadW(const uint8_t* p) {
+    if constexpr (T == DType::kF32) {
+      return _mm512_loadu_ps(p);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      if constexpr (T == DType::kF16) return _mm512_cvtph_ps(h);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+  template <DType T>
+  static float ScalarW(const uint8_t* row, int64_t i) {
+    if constexpr (T == DType::kF32) {
+      float f;
+      std::memcpy(&f, row + 4 * i, 4);
+      return f;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * i, 2);
+      if constexpr (T == DType::kF16) return _cvtsh_ss(h);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+  }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static float Reduce(F v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+  }
+};
+
+}  // namespace
+}  // namespace keel::engine
+
+#include "keel/engine/matmul_kernel.h"
+
+namespace keel::engine::matmul_detail {
+void RunAvx512(const TensorView* ws, float* const* ys, int count, const float* x, int n_rows) {
+  RunAny<Avx512>(ws, ys, count, x, n_rows);
+}
+}  // namespace keel::engine::matmul_detail
+
+KEEL_END_TARGET
