@@ -13,10 +13,7 @@ void SwiGlu(const ExpertWeights& w, const float* x, int m, float* h1, float* h3,
   const TensorView gate_up[2] = {w.w1, w.w3};
   float* const out_gate_up[2] = {h1, h3};
   MatMulSameInput(gate_up, x, m, out_gate_up);
-  for (int64_t j = 0; j < m * hidden; ++j) {
-    const float g = h1[j];
-    h1[j] = g / (1.0f + std::exp(-g)) * h3[j];
-  }
+  SiluMul(h1, h3, m * hidden);
   MatMul(w.w2, h1, m, out);
 }
 

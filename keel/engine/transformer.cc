@@ -13,15 +13,6 @@
 
 namespace keel::engine {
 
-void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) {
-  float ss = 0.0f;
-  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
-  ss /= static_cast<float>(n);
-  ss += eps;
-  ss = 1.0f / std::sqrt(ss);
-  for (int i = 0; i < n; ++i) out[i] = weight[i] * (ss * x[i]);
-}
-
 namespace {
 
 void AddBias(float* x, const float* bias, int rows, int cols) {

@@ -16,6 +16,7 @@
 #include "keel/engine/feed_forward.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/matmul.h"
+#include "keel/engine/vector_ops.h"
 #include "keel/engine/model.h"
 #include "keel/kv/codec.h"
 
@@ -92,6 +93,5 @@ class Transformer {
   std::vector<kv::AttendScratch> attend_scratch_;
 };
 
-void RmsNorm(const float* x, const float* weight, int n, float eps, float* out);
 
 }  // namespace keel::engine
