@@ -1,29 +1,30 @@
-// The attention core every codec shares. A codec supplies a block source: for one KV head and
-// one cache block it hands the core a reader that widens 8 or 16 consecutive elements of a
-// stored K or V row into fp32 lanes; the core does all the arithmetic. Two codecs whose rows
-// widen to the same fp32 values therefore produce bit-identical outputs, which is how lossless
-// codecs (ZipFusion) are held to "equal to raw".
+// The attention core every codec shares. A codec supplies a block source (attention_readers.h):
+// for one KV head and one cache block it hands the core a reader that widens 8 or 16 consecutive
+// elements of a stored K or V row into fp32 lanes; the core does all the arithmetic. Two codecs
+// whose rows widen to the same fp32 values therefore produce bit-identical outputs, which is how
+// lossless codecs (ZipFusion) are held to "equal to raw".
 //
-// Arithmetic, fixed: per (query head, token) one 8-lane FMA accumulator over the row's 8-element
-// chunks in order, reduced exactly like DotF32, times 1/sqrt(head_dim); SoftmaxF32 per query
-// head; then out = fma(p_t, v_t, out) per token in order, starting from zero. How the work is
-// blocked (tokens per step, output tiles kept in registers) never changes that order.
+// Two levels (keel/core/cpu.h), chosen per call at the entry points (AttendAllHeads,
+// AttendAllHeadsMany) from cpu::ActiveIsa(); each has its own fixed arithmetic, so results may
+// differ in the last bits between levels but never within one:
+//  * AVX2 (and AVX-512 when head_dim % 16 != 0): per (query head, token) one 8-lane FMA
+//    accumulator over the row's 8-element chunks in order, reduced exactly like DotF32
+//    (ReduceLanes), times 1/sqrt(head_dim); SoftmaxF32 per query head; then
+//    out = fma(p_t, v_t, out) per token in order, starting from zero.
+//  * AVX-512 with head_dim % 16 == 0 (attention_avx512.h): per (query head, token) one 16-lane FMA
+//    accumulator over the row's 16-element chunks in order, reduced as avx512::ReduceLanes (the
+//    two 8-lane halves added, then ReduceLanes' order), times 1/sqrt(head_dim); SoftmaxF32 at the
+//    AVX-512 level (its sum in 16 lanes); the weighted sum of V as above (element-wise, so the
+//    same bits as AVX2's given the same probabilities).
+// SoftmaxF32, DotF32 and AxpyF32 (attention_math.h) dispatch on the same level, so the core always
+// equals DotF32 / SoftmaxF32 / AxpyF32 applied per head at the level in force. How the work is
+// blocked (tokens per step, output tiles kept in registers) never changes the order.
 //
 // Decode blocking: scores are computed for TB tokens x G query heads at a time (G*TB
 // accumulators in registers, each K chunk widened once for all of them); the weighted sum of V
 // keeps a tile of G query heads x a few output chunks in registers while it walks the tokens of
 // one cache block, so V is widened once per block and output tiles are loaded and stored once
 // per block instead of once per token.
-//
-// A block source provides:
-//   void Begin(int kv_head);
-//   template <class F> void K(int block, F&& f);  // f(reader) over that block's K rows
-//   template <class F> void V(int block, F&& f);  // (blocks are visited in increasing order)
-// and a reader:
-//   template <int CW> void Load(int slot, int c, __m256* v) const;
-//   void Prefetch(int i, int n) const;  // ask for the i-th of n slices of the next block
-//     CW = 8: v[0] = elements [8c, 8c+8) of row `slot`;
-//     CW = 16: v[0], v[1] = elements [16c, 16c+16) (only used when head_dim % 16 == 0).
 #pragma once
 
 #include <immintrin.h>
@@ -35,77 +36,18 @@
 #include <type_traits>
 #include <utility>
 
-#include "keel/core/aligned.h"
-#include "keel/core/dtype.h"
-#include "keel/core/prefetch.h"
+#include "keel/core/cpu.h"
+#include "keel/kv/attention_avx512.h"
 #include "keel/kv/attention_math.h"
+#include "keel/kv/attention_readers.h"
 #include "keel/kv/codec.h"
-
-// Register-blocked loops have compile-time trip counts; they must be fully unrolled for their
-// accumulators to live in registers (GCC at -O2 keeps them in memory otherwise).
-#define KEEL_UNROLL _Pragma("GCC unroll 16")
 
 namespace keel::kv {
 
-inline constexpr int kMaxHeadDim = 512;
-
-// A later block's bytes for one reader, asked for a slice at a time while the current block is
-// being read, so that the requests spread over the block: blocks are scattered in the arena and
-// the hardware prefetcher does not cross from one to the next. Readers ask for the block
-// kPrefetchBlocks ahead, into L2. (Until this was measured with prefetches that reach
-// the binary — see keel/core/prefetch.h — none did; with them, decode attention at 8 K context
-// from DRAM went from ~190 to ~110 cycles per (token, KV head) for bf16 and ~320 to ~195 for
-// ZipFusion on one Zen 3 core; distances 1-4 and an L1 hint were all within noise of this.)
-inline constexpr int kPrefetchBlocks = 2;
-
-// tail_first: the block is read from its end first (ZipFusion opens a block by reading its
-// exception list, the last section), so slices go from the end, and the first also asks for the
-// header line.
-struct NextBlock {
-  const char* p = nullptr;  // null: no next block
-  size_t bytes = 0;
-  bool tail_first = false;
-  void Prefetch(int i, int n) const {
-    if (p == nullptr) return;
-    if (tail_first) {
-      if (i == 0) PrefetchL2(p);
-      i = n - 1 - i;
-    }
-    // Whole lines, 32-bit: two 64-bit divisions per call cost more than the prefetches.
-    const unsigned lines = static_cast<unsigned>((bytes + 63) / 64), un = static_cast<unsigned>(n);
-    const unsigned from = lines * static_cast<unsigned>(i) / un, to = lines * static_cast<unsigned>(i + 1) / un;
-    for (unsigned l = from; l < to; ++l) PrefetchL2(p + static_cast<size_t>(l) * 64);
-  }
-};
-
-// 8 stored values of type T widened to fp32 lanes.
-template <DType T>
-inline __m256 Widen8(const uint8_t* p) {
-  if constexpr (T == DType::kF32) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  } else if constexpr (T == DType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-  }
+// Whether a call runs the AVX-512 core: the level in force, and whole 16-element chunks.
+inline bool UseAvx512Core(const KvShape& s) {
+  return s.head_dim % 16 == 0 && cpu::ActiveIsa() == cpu::Isa::kAvx512;
 }
-
-// Reader over plain rows of type T (row `slot` at rows + slot * head_dim values): raw blocks,
-// and ZipFusion regions that are still filling.
-template <DType T>
-struct PlainRowsReader {
-  static constexpr size_t kElem = T == DType::kF32 ? 4 : 2;
-  const uint8_t* rows;
-  int hd;
-  NextBlock next;
-  void Prefetch(int i, int n) const { next.Prefetch(i, n); }
-  template <int CW>
-  [[gnu::always_inline]] void Load(int slot, int c, __m256* v) const {
-    const uint8_t* p = rows + (static_cast<size_t>(slot) * hd + c * CW) * kElem;
-    KEEL_UNROLL
-    for (int u = 0; u < CW / 8; ++u) v[u] = Widen8<T>(p + u * 8 * kElem);
-  }
-};
 
 namespace attention_detail {
 
@@ -301,6 +243,10 @@ void AttendHead(const KvShape& s, Source& src, int kvh, int n_tokens, const floa
 template <class MakeSource>
 void AttendAllHeads(const KvShape& s, MakeSource make_source, int n_tokens, const float* q, float* out,
                     AttendScratch& scratch) {
+  if (UseAvx512Core(s)) {
+    avx512::AttendAllHeads(s, std::move(make_source), n_tokens, q, out, scratch);
+    return;
+  }
   const int group = s.n_heads / s.n_kv_heads;
   float* scores = scratch.get(static_cast<size_t>(s.n_heads) * n_tokens);
   const bool par = omp_get_active_level() == 0 && s.n_kv_heads > 1 &&
@@ -311,56 +257,6 @@ void AttendAllHeads(const KvShape& s, MakeSource make_source, int n_tokens, cons
     AttendHead(s, src, kvh, n_tokens, q, out, scores + static_cast<size_t>(kvh) * group * n_tokens);
   }
 }
-
-// A block source's blocks widened to fp32 rows, one block at a time, for the prompt-chunk path
-// below: a block is visited once and its rows widened into a buffer (block_tokens x head_dim
-// floats, L1-sized for usual shapes), so a ZipFusion block's exceptions are set up once per block
-// instead of once per row, and the next blocks are prefetched while it is read.
-template <class Source>
-class WidenedBlocks {
- public:
-  WidenedBlocks(Source src, int block_tokens, int head_dim, int n_tokens)
-      : src_(std::move(src)), bt_(block_tokens), chunks_(head_dim / 8), n_tokens_(n_tokens),
-        rows_(static_cast<size_t>(block_tokens) * head_dim) {}
-  void Begin(int kvh) {
-    src_.Begin(kvh);
-    block_ = -1;
-  }
-  // Rows of K or V block b (tokens [b * block_tokens, ...) below n_tokens): row j is head_dim / 8
-  // vectors at + j * head_dim / 8. Valid until the next call.
-  const __m256* K(int b) { return Block(0, b); }
-  const __m256* V(int b) { return Block(1, b); }
-
- private:
-  const __m256* Block(int which, int b) {
-    if (b != block_ || which != which_) Fill(which, b);
-    return Rows();
-  }
-  void Fill(int which, int b) {
-    const int m = std::min(bt_, n_tokens_ - b * bt_);
-    auto widen = [&](const auto& r) {
-      for (int slot = 0; slot < m; ++slot) {
-        r.Prefetch(slot, m);
-        __m256* row = Rows() + static_cast<size_t>(slot) * chunks_;
-        for (int c = 0; c < chunks_; ++c) r.template Load<8>(slot, c, row + c);
-      }
-    };
-    if (which == 0) {
-      src_.K(b, widen);
-    } else {
-      src_.V(b, widen);
-    }
-    block_ = b;
-    which_ = which;
-  }
-
-  __m256* Rows() { return reinterpret_cast<__m256*>(rows_.data()); }
-
-  Source src_;
-  int bt_, chunks_, n_tokens_;
-  AlignedFloats rows_;
-  int block_ = -1, which_ = 0;
-};
 
 // Several queries of one sequence (a prompt chunk): each stored block is widened once into fp32
 // rows and used by every query that can see it, through the decode loops (ScoreBlock,
@@ -417,12 +313,14 @@ void AttendHeadMany(const KvShape& s, Rows& src, int kvh, int n_queries, const i
 }
 
 // All KV heads for a prompt chunk, in slices of kManyQueries queries to bound the scores buffer.
-inline constexpr int kManyQueries = 32;
-
 template <class MakeSource>
 void AttendAllHeadsMany(const KvShape& s, MakeSource make_source, int n_queries, const int* n_tokens, const float* q,
                         float* out, AttendScratch& scratch) {
   const int group = s.n_heads / s.n_kv_heads;
+  if (UseAvx512Core(s)) {
+    avx512::AttendAllHeadsMany(s, std::move(make_source), n_queries, n_tokens, q, out, scratch);
+    return;
+  }
   const size_t stride = static_cast<size_t>(s.n_heads) * s.head_dim;
   for (int q0 = 0; q0 < n_queries; q0 += kManyQueries) {
     const int m = std::min(kManyQueries, n_queries - q0);
@@ -437,8 +335,5 @@ void AttendAllHeadsMany(const KvShape& s, MakeSource make_source, int n_queries,
     }
   }
 }
-
-// Whether the vectorised core applies (head_dim a multiple of 8, within kMaxHeadDim).
-inline bool CoreSupports(const KvShape& s) { return s.head_dim % 8 == 0 && s.head_dim <= kMaxHeadDim; }
 
 }  // namespace keel::kv

@@ -4,11 +4,18 @@
 
 #include <cmath>
 
+#include "keel/core/cpu.h"
 #include "keel/core/vec_math.h"
+#include "keel/kv/attention_math_avx512.h"
 
 namespace keel::kv {
 
+namespace {
+bool Avx512() { return cpu::ActiveIsa() == cpu::Isa::kAvx512; }
+}  // namespace
+
 float DotF32(const float* a, const float* b, int n) {
+  if (n % 16 == 0 && Avx512()) return avx512::DotF32(a, b, n);
   int i = 0;
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
@@ -18,6 +25,7 @@ float DotF32(const float* a, const float* b, int n) {
 }
 
 void AxpyF32(float w, const float* x, float* out, int n) {
+  if (n >= 16 && Avx512()) return avx512::AxpyF32(w, x, out, n);
   int i = 0;
   __m256 wv = _mm256_set1_ps(w);
   for (; i + 8 <= n; i += 8) {
@@ -34,6 +42,7 @@ float ExpF32(float x) {
 
 void SoftmaxF32(float* x, int n) {
   if (n <= 0) return;
+  if (Avx512()) return avx512::SoftmaxF32(x, n);
   // A partial last chunk goes through the same 8-lane code, so every element's bits depend only
   // on its own value, the maximum and the sum.
   const int full = n / 8 * 8;

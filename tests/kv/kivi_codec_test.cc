@@ -11,6 +11,7 @@
 #include <random>
 
 #include "../engine/test_util.h"
+#include "isa_scope.h"
 #include "keel/core/dtype.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/transformer.h"
@@ -244,57 +245,61 @@ void ExpectSameAttention(const Codec& a, const Stored& sa, const Codec& b, const
 // Packed blocks (and the open last one) against raw:f32 holding exactly the dequantized values:
 // the same shared core, so the same bits. GQA ratios 1-8 (and 3), head dims 16-128, odd blocks.
 TEST(KiviCodec, AttentionEqualsCoreOverDequantizedRows) {
-  for (int bits : {2, 4}) {
-    for (int group : {1, 3, 8}) {
-      for (int hd : {16, 32, 128}) {
-        for (int bt : {16, 7}) {
-          const KvShape s{1, 2 * group, 2, hd, bt};
-          std::mt19937 rng(bits + group * 10 + hd * 100 + bt);
-          auto c = Kivi(bits, s);
-          RawCodec raw(s, DType::kF32);
-          const int n = 3 * bt + bt / 2;  // three packed blocks and an open one
-          Stored st = Fill(*c, n, Normal(s, rng));
-          ASSERT_EQ(st.ptrs[0][0], 'Q');
-          ASSERT_EQ(st.ptrs[3][0], 0);
-          Stored deq = Dequantized(*c, st, n, raw);
-          ExpectSameAttention(*c, st, raw, deq, n, rng);
-          if (HasFailure()) return;
+  test::ForEachIsa([&](cpu::Isa) {
+    for (int bits : {2, 4}) {
+      for (int group : {1, 3, 8}) {
+        for (int hd : {16, 32, 128}) {
+          for (int bt : {16, 7}) {
+            const KvShape s{1, 2 * group, 2, hd, bt};
+            std::mt19937 rng(bits + group * 10 + hd * 100 + bt);
+            auto c = Kivi(bits, s);
+            RawCodec raw(s, DType::kF32);
+            const int n = 3 * bt + bt / 2;  // three packed blocks and an open one
+            Stored st = Fill(*c, n, Normal(s, rng));
+            ASSERT_EQ(st.ptrs[0][0], 'Q');
+            ASSERT_EQ(st.ptrs[3][0], 0);
+            Stored deq = Dequantized(*c, st, n, raw);
+            ExpectSameAttention(*c, st, raw, deq, n, rng);
+            if (HasFailure()) return;
+          }
         }
       }
     }
-  }
+  });
 }
 
 // Before a block is full nothing is lost: the open block is raw:bf16, bit for bit.
 TEST(KiviCodec, OpenBlocksEqualRawBf16) {
-  for (int bits : {2, 4}) {
-    for (const KvShape& s : {KvShape{1, 8, 2, 32, 16}, KvShape{1, 4, 4, 16, 16}, KvShape{1, 3, 1, 64, 16}}) {
-      std::mt19937 rng(bits + s.head_dim);
-      auto c = Kivi(bits, s);
-      RawCodec raw(s, DType::kBF16);
-      const int n = 2 * s.block_tokens + 3;
-      std::vector<std::vector<float>> rows;
-      TokenFn gen = Normal(s, rng);
-      Stored st = Fill(*c, n, [&](int t, float* k, float* v) {
-        gen(t, k, v);
-        rows.emplace_back(k, k + s.kv_dim());
-        rows.emplace_back(v, v + s.kv_dim());
-      }, /*compact=*/false);
-      Stored rs = Fill(raw, n, [&](int t, float* k, float* v) {
-        std::copy(rows[2 * t].begin(), rows[2 * t].end(), k);
-        std::copy(rows[2 * t + 1].begin(), rows[2 * t + 1].end(), v);
-      });
-      ExpectSameAttention(*c, st, raw, rs, n, rng);
-      std::vector<float> k1(s.kv_dim()), v1(s.kv_dim()), k2(s.kv_dim()), v2(s.kv_dim());
-      for (int t = 0; t < n; ++t) {
-        c->read(0, st.ptrs[t / s.block_tokens], t % s.block_tokens, k1.data(), v1.data());
-        raw.read(0, rs.ptrs[t / s.block_tokens], t % s.block_tokens, k2.data(), v2.data());
-        ASSERT_EQ(0, std::memcmp(k1.data(), k2.data(), k1.size() * 4)) << t;
-        ASSERT_EQ(0, std::memcmp(v1.data(), v2.data(), v1.size() * 4)) << t;
+  test::ForEachIsa([&](cpu::Isa) {
+    for (int bits : {2, 4}) {
+      for (const KvShape& s : {KvShape{1, 8, 2, 32, 16}, KvShape{1, 4, 4, 16, 16}, KvShape{1, 3, 1, 64, 16}}) {
+        std::mt19937 rng(bits + s.head_dim);
+        auto c = Kivi(bits, s);
+        RawCodec raw(s, DType::kBF16);
+        const int n = 2 * s.block_tokens + 3;
+        std::vector<std::vector<float>> rows;
+        TokenFn gen = Normal(s, rng);
+        Stored st = Fill(*c, n, [&](int t, float* k, float* v) {
+          gen(t, k, v);
+          rows.emplace_back(k, k + s.kv_dim());
+          rows.emplace_back(v, v + s.kv_dim());
+        }, /*compact=*/false);
+        Stored rs = Fill(raw, n, [&](int t, float* k, float* v) {
+          std::copy(rows[2 * t].begin(), rows[2 * t].end(), k);
+          std::copy(rows[2 * t + 1].begin(), rows[2 * t + 1].end(), v);
+        });
+        ExpectSameAttention(*c, st, raw, rs, n, rng);
+        std::vector<float> k1(s.kv_dim()), v1(s.kv_dim()), k2(s.kv_dim()), v2(s.kv_dim());
+        for (int t = 0; t < n; ++t) {
+          c->read(0, st.ptrs[t / s.block_tokens], t % s.block_tokens, k1.data(), v1.data());
+          raw.read(0, rs.ptrs[t / s.block_tokens], t % s.block_tokens, k2.data(), v2.data());
+          ASSERT_EQ(0, std::memcmp(k1.data(), k2.data(), k1.size() * 4)) << t;
+          ASSERT_EQ(0, std::memcmp(v1.data(), v2.data(), v1.size() * 4)) << t;
+        }
+        if (HasFailure()) return;
       }
-      if (HasFailure()) return;
     }
-  }
+  });
 }
 
 // 16-byte header + per KV head: 16-bit scale and min per K channel and per V token, and

@@ -2,7 +2,7 @@
 // direction restores to bf16 precision, norms are stored exactly, the block sizes of
 // minicache_codec.h, retention and compaction (the compact form reads like the full one),
 // validation of untrusted blocks, and prefill == decode bit for bit through the real forward
-// pass on the reference model.
+// pass on the reference model (attention properties at every CPU level).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../engine/test_util.h"
+#include "isa_scope.h"
 #include "keel/core/dtype.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/transformer.h"
@@ -193,85 +194,87 @@ TEST(MiniCacheCodec, BytesPerTokenAsDocumented) {
 }
 
 TEST(MiniCacheCodec, RetentionKeepsDivergentPairsAndCompactFormReadsTheSame) {
-  const KvShape s = Shape();
-  for (const char* spec : {"minicache:keep0.3", "minicache:q4,keep0.3"}) {
-    auto c = Make(spec, s), merged = Make("minicache", s);
-    ASSERT_TRUE(c && merged);
-    EXPECT_EQ(c->spec(), spec);
-    std::mt19937 rng(4);
-    const int n = 3 * s.block_tokens;
-    std::vector<PairToken> toks;
-    std::vector<std::vector<uint8_t>> full, compact;
-    for (int t = 0; t < n; ++t) {
-      // Every third token's layers are unrelated (~90 degrees apart per head), the rest nearly
-      // parallel: only the unrelated ones are kept unmerged.
-      PairToken p = t % 3 == 0 ? Independent(rng, s) : SameDirections(rng, s);
-      if (t % 3 != 0) {
-        for (float& x : p.k[1]) x += 0.01f;
+  test::ForEachIsa([&](cpu::Isa) {
+    const KvShape s = Shape();
+    for (const char* spec : {"minicache:keep0.3", "minicache:q4,keep0.3"}) {
+      auto c = Make(spec, s), merged = Make("minicache", s);
+      ASSERT_TRUE(c && merged);
+      EXPECT_EQ(c->spec(), spec);
+      std::mt19937 rng(4);
+      const int n = 3 * s.block_tokens;
+      std::vector<PairToken> toks;
+      std::vector<std::vector<uint8_t>> full, compact;
+      for (int t = 0; t < n; ++t) {
+        // Every third token's layers are unrelated (~90 degrees apart per head), the rest nearly
+        // parallel: only the unrelated ones are kept unmerged.
+        PairToken p = t % 3 == 0 ? Independent(rng, s) : SameDirections(rng, s);
+        if (t % 3 != 0) {
+          for (float& x : p.k[1]) x += 0.01f;
+        }
+        toks.push_back(p);
+        if (t % s.block_tokens == 0) full.emplace_back(c->block_bytes(0), 0xCD);
+        Store(*c, 0, full.back().data(), t % s.block_tokens, p);
       }
-      toks.push_back(p);
-      if (t % s.block_tokens == 0) full.emplace_back(c->block_bytes(0), 0xCD);
-      Store(*c, 0, full.back().data(), t % s.block_tokens, p);
-    }
-    const bool is_q4 = std::string_view(spec).find("q4") != std::string_view::npos;
-    const size_t dir = is_q4 ? 4 + s.head_dim / 2 : 2 * s.head_dim;
-    for (size_t b = 0; b < full.size(); ++b) {
-      const size_t bytes = c->compact_bytes(0, full[b].data());
-      // The unrelated tokens' 4 rows each (K, V x 2 heads) keep a second direction.
-      int unrelated = 0;
-      for (int t = 0; t < s.block_tokens; ++t) unrelated += (b * s.block_tokens + t) % 3 == 0;
-      ASSERT_EQ(bytes, RoundUp(8 + 64 * (8 + dir) + 4 * unrelated * dir, 16)) << spec << " block " << b;
-      ASSERT_LT(bytes, c->block_bytes(0));
-      compact.emplace_back(bytes, 0xEE);
-      c->compact(0, full[b].data(), compact.back().data());
-      auto valid = c->validate_stored(0, compact.back().data(), bytes);
-      ASSERT_TRUE(valid.ok()) << valid.status().ToString();
-      EXPECT_EQ(*valid, bytes);
-    }
-    std::vector<float> k(s.kv_dim()), v(s.kv_dim()), kc(s.kv_dim()), vc(s.kv_dim());
-    double worst_kept = 0, worst_merged_apart = 0;
-    for (int t = 0; t < n; ++t) {
-      const int b = t / s.block_tokens, slot = t % s.block_tokens;
-      for (int layer = 0; layer < 2; ++layer) {
-        c->read(layer, full[b].data(), slot, k.data(), v.data());
-        c->read(layer, compact[b].data(), slot, kc.data(), vc.data());
-        ASSERT_EQ(std::memcmp(k.data(), kc.data(), sizeof(float) * k.size()), 0) << spec << " token " << t;
-        ASSERT_EQ(std::memcmp(v.data(), vc.data(), sizeof(float) * v.size()), 0) << spec << " token " << t;
-        if (t % 3 == 0) {
-          for (int i = 0; i < s.kv_dim(); ++i) {
-            const double head_norm = Norm(&toks[t].k[layer][i / s.head_dim * s.head_dim], s.head_dim);
-            worst_kept = std::max(worst_kept, std::abs(k[i] - toks[t].k[layer][i]) / head_norm);
+      const bool is_q4 = std::string_view(spec).find("q4") != std::string_view::npos;
+      const size_t dir = is_q4 ? 4 + s.head_dim / 2 : 2 * s.head_dim;
+      for (size_t b = 0; b < full.size(); ++b) {
+        const size_t bytes = c->compact_bytes(0, full[b].data());
+        // The unrelated tokens' 4 rows each (K, V x 2 heads) keep a second direction.
+        int unrelated = 0;
+        for (int t = 0; t < s.block_tokens; ++t) unrelated += (b * s.block_tokens + t) % 3 == 0;
+        ASSERT_EQ(bytes, RoundUp(8 + 64 * (8 + dir) + 4 * unrelated * dir, 16)) << spec << " block " << b;
+        ASSERT_LT(bytes, c->block_bytes(0));
+        compact.emplace_back(bytes, 0xEE);
+        c->compact(0, full[b].data(), compact.back().data());
+        auto valid = c->validate_stored(0, compact.back().data(), bytes);
+        ASSERT_TRUE(valid.ok()) << valid.status().ToString();
+        EXPECT_EQ(*valid, bytes);
+      }
+      std::vector<float> k(s.kv_dim()), v(s.kv_dim()), kc(s.kv_dim()), vc(s.kv_dim());
+      double worst_kept = 0, worst_merged_apart = 0;
+      for (int t = 0; t < n; ++t) {
+        const int b = t / s.block_tokens, slot = t % s.block_tokens;
+        for (int layer = 0; layer < 2; ++layer) {
+          c->read(layer, full[b].data(), slot, k.data(), v.data());
+          c->read(layer, compact[b].data(), slot, kc.data(), vc.data());
+          ASSERT_EQ(std::memcmp(k.data(), kc.data(), sizeof(float) * k.size()), 0) << spec << " token " << t;
+          ASSERT_EQ(std::memcmp(v.data(), vc.data(), sizeof(float) * v.size()), 0) << spec << " token " << t;
+          if (t % 3 == 0) {
+            for (int i = 0; i < s.kv_dim(); ++i) {
+              const double head_norm = Norm(&toks[t].k[layer][i / s.head_dim * s.head_dim], s.head_dim);
+              worst_kept = std::max(worst_kept, std::abs(k[i] - toks[t].k[layer][i]) / head_norm);
+            }
           }
         }
       }
+      // Kept rows restore each layer from its own direction, within that direction's precision
+      // relative to the head's norm: bf16 2^-9, q4 half a step of at most 2/15.
+      EXPECT_LT(worst_kept, is_q4 ? 0.07 : 0.003) << spec;
+      // Without retention the same unrelated pairs come back far off.
+      std::vector<uint8_t> mb(merged->block_bytes(0), 0);
+      Store(*merged, 0, mb.data(), 0, toks[0]);
+      merged->read(1, mb.data(), 0, k.data(), v.data());
+      for (int i = 0; i < s.kv_dim(); ++i) {
+        worst_merged_apart = std::max(worst_merged_apart, std::abs(static_cast<double>(k[i] - toks[0].k[1][i])));
+      }
+      EXPECT_GT(worst_merged_apart, 0.5);
+      // Attention over the compact blocks equals attention over the full ones bit for bit.
+      std::vector<const uint8_t*> fp, cp;
+      for (size_t b = 0; b < full.size(); ++b) {
+        fp.push_back(full[b].data());
+        cp.push_back(compact[b].data());
+      }
+      std::mt19937 qrng(5);
+      const std::vector<float> q = Normal(qrng, s.n_heads * s.head_dim);
+      std::vector<float> of(s.n_heads * s.head_dim), oc(of.size());
+      AttendScratch scratch;
+      for (int layer = 0; layer < 2; ++layer) {
+        c->attend(layer, fp.data(), n - 5, q.data(), of.data(), scratch);
+        c->attend(layer, cp.data(), n - 5, q.data(), oc.data(), scratch);
+        EXPECT_EQ(std::memcmp(of.data(), oc.data(), sizeof(float) * of.size()), 0) << spec << " layer " << layer;
+      }
     }
-    // Kept rows restore each layer from its own direction, within that direction's precision
-    // relative to the head's norm: bf16 2^-9, q4 half a step of at most 2/15.
-    EXPECT_LT(worst_kept, is_q4 ? 0.07 : 0.003) << spec;
-    // Without retention the same unrelated pairs come back far off.
-    std::vector<uint8_t> mb(merged->block_bytes(0), 0);
-    Store(*merged, 0, mb.data(), 0, toks[0]);
-    merged->read(1, mb.data(), 0, k.data(), v.data());
-    for (int i = 0; i < s.kv_dim(); ++i) {
-      worst_merged_apart = std::max(worst_merged_apart, std::abs(static_cast<double>(k[i] - toks[0].k[1][i])));
-    }
-    EXPECT_GT(worst_merged_apart, 0.5);
-    // Attention over the compact blocks equals attention over the full ones bit for bit.
-    std::vector<const uint8_t*> fp, cp;
-    for (size_t b = 0; b < full.size(); ++b) {
-      fp.push_back(full[b].data());
-      cp.push_back(compact[b].data());
-    }
-    std::mt19937 qrng(5);
-    const std::vector<float> q = Normal(qrng, s.n_heads * s.head_dim);
-    std::vector<float> of(s.n_heads * s.head_dim), oc(of.size());
-    AttendScratch scratch;
-    for (int layer = 0; layer < 2; ++layer) {
-      c->attend(layer, fp.data(), n - 5, q.data(), of.data(), scratch);
-      c->attend(layer, cp.data(), n - 5, q.data(), oc.data(), scratch);
-      EXPECT_EQ(std::memcmp(of.data(), oc.data(), sizeof(float) * of.size()), 0) << spec << " layer " << layer;
-    }
-  }
+  });
 }
 
 TEST(MiniCacheCodec, ValidateRejectsGarbage) {
@@ -434,42 +437,44 @@ class MiniCacheModelTest : public ::testing::Test {
 };
 
 TEST_F(MiniCacheModelTest, PrefillEqualsDecodeBitForBit) {
-  std::vector<int> prompt(40);
-  for (int i = 0; i < 40; ++i) prompt[i] = 3 + (i * 37 + 303) % 500;
-  prompt[0] = 1;
-  const int kvd = model_->config.kv_dim(), total = 40 + 6;
-  for (const char* spec : {"minicache", "minicache:q4", "minicache:keep0.3", "minicache:q4,keep0.3",
-                           "minicache:q4,keep0.3,from2"}) {
-    auto a = Cache(spec), b = Cache(spec), raw = Cache("raw:f32");
-    ASSERT_TRUE(a && b && raw);
-    const std::vector<float> la = Run(*a, prompt, 40, 6);  // one prefill batch
-    const std::vector<float> lb = Run(*b, prompt, 1, 6);   // token by token
-    const std::vector<float> lr = Run(*raw, prompt, 40, 6);
-    ASSERT_EQ(la.size(), lb.size());
-    EXPECT_EQ(std::memcmp(la.data(), lb.data(), sizeof(float) * la.size()), 0) << spec;
-    // ... and the codec does change the result (it is lossy): the check above can fail.
-    EXPECT_NE(std::memcmp(la.data(), lr.data(), sizeof(float) * la.size()), 0) << spec;
-    std::vector<float> ka(kvd), va(kvd), kb(kvd), vb(kvd);
-    for (int l = 0; l < model_->config.n_layers; ++l) {
-      for (int pos = 0; pos < total; ++pos) {
-        int sa, sb;
-        const uint8_t* ba = a->BlockFor(1, l, pos, &sa);
-        const uint8_t* bb = b->BlockFor(1, l, pos, &sb);
-        a->codec().read(l, ba, sa, ka.data(), va.data());
-        b->codec().read(l, bb, sb, kb.data(), vb.data());
-        ASSERT_EQ(std::memcmp(ka.data(), kb.data(), sizeof(float) * kvd), 0)
-            << spec << " layer " << l << " pos " << pos;
-        ASSERT_EQ(std::memcmp(va.data(), vb.data(), sizeof(float) * kvd), 0)
-            << spec << " layer " << l << " pos " << pos;
+  test::ForEachIsa([&](cpu::Isa) {
+    std::vector<int> prompt(40);
+    for (int i = 0; i < 40; ++i) prompt[i] = 3 + (i * 37 + 303) % 500;
+    prompt[0] = 1;
+    const int kvd = model_->config.kv_dim(), total = 40 + 6;
+    for (const char* spec : {"minicache", "minicache:q4", "minicache:keep0.3", "minicache:q4,keep0.3",
+                             "minicache:q4,keep0.3,from2"}) {
+      auto a = Cache(spec), b = Cache(spec), raw = Cache("raw:f32");
+      ASSERT_TRUE(a && b && raw);
+      const std::vector<float> la = Run(*a, prompt, 40, 6);  // one prefill batch
+      const std::vector<float> lb = Run(*b, prompt, 1, 6);   // token by token
+      const std::vector<float> lr = Run(*raw, prompt, 40, 6);
+      ASSERT_EQ(la.size(), lb.size());
+      EXPECT_EQ(std::memcmp(la.data(), lb.data(), sizeof(float) * la.size()), 0) << spec;
+      // ... and the codec does change the result (it is lossy): the check above can fail.
+      EXPECT_NE(std::memcmp(la.data(), lr.data(), sizeof(float) * la.size()), 0) << spec;
+      std::vector<float> ka(kvd), va(kvd), kb(kvd), vb(kvd);
+      for (int l = 0; l < model_->config.n_layers; ++l) {
+        for (int pos = 0; pos < total; ++pos) {
+          int sa, sb;
+          const uint8_t* ba = a->BlockFor(1, l, pos, &sa);
+          const uint8_t* bb = b->BlockFor(1, l, pos, &sb);
+          a->codec().read(l, ba, sa, ka.data(), va.data());
+          b->codec().read(l, bb, sb, kb.data(), vb.data());
+          ASSERT_EQ(std::memcmp(ka.data(), kb.data(), sizeof(float) * kvd), 0)
+              << spec << " layer " << l << " pos " << pos;
+          ASSERT_EQ(std::memcmp(va.data(), vb.data(), sizeof(float) * kvd), 0)
+              << spec << " layer " << l << " pos " << pos;
+        }
+      }
+      // With retention, the two full blocks were compacted (and read the same above).
+      if (std::string_view(spec).find("keep") != std::string_view::npos) {
+        EXPECT_EQ(a->Stats().blocks_compacted, 2) << spec;
+        EXPECT_EQ(b->Stats().blocks_compacted, 2) << spec;
+        EXPECT_EQ(a->Stats().bytes_used, b->Stats().bytes_used) << spec;
       }
     }
-    // With retention, the two full blocks were compacted (and read the same above).
-    if (std::string_view(spec).find("keep") != std::string_view::npos) {
-      EXPECT_EQ(a->Stats().blocks_compacted, 2) << spec;
-      EXPECT_EQ(b->Stats().blocks_compacted, 2) << spec;
-      EXPECT_EQ(a->Stats().bytes_used, b->Stats().bytes_used) << spec;
-    }
-  }
+  });
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The zipfusion codec against raw:bf16 / raw:f16: attention bit for bit, on random and real K/V,
 // every fill level, GQA ratios 1-8 (powers of two and not), odd block sizes; and end to end through the engine.
+// The attention properties hold at every CPU level (test::ForEachIsa).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <random>
 
 #include "../engine/test_util.h"
+#include "isa_scope.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/transformer.h"
 #include "keel/kv/codec.h"
@@ -101,98 +103,104 @@ void ExpectIdenticalAttention(const KvShape& s, const std::string& dtype, bool s
 }
 
 TEST(ZipFusionCodec, BitIdenticalToRawAcrossGqaRatiosAndFillLevels) {
-  for (const char* dtype : {"bf16", "f16"}) {
-    for (int group : {1, 2, 3, 4, 5, 6, 7, 8}) {
-      for (int hd : {8, 16, 24, 64, 128}) {
-        for (int bt : {16, 5}) {  // 5: blocks of 5 rows, partial register-blocking steps
-          KvShape s{1, 2 * group, 2, hd, bt};
-          ExpectIdenticalAttention(s, dtype, false);
-          ExpectIdenticalAttention(s, dtype, true);
+  test::ForEachIsa([&](cpu::Isa) {
+    for (const char* dtype : {"bf16", "f16"}) {
+      for (int group : {1, 2, 3, 4, 5, 6, 7, 8}) {
+        for (int hd : {8, 16, 24, 64, 128}) {
+          for (int bt : {16, 5}) {  // 5: blocks of 5 rows, partial register-blocking steps
+            KvShape s{1, 2 * group, 2, hd, bt};
+            ExpectIdenticalAttention(s, dtype, false);
+            ExpectIdenticalAttention(s, dtype, true);
+          }
         }
       }
     }
-  }
+  });
 }
 
 // Every bf16 code width 0..8, through both decoders (16 values at a time for GQA <= 4 and
 // head_dim % 16 == 0, 8 at a time otherwise): exponents uniform over exactly 2^W values (checked
 // through the stored size: no exceptions), then the same with exceptions at random positions.
 TEST(ZipFusionCodec, EveryCodeWidthBothDecoders) {
-  for (int group : {1, 2, 4, 8}) {
-    for (int hd : {16, 64, 24}) {
-      for (int w = 0; w <= 8; ++w) {
-        for (bool exceptions : {false, true}) {
-          const KvShape s{1, 2 * group, 2, hd, 16};
-          std::mt19937 rng(w * 1000 + group * 10 + hd + exceptions);
-          // 2^W exponents centred on 127 (W = 8: 160 of them, more than a 7-bit window holds).
-          const int span = w == 8 ? 160 : 1 << w, lo = 127 - span / 2;
-          auto value = [&](bool outlier) {
-            const uint32_t e = outlier ? 1 + rng() % 8 : static_cast<uint32_t>(lo) + rng() % span;
-            uint32_t bits = (rng() & 1u) << 31 | e << 23 | (rng() & 0x7Fu) << 16;
-            float f;
-            std::memcpy(&f, &bits, 4);
-            return f;
-          };
-          const int tokens = 3 * s.block_tokens;
-          Pair p = FillWith(s, "bf16", tokens, [&](int, float* k, float* v) {
-            for (int i = 0; i < s.kv_dim(); ++i) {
-              k[i] = value(exceptions && w < 8 && rng() % 50 == 0);
-              v[i] = value(exceptions && w < 8 && rng() % 50 == 0);
+  test::ForEachIsa([&](cpu::Isa) {
+    for (int group : {1, 2, 4, 8}) {
+      for (int hd : {16, 64, 24}) {
+        for (int w = 0; w <= 8; ++w) {
+          for (bool exceptions : {false, true}) {
+            const KvShape s{1, 2 * group, 2, hd, 16};
+            std::mt19937 rng(w * 1000 + group * 10 + hd + exceptions);
+            // 2^W exponents centred on 127 (W = 8: 160 of them, more than a 7-bit window holds).
+            const int span = w == 8 ? 160 : 1 << w, lo = 127 - span / 2;
+            auto value = [&](bool outlier) {
+              const uint32_t e = outlier ? 1 + rng() % 8 : static_cast<uint32_t>(lo) + rng() % span;
+              uint32_t bits = (rng() & 1u) << 31 | e << 23 | (rng() & 0x7Fu) << 16;
+              float f;
+              std::memcpy(&f, &bits, 4);
+              return f;
+            };
+            const int tokens = 3 * s.block_tokens;
+            Pair p = FillWith(s, "bf16", tokens, [&](int, float* k, float* v) {
+              for (int i = 0; i < s.kv_dim(); ++i) {
+                k[i] = value(exceptions && w < 8 && rng() % 50 == 0);
+                v[i] = value(exceptions && w < 8 && rng() % 50 == 0);
+              }
+            });
+            if (!exceptions) {
+              const size_t n = static_cast<size_t>(s.block_tokens) * hd;
+              const size_t region = 8 + n + w * n / 8;
+              ASSERT_EQ(zipfusion::StoredBytes(*p.zf, p.zf_ptrs.data(), tokens), 3 * s.n_kv_heads * 2 * region)
+                  << "width " << w << " hd " << hd;
             }
-          });
-          if (!exceptions) {
-            const size_t n = static_cast<size_t>(s.block_tokens) * hd;
-            const size_t region = 8 + n + w * n / 8;
-            ASSERT_EQ(zipfusion::StoredBytes(*p.zf, p.zf_ptrs.data(), tokens), 3 * s.n_kv_heads * 2 * region)
-                << "width " << w << " hd " << hd;
+            ExpectIdentical(s, "bf16", p, tokens, rng);
+            if (HasFailure()) return;
           }
-          ExpectIdentical(s, "bf16", p, tokens, rng);
-          if (HasFailure()) return;
         }
       }
     }
-  }
+  });
 }
 
 // Exact exception counts per block around the bf16 decoder's groups of 16 (the open path turns
 // 16 exceptions at a time into words, then the rest one by one): 0, 1, 15, 16, 17, 31, 32, 33, 100.
 // The count is checked through the stored size.
 TEST(ZipFusionCodec, ExceptionCountsAroundVectorGroups) {
-  const KvShape s{1, 8, 2, 64, 16};  // GQA 4, head_dim 64: the 16-value decoder
-  const int n = s.block_tokens * s.head_dim, blocks = 3, tokens = blocks * s.block_tokens;
-  for (int count : {0, 1, 15, 16, 17, 31, 32, 33, 100}) {
-    std::mt19937 rng(count + 1);
-    // outlier[(b * n_kv + h) * 2 + which][i]: element i of that block's K or V is an exception.
-    std::vector<std::vector<bool>> outlier(blocks * s.n_kv_heads * 2, std::vector<bool>(n, false));
-    for (auto& o : outlier) {
-      std::vector<int> idx(n);
-      for (int i = 0; i < n; ++i) idx[i] = i;
-      std::shuffle(idx.begin(), idx.end(), rng);
-      for (int i = 0; i < count; ++i) o[idx[i]] = true;
-    }
-    auto value = [&](bool is_outlier) {  // exponents 124..127 (width 2), outliers at 1..8
-      const uint32_t e = is_outlier ? 1 + rng() % 8 : 124 + rng() % 4;
-      const uint32_t bits = (rng() & 1u) << 31 | e << 23 | (rng() & 0x7Fu) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    };
-    Pair p = FillWith(s, "bf16", tokens, [&](int t, float* k, float* v) {
-      const int b = t / s.block_tokens, slot = t % s.block_tokens;
-      for (int h = 0; h < s.n_kv_heads; ++h) {
-        for (int d = 0; d < s.head_dim; ++d) {
-          const int i = slot * s.head_dim + d;
-          k[h * s.head_dim + d] = value(outlier[(b * s.n_kv_heads + h) * 2][i]);
-          v[h * s.head_dim + d] = value(outlier[(b * s.n_kv_heads + h) * 2 + 1][i]);
-        }
+  test::ForEachIsa([&](cpu::Isa) {
+    const KvShape s{1, 8, 2, 64, 16};  // GQA 4, head_dim 64: the 16-value decoder
+    const int n = s.block_tokens * s.head_dim, blocks = 3, tokens = blocks * s.block_tokens;
+    for (int count : {0, 1, 15, 16, 17, 31, 32, 33, 100}) {
+      std::mt19937 rng(count + 1);
+      // outlier[(b * n_kv + h) * 2 + which][i]: element i of that block's K or V is an exception.
+      std::vector<std::vector<bool>> outlier(blocks * s.n_kv_heads * 2, std::vector<bool>(n, false));
+      for (auto& o : outlier) {
+        std::vector<int> idx(n);
+        for (int i = 0; i < n; ++i) idx[i] = i;
+        std::shuffle(idx.begin(), idx.end(), rng);
+        for (int i = 0; i < count; ++i) o[idx[i]] = true;
       }
-    });
-    const size_t region = 8 + n + 2 * n / 8 + 3 * static_cast<size_t>(count);
-    ASSERT_EQ(zipfusion::StoredBytes(*p.zf, p.zf_ptrs.data(), tokens), blocks * s.n_kv_heads * 2 * region)
-        << count << " exceptions per block";
-    ExpectIdentical(s, "bf16", p, tokens, rng);
-    if (HasFailure()) return;
-  }
+      auto value = [&](bool is_outlier) {  // exponents 124..127 (width 2), outliers at 1..8
+        const uint32_t e = is_outlier ? 1 + rng() % 8 : 124 + rng() % 4;
+        const uint32_t bits = (rng() & 1u) << 31 | e << 23 | (rng() & 0x7Fu) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+      };
+      Pair p = FillWith(s, "bf16", tokens, [&](int t, float* k, float* v) {
+        const int b = t / s.block_tokens, slot = t % s.block_tokens;
+        for (int h = 0; h < s.n_kv_heads; ++h) {
+          for (int d = 0; d < s.head_dim; ++d) {
+            const int i = slot * s.head_dim + d;
+            k[h * s.head_dim + d] = value(outlier[(b * s.n_kv_heads + h) * 2][i]);
+            v[h * s.head_dim + d] = value(outlier[(b * s.n_kv_heads + h) * 2 + 1][i]);
+          }
+        }
+      });
+      const size_t region = 8 + n + 2 * n / 8 + 3 * static_cast<size_t>(count);
+      ASSERT_EQ(zipfusion::StoredBytes(*p.zf, p.zf_ptrs.data(), tokens), blocks * s.n_kv_heads * 2 * region)
+          << count << " exceptions per block";
+      ExpectIdentical(s, "bf16", p, tokens, rng);
+      if (HasFailure()) return;
+    }
+  });
 }
 
 // A prompt chunk attending together (attend_many) equals its tokens attending one at a time, for
@@ -221,16 +229,18 @@ void ExpectManyEqualsOne(const char* dtype, const KvShape& s) {
 }
 
 TEST(ZipFusionCodec, AttendManyEqualsAttendPerQuery) {
-  for (const char* dtype : {"bf16", "f16"}) {
-    for (int group : {1, 4, 8}) {
-      for (int hd : {64, 128, 24}) {
-        for (int bt : {16, 5}) {
-          ExpectManyEqualsOne(dtype, KvShape{1, 2 * group, 2, hd, bt});
-          if (HasFailure()) return;
+  test::ForEachIsa([&](cpu::Isa) {
+    for (const char* dtype : {"bf16", "f16"}) {
+      for (int group : {1, 4, 8}) {
+        for (int hd : {64, 128, 24}) {
+          for (int bt : {16, 5}) {
+            ExpectManyEqualsOne(dtype, KvShape{1, 2 * group, 2, hd, bt});
+            if (HasFailure()) return;
+          }
         }
       }
     }
-  }
+  });
 }
 
 TEST(ZipFusionCodec, FullBlocksAreCompressed) {
@@ -268,47 +278,49 @@ TEST(ZipFusionCodec, RejectsUnsupportedShapes) {
 
 // End to end: the engine with --kv-codec zipfusion gives bitwise the logits of raw:bf16.
 TEST(ZipFusionCodec, EngineLogitsAndTokensEqualRawBf16) {
-  auto model = engine::LoadLlama2c(test::ModelsDir() + "/aidreams260K.bin");
-  ASSERT_TRUE(model.ok());
-  std::vector<int> tokens = {1};
-  for (int i = 0; i < 60; ++i) tokens.push_back(3 + (i * 53) % 500);
-  std::vector<std::vector<float>> logits(2);
-  const char* specs[] = {"raw:bf16", "zipfusion"};
-  for (int c = 0; c < 2; ++c) {
-    auto cache = engine::KvCache::Create(*model, specs[c], {});
-    ASSERT_TRUE(cache.ok());
-    engine::Transformer tf(*model);
-    ASSERT_TRUE((*cache)->BeginSequence(1, {}).ok());
-    ASSERT_TRUE((*cache)->Reserve(1, 61).ok());
-    // Prefill 40 tokens, then decode the rest one by one: sealed, partial and new blocks.
-    std::vector<engine::BatchToken> batch;
-    for (int p = 0; p < 40; ++p) batch.push_back({1, tokens[p], p, true});
-    std::vector<float> out;
-    ASSERT_TRUE(tf.Forward(batch, **cache, out).ok());
-    logits[c].insert(logits[c].end(), out.begin(), out.end());
-    for (int p = 40; p < 61; ++p) {
-      ASSERT_TRUE(tf.Forward({{1, tokens[p], p, true}}, **cache, out).ok());
+  test::ForEachIsa([&](cpu::Isa) {
+    auto model = engine::LoadLlama2c(test::ModelsDir() + "/aidreams260K.bin");
+    ASSERT_TRUE(model.ok());
+    std::vector<int> tokens = {1};
+    for (int i = 0; i < 60; ++i) tokens.push_back(3 + (i * 53) % 500);
+    std::vector<std::vector<float>> logits(2);
+    const char* specs[] = {"raw:bf16", "zipfusion"};
+    for (int c = 0; c < 2; ++c) {
+      auto cache = engine::KvCache::Create(*model, specs[c], {});
+      ASSERT_TRUE(cache.ok());
+      engine::Transformer tf(*model);
+      ASSERT_TRUE((*cache)->BeginSequence(1, {}).ok());
+      ASSERT_TRUE((*cache)->Reserve(1, 61).ok());
+      // Prefill 40 tokens, then decode the rest one by one: sealed, partial and new blocks.
+      std::vector<engine::BatchToken> batch;
+      for (int p = 0; p < 40; ++p) batch.push_back({1, tokens[p], p, true});
+      std::vector<float> out;
+      ASSERT_TRUE(tf.Forward(batch, **cache, out).ok());
       logits[c].insert(logits[c].end(), out.begin(), out.end());
+      for (int p = 40; p < 61; ++p) {
+        ASSERT_TRUE(tf.Forward({{1, tokens[p], p, true}}, **cache, out).ok());
+        logits[c].insert(logits[c].end(), out.begin(), out.end());
+      }
     }
-  }
-  ASSERT_EQ(logits[0].size(), logits[1].size());
-  EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4));
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4));
 
-  std::vector<std::vector<int>> ids(2);
-  for (int c = 0; c < 2; ++c) {
-    engine::EngineOptions o;
-    o.model_path = test::ModelsDir() + "/aidreams260K.bin";
-    o.kv_codec = specs[c];
-    auto e = engine::Engine::Open(o);
-    ASSERT_TRUE(e.ok());
-    engine::GenerationParams gp;
-    gp.sampling.temperature = 0.9f;
-    gp.sampling.seed = 17;
-    gp.max_tokens = 100;
-    ASSERT_TRUE((*e)->Generate("Echoes of vectors", gp, {}, &ids[c]).ok());
-  }
-  EXPECT_EQ(ids[0], ids[1]);
-  EXPECT_GT(ids[0].size(), 50u);
+    std::vector<std::vector<int>> ids(2);
+    for (int c = 0; c < 2; ++c) {
+      engine::EngineOptions o;
+      o.model_path = test::ModelsDir() + "/aidreams260K.bin";
+      o.kv_codec = specs[c];
+      auto e = engine::Engine::Open(o);
+      ASSERT_TRUE(e.ok());
+      engine::GenerationParams gp;
+      gp.sampling.temperature = 0.9f;
+      gp.sampling.seed = 17;
+      gp.max_tokens = 100;
+      ASSERT_TRUE((*e)->Generate("Echoes of vectors", gp, {}, &ids[c]).ok());
+    }
+    EXPECT_EQ(ids[0], ids[1]);
+    EXPECT_GT(ids[0].size(), 50u);
+  });
 }
 
 }  // namespace
