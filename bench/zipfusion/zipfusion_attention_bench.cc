@@ -1,7 +1,9 @@
 // Decode attention: ZipFusion blocks versus uncompressed bf16 blocks, same shared attention core,
 // same run. head_dim 128, 8 KV heads, 32 query heads, batch 1 and 8, contexts 1K..128K. Full
-// ZipFusion blocks are compacted as in the engine's cache. Prints a Markdown table with the
-// speed ratio. Two K/V profiles (--kv, default both):
+// ZipFusion blocks are compacted as in the engine's cache. Every CPU level this machine supports
+// (keel/core/cpu.h) runs in the same loop, side by side: a Markdown table per level pair with the
+// time ratio avx512 / avx2 of each codec, and ZipFusion's speed-up over bf16 at each level. Two
+// K/V profiles (--kv, default both):
 //  * measured: the statistics measured on real K/V (docs/zipfusion.md): normal values of std
 //    0.55 in every channel, as the generated 110M model's K and V (~1.2 % exceptions, w = 3,
 //    0.709x bf16; aidreams260K's are alike: 1.1-1.4 %, w = 3.0, 0.72x);
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/core/cpu.h"
 #include "keel/core/page_arena.h"
 #include "keel/kv/codec.h"
 #include "keel/kv/zipfusion/zipfusion_codec.h"
@@ -134,8 +137,31 @@ int main(int argc, char** argv) {
     return 2;
   }
   const KvShape s{1, 32, 8, 128, 16};
-  std::printf("| K/V | batch | context | bf16 ms | bf16 GB/s | zipfusion ms | zipfusion GB/s | stored bytes / bf16 | speed-up | identical |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n");
+  const std::vector<keel::cpu::Isa> levels = keel::cpu::SupportedIsas();
+  const int nl = static_cast<int>(levels.size());
+  std::printf("%s\n\n", keel::cpu::Describe().c_str());
+  // Header: per codec, ms and GB/s at each level, then (two levels) the avx512 / avx2 time ratio.
+  std::string head = "| K/V | batch | context |", rule = "|---|---:|---:|";
+  for (const char* codec : {"bf16", "zipfusion"}) {
+    for (keel::cpu::Isa isa : levels) {
+      const std::string l(keel::cpu::IsaName(isa));
+      head += std::string(" ") + codec + " " + l + " ms | " + codec + " " + l + " GB/s |";
+      rule += "---:|---:|";
+    }
+    if (nl == 2) {
+      head += std::string(" ") + codec + " avx512/avx2 time |";
+      rule += "---:|";
+    }
+  }
+  head += " stored bytes / bf16 |";
+  rule += "---:|";
+  for (keel::cpu::Isa isa : levels) {
+    head += " zipfusion speed-up " + std::string(keel::cpu::IsaName(isa)) + " |";
+    rule += "---:|";
+  }
+  head += " identical |";
+  rule += ":---:|";
+  std::printf("%s\n%s\n", head.c_str(), rule.c_str());
   for (const char* profile : {"measured", "outliers"}) {
     if (kv != "both" && kv != profile) continue;
     const bool outliers = std::strcmp(profile, "outliers") == 0;
@@ -151,25 +177,41 @@ int main(int argc, char** argv) {
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> q(static_cast<size_t>(batch) * s.n_heads * s.head_dim);
         for (float& x : q) x = nd(rng);
-        std::vector<float> out_raw(q.size()), out_zf(q.size());
-        // Alternate the two kernels so both see the same machine state; medians of many steps
+        // out[codec][level]
+        std::vector<std::vector<std::vector<float>>> out(2, std::vector<std::vector<float>>(nl, std::vector<float>(q.size())));
+        std::vector<AttendScratch> scratch(batch);
+        auto step = [&](int codec, int level) {
+          if (!keel::cpu::SetActiveIsa(levels[level]).ok()) std::abort();
+          return TimeOnce(codec == 0 ? raw : zf, s, ctx, q, out[codec][level], scratch);
+        };
+        // Alternate every (codec, level) so all see the same machine state; medians of many steps
         // (at least `reps`, and about half a second per kernel).
-        std::vector<AttendScratch> sr(batch), sz(batch);
-        const double once = TimeOnce(raw, s, ctx, q, out_raw, sr) + TimeOnce(zf, s, ctx, q, out_zf, sz);  // warm-up
-        const int steps = std::max(reps, std::min(1000, static_cast<int>(1.0 / std::max(once, 1e-6))));
-        std::vector<double> tr, tz;
-        for (int r = 0; r < steps; ++r) {
-          tr.push_back(TimeOnce(raw, s, ctx, q, out_raw, sr));
-          tz.push_back(TimeOnce(zf, s, ctx, q, out_zf, sz));
-        }
-        const double t_raw = Median(tr), t_zf = Median(tz);
+        double once = 0;
+        for (int c = 0; c < 2; ++c)
+          for (int l = 0; l < nl; ++l) once += step(c, l);  // warm-up
+        const int steps = std::max(reps, std::min(1000, static_cast<int>(2.0 * nl / std::max(once, 1e-6))));
+        std::vector<std::vector<std::vector<double>>> times(2, std::vector<std::vector<double>>(nl));
+        for (int r = 0; r < steps; ++r)
+          for (int c = 0; c < 2; ++c)
+            for (int l = 0; l < nl; ++l) times[c][l].push_back(step(c, l));
         const double raw_bytes = static_cast<double>(batch) * ctx * s.kv_dim() * 2 * 2;
         double zf_bytes = 0;
         for (auto& c : zf) zf_bytes += static_cast<double>(zipfusion::StoredBytes(*c.codec, c.ptrs.data(), ctx));
-        const bool same = std::memcmp(out_raw.data(), out_zf.data(), out_raw.size() * 4) == 0;
-        std::printf("| %s | %d | %dK | %.3f | %.1f | %.3f | %.1f | %.3f | %.2fx | %s |\n", profile, batch, ctx / 1024, t_raw * 1e3,
-                    raw_bytes / t_raw / 1e9, t_zf * 1e3, zf_bytes / t_zf / 1e9, zf_bytes / raw_bytes, t_raw / t_zf,
-                    same ? "yes" : "NO");
+        std::printf("| %s | %d | %dK |", profile, batch, ctx / 1024);
+        double med[2][2] = {};
+        for (int c = 0; c < 2; ++c) {
+          for (int l = 0; l < nl; ++l) {
+            med[c][l] = Median(times[c][l]);
+            std::printf(" %.3f | %.1f |", med[c][l] * 1e3, (c == 0 ? raw_bytes : zf_bytes) / med[c][l] / 1e9);
+          }
+          if (nl == 2) std::printf(" %.2f |", med[c][1] / med[c][0]);
+        }
+        std::printf(" %.3f |", zf_bytes / raw_bytes);
+        for (int l = 0; l < nl; ++l) std::printf(" %.2fx |", med[0][l] / med[1][l]);
+        // Lossless at each level: ZipFusion's output equals bf16's bit for bit.
+        bool same = true;
+        for (int l = 0; l < nl; ++l) same = same && std::memcmp(out[0][l].data(), out[1][l].data(), q.size() * 4) == 0;
+        std::printf(" %s |\n", same ? "yes" : "NO");
         std::fflush(stdout);
         if (!same) return 1;
       }

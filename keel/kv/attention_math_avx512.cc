@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "keel/core/cpu.h"
+#include "keel/core/vec_math.h"
 #include "keel/kv/attention_math.h"
 
 KEEL_BEGIN_TARGET_AVX512
@@ -48,12 +49,12 @@ void SoftmaxF32(float* x, int n) {
   const __m512 vmax = _mm512_broadcastss_ps(m4);
   __m512 sum = _mm512_setzero_ps();
   for (int i = 0; i < full; i += 16) {
-    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
+    const __m512 e = keel::avx512::Exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
     _mm512_storeu_ps(x + i, e);
     sum = _mm512_add_ps(sum, e);
   }
   if (rest > 0) {
-    const __m512 e = _mm512_maskz_mov_ps(tail, Exp16(_mm512_sub_ps(tail_x, vmax)));
+    const __m512 e = _mm512_maskz_mov_ps(tail, keel::avx512::Exp16(_mm512_sub_ps(tail_x, vmax)));
     _mm512_mask_storeu_ps(x + full, tail, e);
     sum = _mm512_add_ps(sum, e);
   }
