@@ -17,6 +17,7 @@ namespace {
 // The baseline level: 8 lanes; the reduction is (low half + high half), then two horizontal adds.
 struct Avx2 {
   using F = __m256;
+  static constexpr bool kWide = false;  // 32 vector registers: bigger tiles
   static constexpr int kLanes = 8;
   static F Zero() { return _mm256_setzero_ps(); }
   static F LoadX(const float* p) { return _mm256_loadu_ps(p); }

@@ -19,6 +19,7 @@ namespace {
 
 struct Avx512 {
   using F = __m512;
+  static constexpr bool kWide = true;  // 32 vector registers: bigger tiles
   static constexpr int kLanes = 16;
   static F Zero() { return _mm512_setzero_ps(); }
   static F LoadX(const float* p) { return _mm512_loadu_ps(p); }

@@ -96,18 +96,20 @@ TEST(MatMul, MatchesDoubleReferenceAtEveryLevel) {
 
 TEST(MatMul, ARowsResultDoesNotDependOnItsBatchAtEveryLevel) {
   IsaGuard guard;
-  // Big enough to run threaded and chunked (prompt-sized batch), with a ragged last group.
-  const int rows = 258, cols = 768, n = 70;
+  // Big enough to run threaded and chunked (prompt-sized batch), with a ragged last group; two
+  // widths, so both tile shapes of a level run (matmul_kernel.h picks by row bytes).
+  const int rows = 259, n = 70;
   for (cpu::Isa isa : cpu::SupportedIsas()) {
     ASSERT_TRUE(cpu::SetActiveIsa(isa).ok());
-    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int cols : {768, 2048}) {
       Weights w = MakeWeights(t, rows, cols, 3);
       std::vector<float> x = MakeActs(n, cols, 5), all(static_cast<size_t>(n) * rows), one(rows);
       MatMul(w.view(), x.data(), n, all.data());
       for (int b : {0, 3, 41, n - 1}) {
         MatMul(w.view(), x.data() + static_cast<size_t>(b) * cols, 1, one.data());
         ASSERT_EQ(0, std::memcmp(one.data(), all.data() + static_cast<size_t>(b) * rows, rows * sizeof(float)))
-            << Name(isa) << " " << DTypeName(t) << " row " << b;
+            << Name(isa) << " " << DTypeName(t) << " cols " << cols << " row " << b;
       }
     }
   }
