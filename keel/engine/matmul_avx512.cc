@@ -1,5 +1,5 @@
-// The AVX-512 MatMul kernel (keel/engine/matmul.h): 16 lanes; the reduction is a tree over
-// halves (16 -> 8 -> 4 -> 2 -> 1 lanes, low + high at each step).
+// The AVX-512 MatMul kernel (keel/engine/matmul.h): 16 lanes, reduced as ReduceLanes16
+// (keel/core/vec_math.h).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -10,6 +10,7 @@
 #include "keel/core/cpu.h"
 #include "keel/core/dtype.h"
 #include "keel/core/prefetch.h"
+#include "keel/core/vec_math.h"
 #include "keel/engine/matmul.h"
 
 KEEL_BEGIN_TARGET_AVX512
@@ -50,13 +51,7 @@ struct Avx512 {
     }
   }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static float Reduce(F v) {
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    return _mm_cvtss_f32(q);
-  }
+  static float Reduce(F v) { return avx512::ReduceLanes16(v); }
 };
 
 }  // namespace

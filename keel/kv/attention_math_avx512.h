@@ -15,11 +15,9 @@ namespace keel::kv::avx512 {
 
 // Sum of 16 lanes: the two 8-lane halves added (low + high), then ReduceLanes' order. Every
 // reduction at the AVX-512 level (DotF32, the core's scores, the softmax sum) uses this order.
-// The same order as keel::avx512::ReduceLanes16 (vec_math.h), without its
-// _mm512_castps512_ps256, inside which GCC 12 warns (-Wuninitialized) in every includer;
-// extracting half 0 compiles to nothing.
+// (keel::avx512::ReduceLanes16 of vec_math.h, under the name the core uses.)
 inline float ReduceLanes(__m512 acc) {
-  return keel::kv::ReduceLanes(_mm256_add_ps(_mm512_extractf32x8_ps(acc, 0), _mm512_extractf32x8_ps(acc, 1)));
+  return keel::avx512::ReduceLanes16(acc);
 }
 
 // The AVX-512 level of DotF32 (n % 16 == 0 only), AxpyF32 and SoftmaxF32 (attention_math.h).

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Guard for the rule of keel/core/cpu.h: AVX-512 code only inside functions of the AVX-512
-# variants (names containing "avx512": their namespace, or lambdas and OpenMP bodies within
+# variants (names containing "avx512" in any case: their namespace, or lambdas and OpenMP bodies within
 # them). Anything else must run on an AVX2-only CPU, so it must not touch an AVX-512 register:
 # zmm, xmm16-31 / ymm16-31 (EVEX-only) or an opmask k0-k7. Also fails when no AVX-512 code is
 # there at all (the variants went missing, or this check stopped seeing them).
@@ -11,7 +11,7 @@ shift
 "$objdump" -d --no-show-raw-insn -C "$@" | awk '
   /^[0-9a-f]+ <.*>:$/ { fn = $0; next }
   /%zmm|%[xy]mm(1[6-9]|2[0-9]|3[01])([^0-9]|$)|%k[0-7]([^0-9]|$)/ {
-    if (fn ~ /avx512/) { inside++ }
+    if (tolower(fn) ~ /avx512/) { inside++ }
     else if (!(fn in seen)) { seen[fn] = 1; outside++; print "AVX-512 register outside an avx512 function: " fn }
   }
   END {
