@@ -285,7 +285,7 @@ void AttendAllHeads(const KvShape& s, MakeSource make_source, int n_tokens, cons
   const int group = s.n_heads / s.n_kv_heads;
   float* scores = scratch.get(static_cast<size_t>(s.n_heads) * n_tokens);
   const bool par = omp_get_active_level() == 0 && s.n_kv_heads > 1 &&
-                   static_cast<int64_t>(n_tokens) * s.head_dim * s.n_kv_heads >= (1 << 18);
+                   static_cast<int64_t>(n_tokens) * s.head_dim * s.n_kv_heads >= kParallelAttendElements;
 #pragma omp parallel for schedule(static) if (par)
   for (int kvh = 0; kvh < s.n_kv_heads; ++kvh) {
     auto src = make_source();
@@ -303,7 +303,7 @@ void AttendAllHeadsMany(const KvShape& s, MakeSource make_source, int n_queries,
     const size_t per_head = static_cast<size_t>(m) * group * n_tokens[q0 + m - 1];
     float* scores = scratch.get(per_head * s.n_kv_heads);
     const bool par = omp_get_active_level() == 0 && s.n_kv_heads > 1 &&
-                     static_cast<int64_t>(m) * n_tokens[q0 + m - 1] * s.head_dim * s.n_kv_heads >= (1 << 18);
+                     static_cast<int64_t>(m) * n_tokens[q0 + m - 1] * s.head_dim * s.n_kv_heads >= kParallelAttendElements;
 #pragma omp parallel for schedule(static) if (par)
     for (int kvh = 0; kvh < s.n_kv_heads; ++kvh) {
       WidenedBlocks<decltype(make_source())> src(make_source(), s.block_tokens, s.head_dim, n_tokens[q0 + m - 1]);
