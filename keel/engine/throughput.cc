@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "keel/core/aligned.h"
+#include "keel/core/cpu.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/transformer.h"
 
@@ -154,8 +155,9 @@ std::string ThroughputReport::Table(const std::string& title) const {
   std::string out = "### " + title + "\n\n";
   std::snprintf(buf, sizeof(buf),
                 "weights read per step: %.1f MB; measured read bandwidth: %.1f GB/s; measured matmul peak: "
-                "%.1f GFLOP/s; threads: %d\n\n",
-                weight_bytes / 1e6, bandwidth_gb_s, matmul_gflops, threads);
+                "%.1f GFLOP/s; threads: %d; kernels: %s\n\n",
+                weight_bytes / 1e6, bandwidth_gb_s, matmul_gflops, threads,
+                std::string(cpu::IsaName(cpu::ActiveIsa())).c_str());
   out += buf;
   out += "| sequences | prefill tok/s | decode tok/s | memory roofline tok/s | decode / memory roofline | "
          "compute bound tok/s | decode / min(bounds) |\n";

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "keel/core/cpu.h"
 #include "keel/engine/engine.h"
 #include "test_util.h"
 
@@ -28,21 +29,28 @@ std::unique_ptr<Engine> OpenAidreams(const std::string& codec = "raw") {
 }
 
 TEST(Golden, GreedyFromBosMatchesLlama2cRunC) {
-  auto e = OpenAidreams();
-  ASSERT_NE(e, nullptr);
-  GenerationParams p;
-  p.sampling.temperature = 0.0f;
-  p.max_tokens = 20;
-  std::vector<int> ids;
-  std::string text;
-  auto done = e->Generate("", p, [&](const std::string& t) { text += t; }, &ids);
-  ASSERT_TRUE(done.ok()) << done.status().ToString();
-  EXPECT_EQ(ids, kGoldenIds);
-  EXPECT_EQ(done->finish_reason, FinishReason::kLength);
-  EXPECT_EQ(done->completion_tokens, 20);
-  // 20 tokens cover the start of the golden text.
-  EXPECT_EQ(std::string(kGoldenText).substr(0, text.size()), text);
-  EXPECT_GT(text.size(), 40u);
+  // At every CPU level this machine has (keel/core/cpu.h): every kernel of the forward pass.
+  const cpu::Isa saved = cpu::ActiveIsa();
+  for (cpu::Isa isa : cpu::SupportedIsas()) {
+    SCOPED_TRACE(std::string("kernels ") + std::string(cpu::IsaName(isa)));
+    ASSERT_TRUE(cpu::SetActiveIsa(isa).ok());
+    auto e = OpenAidreams();
+    ASSERT_NE(e, nullptr);
+    GenerationParams p;
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 20;
+    std::vector<int> ids;
+    std::string text;
+    auto done = e->Generate("", p, [&](const std::string& t) { text += t; }, &ids);
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    EXPECT_EQ(ids, kGoldenIds);
+    EXPECT_EQ(done->finish_reason, FinishReason::kLength);
+    EXPECT_EQ(done->completion_tokens, 20);
+    // 20 tokens cover the start of the golden text.
+    EXPECT_EQ(std::string(kGoldenText).substr(0, text.size()), text);
+    EXPECT_GT(text.size(), 40u);
+  }
+  ASSERT_TRUE(cpu::SetActiveIsa(saved).ok());
 }
 
 TEST(Golden, LongerGenerationContainsWholeGoldenSentence) {
