@@ -122,23 +122,29 @@ void MoeCombiner::Combine(int l, const float* xn, const ExpertChoice* choices, i
 
 namespace {
 
+// SwiGLU's hidden activations, shared by every dense layer of a stack: they run one at a time, so
+// one buffer (grown once to the largest batch) serves all of them instead of one per layer.
+struct SwiGluScratch {
+  AlignedFloats h1, h3;
+};
+
 class DenseFeedForward final : public FeedForward {
  public:
-  DenseFeedForward(const Model& model, int layer)
-      : w_{model.layers[layer].w1, model.layers[layer].w2, model.layers[layer].w3} {}
+  DenseFeedForward(const Model& model, int layer, SwiGluScratch* scratch)
+      : w_{model.layers[layer].w1, model.layers[layer].w2, model.layers[layer].w3}, scratch_(scratch) {}
   Status Run(const FeedForwardBatch& in, float* out) override {
     const size_t need = static_cast<size_t>(in.m) * w_.w1.rows;
-    if (h1_.size() < need) {
-      h1_.resize(need);
-      h3_.resize(need);
+    if (scratch_->h1.size() < need) {
+      scratch_->h1.resize(need);
+      scratch_->h3.resize(need);
     }
-    SwiGlu(w_, in.xn, in.m, h1_.data(), h3_.data(), out);
+    SwiGlu(w_, in.xn, in.m, scratch_->h1.data(), scratch_->h3.data(), out);
     return Status::Ok();
   }
 
  private:
   ExpertWeights w_;
-  AlignedFloats h1_, h3_;
+  SwiGluScratch* scratch_;
 };
 
 // Every expert resident (the model's own views): exact routing.
@@ -178,7 +184,7 @@ class ResidentStack final : public FeedForwardStack {
       if (model.config.moe.enabled()) {
         layers_.push_back(std::make_unique<MoeFeedForward>(model, l, &combiner_));
       } else {
-        layers_.push_back(std::make_unique<DenseFeedForward>(model, l));
+        layers_.push_back(std::make_unique<DenseFeedForward>(model, l, &swiglu_));
       }
     }
   }
@@ -186,6 +192,7 @@ class ResidentStack final : public FeedForwardStack {
 
  private:
   MoeCombiner combiner_;  // scratch shared by the layers: they run one at a time
+  SwiGluScratch swiglu_;
   std::vector<std::unique_ptr<FeedForward>> layers_;
 };
 
