@@ -102,9 +102,11 @@ Result<ThroughputReport> MeasureThroughput(const Model& model, const ThroughputO
     ko.budget_bytes = static_cast<size_t>(per_block) * static_cast<size_t>((len + 31) / 16 + 1) * seqs;
     ThroughputRow row;
     row.sequences = seqs;
+    // One Transformer for every repeat: its scratch buffers are grown (first-touched) by the
+    // first, as a server's are by its first requests (llama-bench warms up the same way).
+    Transformer tf(model);
     for (int r = 0; r < o.repeats; ++r) {
       KEEL_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(model, o.kv_codec, ko));
-      Transformer tf(model);
       std::vector<float> logits;
       std::vector<std::vector<int>> prompts(seqs);
       for (int s = 0; s < seqs; ++s) {
