@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "keel/core/cpu.h"
+#include "tests/common/isa_scope.h"
 #include "keel/engine/engine.h"
 #include "test_util.h"
 
@@ -30,7 +31,7 @@ std::unique_ptr<Engine> OpenAidreams(const std::string& codec = "raw") {
 
 TEST(Golden, GreedyFromBosMatchesLlama2cRunC) {
   // At every CPU level this machine has (keel/core/cpu.h): every kernel of the forward pass.
-  const cpu::Isa saved = cpu::ActiveIsa();
+  const test::IsaScope restore(cpu::ActiveIsa());
   for (cpu::Isa isa : cpu::SupportedIsas()) {
     SCOPED_TRACE(std::string("kernels ") + std::string(cpu::IsaName(isa)));
     ASSERT_TRUE(cpu::SetActiveIsa(isa).ok());
@@ -50,7 +51,6 @@ TEST(Golden, GreedyFromBosMatchesLlama2cRunC) {
     EXPECT_EQ(std::string(kGoldenText).substr(0, text.size()), text);
     EXPECT_GT(text.size(), 40u);
   }
-  ASSERT_TRUE(cpu::SetActiveIsa(saved).ok());
 }
 
 TEST(Golden, LongerGenerationContainsWholeGoldenSentence) {

@@ -10,21 +10,12 @@
 
 #include "keel/core/aligned.h"
 #include "keel/core/cpu.h"
+#include "tests/common/isa_scope.h"
 #include "keel/core/dtype.h"
 #include "keel/engine/matmul.h"
 
 namespace keel::engine {
 namespace {
-
-// Restores the process-wide level after a test.
-class IsaGuard {
- public:
-  IsaGuard() : saved_(cpu::ActiveIsa()) {}
-  ~IsaGuard() { EXPECT_TRUE(cpu::SetActiveIsa(saved_).ok()); }
-
- private:
-  cpu::Isa saved_;
-};
 
 struct Weights {
   DType dtype;
@@ -64,7 +55,7 @@ std::vector<float> MakeActs(int n_rows, int cols, uint32_t seed) {
 std::string Name(cpu::Isa isa) { return std::string(cpu::IsaName(isa)); }
 
 TEST(MatMul, MatchesDoubleReferenceAtEveryLevel) {
-  IsaGuard guard;
+  const test::IsaScope restore(cpu::ActiveIsa());
   // Shapes: multiples of 16, of 8 only, odd; fewer rows than a group; batch sizes around tiles.
   const int shapes[][2] = {{64, 64}, {37, 24}, {5, 19}, {1, 7}, {130, 200}, {3, 1}};
   for (cpu::Isa isa : cpu::SupportedIsas()) {
@@ -95,7 +86,7 @@ TEST(MatMul, MatchesDoubleReferenceAtEveryLevel) {
 }
 
 TEST(MatMul, ARowsResultDoesNotDependOnItsBatchAtEveryLevel) {
-  IsaGuard guard;
+  const test::IsaScope restore(cpu::ActiveIsa());
   // Big enough to run threaded and chunked (prompt-sized batch), with a ragged last group; two
   // widths, so both tile shapes of a level run (matmul_kernel.h picks by row bytes).
   const int rows = 259, n = 70;
@@ -116,7 +107,7 @@ TEST(MatMul, ARowsResultDoesNotDependOnItsBatchAtEveryLevel) {
 }
 
 TEST(MatMul, SameInputEqualsSeparateCalls) {
-  IsaGuard guard;
+  const test::IsaScope restore(cpu::ActiveIsa());
   const int cols = 96, n = 6;
   for (cpu::Isa isa : cpu::SupportedIsas()) {
     ASSERT_TRUE(cpu::SetActiveIsa(isa).ok());
@@ -157,7 +148,7 @@ TEST(MatMul, LevelsAgreeToRoundingAndDifferOnlyThere) {
 }
 
 TEST(CpuIsa, RefusesUnknownAndUnsupportedLevels) {
-  IsaGuard guard;
+  const test::IsaScope restore(cpu::ActiveIsa());
   Status s = cpu::SetActiveIsa("sse2");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("auto, avx2, avx512"), std::string::npos) << s.message();

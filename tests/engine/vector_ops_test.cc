@@ -7,19 +7,11 @@
 #include <vector>
 
 #include "keel/core/cpu.h"
+#include "tests/common/isa_scope.h"
 #include "keel/engine/vector_ops.h"
 
 namespace keel::engine {
 namespace {
-
-class IsaGuard {
- public:
-  IsaGuard() : saved_(cpu::ActiveIsa()) {}
-  ~IsaGuard() { EXPECT_TRUE(cpu::SetActiveIsa(saved_).ok()); }
-
- private:
-  cpu::Isa saved_;
-};
 
 std::vector<float> Random(size_t n, float sd, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -30,7 +22,7 @@ std::vector<float> Random(size_t n, float sd, uint32_t seed) {
 }
 
 TEST(VectorOps, SiluMulMatchesReferenceAndIsPositionIndependent) {
-  IsaGuard guard;
+  const test::IsaScope restore(cpu::ActiveIsa());
   for (cpu::Isa isa : cpu::SupportedIsas()) {
     ASSERT_TRUE(cpu::SetActiveIsa(isa).ok());
     // Large enough for threads and several chunks, with a ragged tail; extremes included.
@@ -53,7 +45,7 @@ TEST(VectorOps, SiluMulMatchesReferenceAndIsPositionIndependent) {
 }
 
 TEST(VectorOps, RmsNormMatchesReference) {
-  IsaGuard guard;
+  const test::IsaScope restore(cpu::ActiveIsa());
   for (cpu::Isa isa : cpu::SupportedIsas()) {
     ASSERT_TRUE(cpu::SetActiveIsa(isa).ok());
     for (int n : {7, 64, 200, 768}) {

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <random>
 
-#include "isa_scope.h"
+#include "tests/common/isa_scope.h"
 #include "keel/kv/attention_math.h"
 #include "keel/kv/codec.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "isa_scope.h"
+#include "tests/common/isa_scope.h"
 #include "keel/core/cpu.h"
 #include "keel/kv/bellows/bellows_codec.h"
 #include "keel/kv/codec.h"

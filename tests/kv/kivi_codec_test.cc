@@ -11,7 +11,7 @@
 #include <random>
 
 #include "../engine/test_util.h"
-#include "isa_scope.h"
+#include "tests/common/isa_scope.h"
 #include "keel/core/dtype.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/transformer.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../engine/test_util.h"
-#include "isa_scope.h"
+#include "tests/common/isa_scope.h"
 #include "keel/core/dtype.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/transformer.h"

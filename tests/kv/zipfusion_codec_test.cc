@@ -10,7 +10,7 @@
 #include <random>
 
 #include "../engine/test_util.h"
-#include "isa_scope.h"
+#include "tests/common/isa_scope.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/transformer.h"
 #include "keel/kv/codec.h"

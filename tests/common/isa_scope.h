@@ -1,5 +1,7 @@
-// Running a test body at every CPU level this machine supports (keel/core/cpu.h): the attention
-// arithmetic differs between levels, and each level must keep every property on its own.
+// Running a test body at every CPU level this machine supports (keel/core/cpu.h): kernels' results
+// differ between levels in the last bits, and each level must keep every property on its own.
+// Shared by the test binaries of every module (tests/<module>/ include it as
+// "tests/common/isa_scope.h").
 #pragma once
 
 #include <gtest/gtest.h>
