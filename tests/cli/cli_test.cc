@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -161,6 +162,25 @@ TEST(Cli, BenchPrintsARooflineTable) {
   ASSERT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("roofline"), std::string::npos);
   EXPECT_NE(r.out.find("| 2 |"), std::string::npos) << r.out;
+}
+
+TEST(Cli, CpuLevelIsChosenLoggedAndOverridable) {
+  // The engine commands say which kernels run; --cpu-isa picks a level, an unknown one is refused.
+  CmdResult r = Keel("--cpu-isa avx2 generate --model " + Aidreams() + " --max-tokens 4 --temperature 0", true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("kernels avx2 (--cpu-isa"), std::string::npos) << r.out;
+  CmdResult bench = Keel("bench --cpu-isa avx2 --model " + Aidreams() + " --prompt-tokens 4 --decode-tokens 4 --concurrency 1 --repeats 1");
+  ASSERT_EQ(bench.code, 0);
+  EXPECT_NE(bench.out.find("kernels: avx2"), std::string::npos) << bench.out;
+  CmdResult bad = Keel("--cpu-isa sse2 generate --model " + Aidreams(), true);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("unknown CPU level 'sse2' (choices: auto, avx2, avx512)"), std::string::npos) << bad.out;
+  // An unusable KEEL_CPU_ISA is ignored with the reason, not fatal.
+  ::setenv("KEEL_CPU_ISA", "nonsense", 1);
+  CmdResult env = Keel("generate --model " + Aidreams() + " --max-tokens 2 --temperature 0", true);
+  ::unsetenv("KEEL_CPU_ISA");
+  ASSERT_EQ(env.code, 0) << env.out;
+  EXPECT_NE(env.out.find("KEEL_CPU_ISA ignored"), std::string::npos) << env.out;
 }
 
 }  // namespace
