@@ -9,7 +9,8 @@
 // preemption rely on. Levels differ in lane count (8 or 16), so their results differ in the last
 // bits.
 //
-// Threads: OpenMP over groups of 4 weight rows once the product is big enough to pay for them.
+// Threads: OpenMP over groups of weight rows (6 or 4, matmul_kernel.h) once the product is big
+// enough to pay for them.
 // Prompt-sized batches are walked in chunks of activation rows that stay in L2 while the
 // weights stream past them.
 #pragma once
