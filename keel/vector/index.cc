@@ -9,6 +9,7 @@
 #include <faiss/impl/io.h>
 #include <faiss/index_io.h>
 #include <faiss/utils/distances.h>
+#include <omp.h>
 #include <faiss/utils/random.h>
 
 #include <algorithm>
@@ -95,11 +96,21 @@ int64_t TextIndex::TrainSize() const {
 
 Status TextIndex::Add(const float* x, int64_t n, bool defer_training) {
   if (n <= 0) return Status::Ok();
+  // FAISS links HNSW vertices from several OpenMP threads, and which thread wins a neighbour list
+  // changes the graph: a replica replaying its write-ahead log, or a peer applying the same
+  // writes, could then answer a query differently. One thread makes the graph a function of the
+  // writes and the level seed alone (inserts get up to 2x slower on 2 cores; searches are not
+  // affected).
+  const bool one_thread = options_.kind == IndexKind::kHnsw;
+  const int threads = omp_get_max_threads();
+  if (one_thread) omp_set_num_threads(1);
   try {
     index_->add(n, x);
   } catch (const faiss::FaissException& e) {
+    if (one_thread) omp_set_num_threads(threads);
     return Status::Internal(std::string("index: add failed: ") + e.what());
   }
+  if (one_thread) omp_set_num_threads(threads);
   live_.resize(live_.size() + n, 1);
   if (!defer_training && NeedsTraining()) return Train();
   return Status::Ok();
