@@ -9,6 +9,15 @@
 
 namespace keel {
 
+// Sum of 8 lanes: (low half + high half), then two horizontal adds. The one 8-lane reduction order
+// (attention's ReduceLanes, MatMul and RmsNorm at the AVX2 level).
+inline float ReduceLanes8(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
 // exp(x) for 8 lanes: Cephes' expf (range reduction by ln 2, degree-6 polynomial, ~1 ulp);
 // lanes below -87.3 give 0.
 inline __m256 Exp8(__m256 x) {
@@ -57,11 +66,7 @@ inline __m512 Exp16(__m512 x) {
 
 // Sum of 16 lanes: low + high 8-lane halves, then (low + high 4), then two horizontal adds.
 inline float ReduceLanes16(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1));
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
+  return ReduceLanes8(_mm256_add_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1)));
 }
 
 }  // namespace keel::avx512

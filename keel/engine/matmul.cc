@@ -10,11 +10,12 @@
 #include "keel/core/cpu.h"
 #include "keel/core/dtype.h"
 #include "keel/core/prefetch.h"
+#include "keel/core/vec_math.h"
 
 namespace keel::engine {
 namespace {
 
-// The baseline level: 8 lanes; the reduction is (low half + high half), then two horizontal adds.
+// The baseline level: 8 lanes, reduced as ReduceLanes8 (keel/core/vec_math.h).
 struct Avx2 {
   using F = __m256;
   static constexpr bool kWide = false;  // 32 vector registers: bigger tiles
@@ -31,23 +32,8 @@ struct Avx2 {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
   }
-  template <DType T>
-  static float ScalarW(const uint8_t* row, int64_t i) {
-    if constexpr (T == DType::kF32) {
-      return reinterpret_cast<const float*>(row)[i];
-    } else {
-      uint16_t h;
-      std::memcpy(&h, row + 2 * i, 2);
-      return T == DType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
-    }
-  }
   static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static float Reduce(F v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    return _mm_cvtss_f32(lo);
-  }
+  static float Reduce(F v) { return ReduceLanes8(v); }
 };
 
 }  // namespace

@@ -34,22 +34,6 @@ struct Avx512 {
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
   }
-  template <DType T>
-  static float ScalarW(const uint8_t* row, int64_t i) {
-    if constexpr (T == DType::kF32) {
-      float f;
-      std::memcpy(&f, row + 4 * i, 4);
-      return f;
-    } else {
-      uint16_t h;
-      std::memcpy(&h, row + 2 * i, 2);
-      if constexpr (T == DType::kF16) return _cvtsh_ss(h);
-      const uint32_t bits = static_cast<uint32_t>(h) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    }
-  }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static float Reduce(F v) { return avx512::ReduceLanes16(v); }
 };

@@ -8,6 +8,20 @@
 namespace keel::engine {
 namespace {
 
+// Element i of a stored weight row (rows may sit at odd byte offsets in a safetensors map).
+template <DType T>
+[[gnu::always_inline]] inline float WeightAt(const uint8_t* row, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    float f;
+    std::memcpy(&f, row + 4 * i, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    return T == DType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
+  }
+}
+
 // R weight rows x B activation rows: R*B accumulators, each weight vector widened once and used
 // by every activation row. pf_delta (0: none): the distance from a row of this group to the same
 // row of the next group; that row is prefetched into L1 a line per step so the next group's DRAM
@@ -44,7 +58,7 @@ template <class V, DType T, int R, int B>
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) {
       float s = V::Reduce(acc[r][b]);
-      for (int64_t j = i; j < n; ++j) s += V::template ScalarW<T>(w[r], j) * x[b][j];
+      for (int64_t j = i; j < n; ++j) s += WeightAt<T>(w[r], j) * x[b][j];
       y[b * y_stride + r] = s;
     }
   }

@@ -20,10 +20,7 @@ void RmsNormAvx2(const float* x, const float* weight, int n, float eps, float* o
     const __m256 v = _mm256_loadu_ps(x + i);
     acc = _mm256_fmadd_ps(v, v, acc);
   }
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  float ss = _mm_cvtss_f32(lo);
+  float ss = ReduceLanes8(acc);
   for (int j = i; j < n; ++j) ss += x[j] * x[j];
   const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   const __m256 s = _mm256_set1_ps(scale);

@@ -9,16 +9,13 @@
 
 #include <cstddef>
 
+#include "keel/core/vec_math.h"
+
 namespace keel::kv {
 
 // Sum of 8 lanes: (lo half + hi half), then two horizontal adds. Every reduction in attention
 // (DotF32, the core's scores, the softmax sum) uses this order.
-inline float ReduceLanes(__m256 acc) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
+inline float ReduceLanes(__m256 acc) { return keel::ReduceLanes8(acc); }
 
 // Dot product. AVX2: one 8-lane FMA accumulator over 8-element chunks in order, ReduceLanes,
 // then the n % 8 rest added one by one. AVX-512 with n % 16 == 0: one 16-lane accumulator over
