@@ -12,8 +12,9 @@
 namespace keel::gateway {
 
 // Wire formats the gateway speaks. Upstreams: kOpenAIChat (OpenAI and `keel serve`),
-// kAnthropicMessages, kGemini. Clients: kOpenAIChat, kOpenAICompletions, kAnthropicMessages.
-enum class WireFormat { kOpenAIChat, kOpenAICompletions, kAnthropicMessages, kGemini };
+// kAnthropicMessages, kGemini. Clients (fronts): kOpenAIChat, kOpenAICompletions,
+// kAnthropicMessages, kGemini (generateContent), kOpenAIResponses (POST /v1/responses).
+enum class WireFormat { kOpenAIChat, kOpenAICompletions, kAnthropicMessages, kGemini, kOpenAIResponses };
 const char* WireFormatName(WireFormat f);  // "openai-chat", "openai-completions", "anthropic", "gemini"
 
 struct ToolCall {
@@ -36,6 +37,16 @@ struct Tool {
   std::string parameters_json;  // JSON Schema object text ("{}" when none)
 };
 
+// Structured output: OpenAI response_format / Responses text.format, Gemini
+// generationConfig.responseMimeType + responseJsonSchema, Anthropic output_format.
+struct ResponseFormat {
+  enum class Kind { kText, kJsonObject, kJsonSchema };
+  Kind kind = Kind::kText;
+  std::string name;         // kJsonSchema: the schema's name (OpenAI requires one)
+  std::string schema_json;  // kJsonSchema: the JSON Schema object text
+  bool strict = false;      // OpenAI json_schema.strict
+};
+
 struct ChatRequest {
   WireFormat client_format = WireFormat::kOpenAIChat;
   std::string model;                 // as the client named it (a virtual model name)
@@ -49,6 +60,12 @@ struct ChatRequest {
   std::optional<double> top_p;
   std::optional<int64_t> seed;       // OpenAI "seed" (best-effort determinism; keel serve honours it)
   std::vector<std::string> stop;
+  std::optional<int64_t> top_k;               // Anthropic/Gemini top_k
+  std::optional<double> presence_penalty;     // OpenAI; Gemini presencePenalty
+  std::optional<double> frequency_penalty;    // OpenAI; Gemini frequencyPenalty
+  std::string logit_bias_json;                // OpenAI logit_bias object text; "" = absent
+  std::optional<bool> parallel_tool_calls;    // OpenAI; Anthropic tool_choice.disable_parallel_tool_use
+  std::optional<ResponseFormat> response_format;
   bool stream = false;
   bool stream_include_usage = false;  // OpenAI stream_options.include_usage
   std::string user;                   // OpenAI "user" / Anthropic metadata.user_id
@@ -68,6 +85,7 @@ struct ChatResponse {
   std::string content;
   std::vector<ToolCall> tool_calls;
   FinishReason finish = FinishReason::kNone;
+  std::string stop_sequence;   // kStop because this stop sequence matched, when the vendor says
   Usage usage;
 };
 
@@ -89,6 +107,7 @@ struct StreamEvent {
   int tool_index = 0;
   ToolCall tool_call;
   FinishReason finish = FinishReason::kNone;
+  std::string stop_sequence;   // kFinish: the stop sequence that matched, when the vendor says
   Usage usage;
 };
 

@@ -15,6 +15,7 @@ const char* WireFormatName(WireFormat f) {
     case WireFormat::kOpenAICompletions: return "openai-completions";
     case WireFormat::kAnthropicMessages: return "anthropic";
     case WireFormat::kGemini: return "gemini";
+    case WireFormat::kOpenAIResponses: return "openai-responses";
   }
   return "unknown";
 }
