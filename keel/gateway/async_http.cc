@@ -329,6 +329,10 @@ Task<bool> AsyncHttpServer::Impl::WriteError(Stream& stream, int version, int st
 
 // Half-closes the sending side; with `linger`, reads (and drops) what the client still sends for
 // a moment so that the error response is not destroyed by a reset.
+// What a closing connection still reads from its client: several times any body the server
+// accepts, so an SDK's oversize upload finishes and it sees the 413.
+constexpr size_t kMaxLingerBytes = size_t{256} << 20;
+
 template <class Stream>
 Task<void> AsyncHttpServer::Impl::CloseGracefully(Stream& stream, bool linger) {
   auto& low = beast::get_lowest_layer(stream);
@@ -339,10 +343,14 @@ Task<void> AsyncHttpServer::Impl::CloseGracefully(Stream& stream, bool linger) {
   } else {
     low.socket().shutdown(tcp::socket::shutdown_send, ec);
     if (linger) {
-      low.expires_after(std::chrono::seconds(1));
-      char scratch[4096];
+      // Read and discard what the client is still sending (an SDK uploading an oversize body
+      // reads our 413 only after its upload; closing with unread bytes would reset the
+      // connection and lose the answer). Bounded in bytes and time: the write side is already
+      // shut, so a client that keeps sending gets cut off there.
+      low.expires_after(std::chrono::seconds(10));
+      char scratch[16384];
       size_t total = 0;
-      while (!ec && total < (1u << 20)) {
+      while (!ec && total < kMaxLingerBytes) {
         total += co_await low.async_read_some(asio::buffer(scratch), Ec(ec));
       }
     }

@@ -6,6 +6,7 @@
 // idle pools are shared by all threads and guarded by a mutex; a connection leaves the pool
 // for the duration of one request and returns only after its response body was read to the end
 // with keep-alive.
+#include <limits>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -452,11 +453,10 @@ Task<void> HttpClient::Impl::OpenInto(ClientRequest request, bool whole,
     stream->parser_.emplace();
     Parser& p = *stream->parser_;
     p.header_limit(64 << 10);
-    if (whole) {
-      p.body_limit(opt.max_response_bytes);
-    } else {
-      p.body_limit(boost::none);
-    }
+    // A streamed body has no size limit: the reader bounds what it keeps. Not body_limit(none):
+    // Boost 1.74 compares a Content-Length with the empty optional as "larger" and fails every
+    // streamed response that has one (an upstream's error body, typically) with body_limit.
+    p.body_limit(whole ? std::uint64_t{opt.max_response_bytes} : std::numeric_limits<std::uint64_t>::max());
     if (verb == http::verb::head) p.skip(true);
     ec = co_await conn->ReadHeader(p);
     if (ec) {
