@@ -371,8 +371,13 @@ Task<void> Gateway::Impl::HandleChat(const HttpRequest& req, AsyncResponder& res
     if (attempt > 0) fallbacks->Get().Inc();
     const UpstreamConfig& up = upstreams.at(target.upstream);
     HttpClient& client = *clients.at(up.name);
-    const std::string body =
-        BuildUpstreamRequest(up.format, upstream_request, target.model, config.default_max_tokens);
+    auto built = BuildUpstreamRequest(up.format, upstream_request, target.model, config.default_max_tokens);
+    if (!built.ok()) {
+      // A field this upstream cannot honour: the client's error, answered as such (no fallback).
+      last_error = {400, ErrorKind::kInvalidRequest, built.status().message()};
+      break;
+    }
+    const std::string body = std::move(built).value();
     const auto sent = Clock::now();
 
     if (!request.stream) {

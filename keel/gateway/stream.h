@@ -52,7 +52,8 @@ class SseParser {
 // kDone last (from Finish only). A kUsage field of -1 means "not in this event": consumers keep
 // the latest non-negative value of each field (all vendors report running totals).
 // Tool calls: tool_index counts calls 0, 1, 2... in order of their kToolCallStart (not the
-// vendor's index); every kToolCallDelta follows its call's kToolCallStart.
+// vendor's index); every kToolCallDelta follows its call's kToolCallStart. kFinish carries the
+// matched stop sequence when the vendor names it (Anthropic's message_delta.stop_sequence).
 class StreamDecoder {
  public:
   virtual ~StreamDecoder() = default;
@@ -87,7 +88,8 @@ class StreamEncoder {
   // can only be reported inside the stream), then ends the stream.
   virtual void EncodeError(const GatewayError& error, std::string* out) = 0;
 };
-// Never null; kGemini (not a client format) gets the OpenAI chat encoder.
+// Never null; kGemini (not a client format) gets the OpenAI chat encoder. The Anthropic encoder
+// writes stop_reason "stop_sequence" with the sequence when kFinish (a kStop) carries one.
 // `client_model` is the model name echoed to the client; `include_usage` = OpenAI's
 // stream_options.include_usage (Anthropic always carries usage in message_start/message_delta).
 std::unique_ptr<StreamEncoder> MakeStreamEncoder(WireFormat client, const std::string& client_model,

@@ -161,12 +161,14 @@ class SseDecoder : public StreamDecoder {
     return UpstreamErrorStatus(*error_, format_);
   }
 
-  // Emits kFinish once; vendors that repeat a finish reason do not make two.
-  void EmitFinish(FinishReason reason, std::vector<StreamEvent>* out) {
+  // Emits kFinish once; vendors that repeat a finish reason do not make two. `stop_sequence`:
+  // the stop sequence that matched, when the vendor names it.
+  void EmitFinish(FinishReason reason, std::vector<StreamEvent>* out, std::string stop_sequence = {}) {
     if (finish_sent_ || reason == FinishReason::kNone) return;
     finish_sent_ = true;
     StreamEvent e = Ev(StreamEvent::Kind::kFinish);
     e.finish = reason;
+    e.stop_sequence = std::move(stop_sequence);
     out->push_back(std::move(e));
   }
 
@@ -439,7 +441,10 @@ class AnthropicDecoder final : public SseDecoder {
   Status MessageDelta(const Json& j, std::vector<StreamEvent>* out) {
     if (const Json* delta = Field(j, "delta")) {
       const std::string stop = Str(*delta, "stop_reason");
-      if (!stop.empty()) EmitFinish(ParseFinishReason(WireFormat::kAnthropicMessages, stop), out);
+      if (!stop.empty()) {
+        EmitFinish(ParseFinishReason(WireFormat::kAnthropicMessages, stop), out,
+                   stop == "stop_sequence" ? Str(*delta, "stop_sequence") : std::string());
+      }
     }
     if (const Json* u = Field(j, "usage"); u && u->is_object()) {
       const int64_t input = InputTokens(*u);

@@ -249,7 +249,10 @@ class AnthropicEncoder final : public StreamEncoder {
         break;
       }
       case K::kFinish:
-        if (finish_ == FinishReason::kNone) finish_ = ev.finish;
+        if (finish_ == FinishReason::kNone) {
+          finish_ = ev.finish;
+          stop_sequence_ = ev.stop_sequence;
+        }
         break;
       case K::kUsage:
         MergeUsage(ev.usage, &usage_);
@@ -325,13 +328,16 @@ class AnthropicEncoder final : public StreamEncoder {
   // message_delta is deferred to kDone so usage that arrives after the finish is included.
   void WriteEnd(std::string* out) {
     const FinishReason reason = EffectiveFinish(finish_, !tool_blocks_.empty());
+    // "stop_sequence" only when the upstream named the sequence that matched.
+    const bool by_sequence = reason == FinishReason::kStop && !stop_sequence_.empty();
     Json usage = Json::object();
     if (usage_.input_tokens >= 0) usage["input_tokens"] = usage_.input_tokens;
     usage["output_tokens"] = std::max<int64_t>(usage_.output_tokens, 0);
     Event("message_delta",
           Json{{"type", "message_delta"},
-               {"delta", {{"stop_reason", FinishReasonName(WireFormat::kAnthropicMessages, reason)},
-                          {"stop_sequence", nullptr}}},
+               {"delta", {{"stop_reason", by_sequence ? "stop_sequence"
+                                                      : FinishReasonName(WireFormat::kAnthropicMessages, reason)},
+                          {"stop_sequence", by_sequence ? Json(stop_sequence_) : Json(nullptr)}}},
                {"usage", std::move(usage)}},
           out);
     Event("message_stop", Json{{"type", "message_stop"}}, out);
@@ -345,6 +351,7 @@ class AnthropicEncoder final : public StreamEncoder {
   bool open_is_text_ = false;
   int next_block_ = 0;
   FinishReason finish_ = FinishReason::kNone;
+  std::string stop_sequence_;  // from kFinish: the stop sequence that matched, when known
   Usage usage_;
   std::map<int, int> tool_blocks_;  // neutral tool_index -> content block index
 };

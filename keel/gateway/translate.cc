@@ -206,8 +206,8 @@ Result<ChatRequest> ParseClientRequest(WireFormat format, std::string_view body)
   return Status::InvalidArgument(std::string(WireFormatName(format)) + " is not a client format");
 }
 
-std::string BuildUpstreamRequest(WireFormat upstream, const ChatRequest& request,
-                                 const std::string& upstream_model, int64_t default_max_tokens) {
+Result<std::string> BuildUpstreamRequest(WireFormat upstream, const ChatRequest& request,
+                                         const std::string& upstream_model, int64_t default_max_tokens) {
   switch (upstream) {
     case WireFormat::kOpenAIChat: return internal::BuildOpenAIChatRequest(request, upstream_model);
     case WireFormat::kOpenAICompletions:
@@ -215,8 +215,9 @@ std::string BuildUpstreamRequest(WireFormat upstream, const ChatRequest& request
     case WireFormat::kAnthropicMessages:
       return internal::BuildAnthropicRequest(request, upstream_model, default_max_tokens);
     case WireFormat::kGemini: return internal::BuildGeminiRequest(request);
+    case WireFormat::kOpenAIResponses: break;
   }
-  return "{}";
+  return Status::InvalidArgument(std::string(WireFormatName(upstream)) + " is not an upstream format");
 }
 
 Result<ChatResponse> ParseUpstreamResponse(WireFormat upstream, std::string_view body) {

@@ -25,8 +25,13 @@ Result<ChatRequest> ParseClientRequest(WireFormat format, std::string_view body)
 // /v1/messages body (max_tokens is required there: `default_max_tokens` fills it);
 // kGemini: generateContent / streamGenerateContent body (the model is in the URL, not the body).
 // A kOpenAICompletions request sent to a chat upstream becomes one user message.
-std::string BuildUpstreamRequest(WireFormat upstream, const ChatRequest& request,
-                                 const std::string& upstream_model, int64_t default_max_tokens = 4096);
+// Every field is carried, translated to the upstream's equivalent, or refused: InvalidArgument
+// naming the field and the upstream ("logit_bias: not supported by anthropic upstreams") when
+// the upstream has no way to honour it. Values that ask for the default (a zero penalty,
+// parallel_tool_calls true, response_format text) are never refused. The table is in
+// docs/gateway.md ("Parameters per upstream").
+Result<std::string> BuildUpstreamRequest(WireFormat upstream, const ChatRequest& request,
+                                         const std::string& upstream_model, int64_t default_max_tokens = 4096);
 
 // Tool arguments: an OpenAI arguments string is kept verbatim (even if not valid JSON) when
 // going to OpenAI; Anthropic/Gemini need an object, so empty text becomes {} and text that is not
@@ -44,6 +49,9 @@ Result<ChatResponse> ParseUpstreamResponse(WireFormat upstream, std::string_view
 // ---- ChatResponse -> client response body. `client_model` is the name the client asked for.
 // created == 0 becomes now; the id gets the format's prefix ("chatcmpl-", "cmpl-", "msg_") unless
 // it has it (empty: a random one). Unknown usage (-1) is omitted for OpenAI, 0 for Anthropic.
+// Anthropic clients get stop_reason "stop_sequence" and the sequence when the upstream named the
+// one that matched (ChatResponse::stop_sequence: Anthropic upstreams do; OpenAI, `keel serve` and
+// Gemini do not), otherwise "end_turn" and null.
 std::string BuildClientResponse(WireFormat client, const ChatResponse& response,
                                 const std::string& client_model);
 

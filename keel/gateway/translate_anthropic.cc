@@ -113,8 +113,49 @@ Status ReadTools(const json& body, ChatRequest* req) {
   KEEL_RETURN_IF_ERROR(ReadRequiredString(*tc, "type", "tool_choice.type", &type));
   if (type == "auto" || type == "none") req->tool_choice = type;
   else if (type == "any") req->tool_choice = "required";
-  else if (type == "tool") return ReadRequiredString(*tc, "name", "tool_choice.name", &req->tool_choice);
+  else if (type == "tool") KEEL_RETURN_IF_ERROR(ReadRequiredString(*tc, "name", "tool_choice.name", &req->tool_choice));
   else return Status::InvalidArgument("tool_choice.type: expected auto, any, tool or none");
+  std::optional<bool> disable_parallel;
+  KEEL_RETURN_IF_ERROR(ReadBool(*tc, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use",
+                                &disable_parallel));
+  if (disable_parallel) req->parallel_tool_calls = !*disable_parallel;
+  return Status::Ok();
+}
+
+// One structured-output format object: {type: "json_schema", schema: {...}}. Anthropic decodes
+// under the schema's constraint, so it is strict in OpenAI's sense.
+Status ReadFormat(const json& f, const std::string& path, ChatRequest* req) {
+  if (!f.is_object()) return Status::InvalidArgument(path + ": expected an object");
+  std::string type;
+  KEEL_RETURN_IF_ERROR(ReadRequiredString(f, "type", path + ".type", &type));
+  if (type != "json_schema") return Status::InvalidArgument(path + ".type: expected json_schema");
+  if (auto s = f.find("schema"); s == f.end() || s->is_null())
+    return Status::InvalidArgument(path + ".schema: required");
+  ResponseFormat format;
+  format.kind = ResponseFormat::Kind::kJsonSchema;
+  format.strict = true;
+  KEEL_RETURN_IF_ERROR(ReadObjectText(f, "schema", path + ".schema", &format.schema_json));
+  req->response_format = std::move(format);
+  return Status::Ok();
+}
+
+// Structured output: output_config.format, or the earlier beta's top-level output_format (same
+// shape; still accepted by Anthropic). output_config's other settings (effort) cannot be carried
+// to other upstreams, so they are refused rather than dropped.
+Status ReadOutputFormat(const json& body, ChatRequest* req) {
+  if (auto config = body.find("output_config"); config != body.end() && !config->is_null()) {
+    if (!config->is_object()) return Status::InvalidArgument("output_config: expected an object");
+    for (const auto& [key, value] : config->items())
+      if (key != "format" && !value.is_null())
+        return Status::InvalidArgument("output_config: only format is supported by the gateway");
+    if (auto f = config->find("format"); f != config->end() && !f->is_null())
+      KEEL_RETURN_IF_ERROR(ReadFormat(*f, "output_config.format", req));
+  }
+  if (auto legacy = body.find("output_format"); legacy != body.end() && !legacy->is_null()) {
+    if (req->response_format)
+      return Status::InvalidArgument("output_format: send output_config.format or output_format, not both");
+    KEEL_RETURN_IF_ERROR(ReadFormat(*legacy, "output_format", req));
+  }
   return Status::Ok();
 }
 
@@ -158,7 +199,9 @@ Result<ChatRequest> ParseAnthropicMessagesRequest(std::string_view text) {
   KEEL_RETURN_IF_ERROR(ReadTools(body, &req));
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "temperature", "temperature", &req.temperature));
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "top_p", "top_p", &req.top_p));
+  KEEL_RETURN_IF_ERROR(ReadPositiveInt(body, "top_k", "top_k", &req.top_k));
   KEEL_RETURN_IF_ERROR(ReadStop(body, "stop_sequences", "stop_sequences", false, &req.stop));
+  KEEL_RETURN_IF_ERROR(ReadOutputFormat(body, &req));
   KEEL_RETURN_IF_ERROR(ReadBool(body, "stream", "stream", &req.stream));
   if (auto md = body.find("metadata"); md != body.end() && !md->is_null()) {
     if (!md->is_object()) return Status::InvalidArgument("metadata: expected an object");
@@ -169,8 +212,17 @@ Result<ChatRequest> ParseAnthropicMessagesRequest(std::string_view text) {
 
 namespace internal {
 
-std::string BuildAnthropicRequest(const ChatRequest& request, const std::string& model,
-                                  int64_t default_max_tokens) {
+Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std::string& model,
+                                          int64_t default_max_tokens) {
+  constexpr WireFormat kSelf = WireFormat::kAnthropicMessages;
+  // No equivalent on Anthropic. A zero penalty is the default, so it asks for nothing.
+  if (request.presence_penalty.value_or(0) != 0) return Unsupported("presence_penalty", kSelf);
+  if (request.frequency_penalty.value_or(0) != 0) return Unsupported("frequency_penalty", kSelf);
+  if (!request.logit_bias_json.empty()) return Unsupported("logit_bias", kSelf);
+  // JSON without a schema: Anthropic only constrains output to a given schema.
+  if (request.response_format && request.response_format->kind == ResponseFormat::Kind::kJsonObject)
+    return Status::InvalidArgument(
+        "response_format: json_object is not supported by anthropic upstreams (json_schema is)");
   json body = {{"model", model}, {"max_tokens", request.max_tokens.value_or(default_max_tokens)}};
   if (!request.system.empty()) body["system"] = request.system;
   json messages = json::array();
@@ -203,13 +255,25 @@ std::string BuildAnthropicRequest(const ChatRequest& request, const std::string&
     }
     body["tools"] = std::move(tools);
     const std::string& tc = request.tool_choice;
-    if (tc == "auto" || tc == "none") body["tool_choice"] = {{"type", tc}};
-    else if (tc == "required") body["tool_choice"] = {{"type", "any"}};
-    else if (!tc.empty()) body["tool_choice"] = {{"type", "tool"}, {"name", tc}};
+    json choice;
+    if (tc == "auto" || tc == "none") choice = {{"type", tc}};
+    else if (tc == "required") choice = {{"type", "any"}};
+    else if (!tc.empty()) choice = {{"type", "tool"}, {"name", tc}};
+    // Anthropic's switch for parallel calls lives in tool_choice ("none" makes no calls at all).
+    if (request.parallel_tool_calls && !*request.parallel_tool_calls && tc != "none") {
+      if (choice.is_null()) choice = {{"type", "auto"}};
+      choice["disable_parallel_tool_use"] = true;
+    }
+    if (!choice.is_null()) body["tool_choice"] = std::move(choice);
   }
   if (request.temperature) body["temperature"] = *request.temperature;
   if (request.top_p) body["top_p"] = *request.top_p;
+  if (request.top_k) body["top_k"] = *request.top_k;
   if (!request.stop.empty()) body["stop_sequences"] = request.stop;
+  if (request.response_format && request.response_format->kind == ResponseFormat::Kind::kJsonSchema) {
+    body["output_config"] = {
+        {"format", {{"type", "json_schema"}, {"schema", SchemaObject(request.response_format->schema_json)}}}};
+  }
   if (request.stream) body["stream"] = true;
   if (!request.user.empty()) body["metadata"] = {{"user_id", request.user}};
   return Dump(body);
@@ -247,6 +311,7 @@ Result<ChatResponse> ParseAnthropicResponse(const json& body) {
   std::string stop;
   ReadString(body, "stop_reason", "stop_reason", &stop).ok();
   out.finish = ParseFinishReason(WireFormat::kAnthropicMessages, stop);
+  if (stop == "stop_sequence") ReadString(body, "stop_sequence", "stop_sequence", &out.stop_sequence).ok();
   if (auto u = body.find("usage"); u != body.end() && u->is_object()) {
     // Cached prompt tokens are reported apart from input_tokens; the prompt is their sum.
     auto count = [&](const char* key) -> int64_t {
@@ -268,14 +333,17 @@ std::string BuildAnthropicResponse(const ChatResponse& response, const std::stri
   for (const ToolCall& c : response.tool_calls)
     content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name},
                        {"input", ArgumentsObject(c.arguments_json)}});
-  const char* stop = FinishReasonName(WireFormat::kAnthropicMessages, response.finish);
+  // A stop sequence is reported only when the upstream said which one matched.
+  const bool by_sequence = response.finish == FinishReason::kStop && !response.stop_sequence.empty();
+  const char* stop =
+      by_sequence ? "stop_sequence" : FinishReasonName(WireFormat::kAnthropicMessages, response.finish);
   json body = {{"id", PrefixedId(response.id, "msg_")},
                {"type", "message"},
                {"role", "assistant"},
                {"model", model},
                {"content", std::move(content)},
                {"stop_reason", *stop ? json(stop) : json(nullptr)},
-               {"stop_sequence", nullptr},
+               {"stop_sequence", by_sequence ? json(response.stop_sequence) : json(nullptr)},
                // Anthropic clients require both counts; unknown is reported as 0.
                {"usage", {{"input_tokens", std::max<int64_t>(response.usage.input_tokens, 0)},
                           {"output_tokens", std::max<int64_t>(response.usage.output_tokens, 0)}}}};

@@ -61,7 +61,12 @@ int64_t CountOr(const json& obj, const char* key) {
 
 }  // namespace
 
-std::string BuildGeminiRequest(const ChatRequest& request) {
+Result<std::string> BuildGeminiRequest(const ChatRequest& request) {
+  if (!request.logit_bias_json.empty()) return Unsupported("logit_bias", WireFormat::kGemini);
+  // Gemini has no switch for parallel function calls; true (the default) asks for nothing.
+  const bool calls_possible = !request.tools.empty() && request.tool_choice != "none";
+  if (calls_possible && request.parallel_tool_calls && !*request.parallel_tool_calls)
+    return Status::InvalidArgument("parallel_tool_calls: false is not supported by gemini upstreams");
   json body = json::object();
   if (!request.system.empty()) body["systemInstruction"] = {{"parts", json::array({{{"text", request.system}}})}};
   const std::vector<Message> messages = EffectiveMessages(request);
@@ -99,6 +104,23 @@ std::string BuildGeminiRequest(const ChatRequest& request) {
   // (which has no seed at all).
   if (request.seed && *request.seed >= INT32_MIN && *request.seed <= INT32_MAX) gen["seed"] = *request.seed;
   if (!request.stop.empty()) gen["stopSequences"] = request.stop;
+  if (request.top_k) gen["topK"] = *request.top_k;
+  // Zero is the default; some Gemini models refuse any penalty field, so a zero one is not sent.
+  if (request.presence_penalty.value_or(0) != 0) gen["presencePenalty"] = *request.presence_penalty;
+  if (request.frequency_penalty.value_or(0) != 0) gen["frequencyPenalty"] = *request.frequency_penalty;
+  if (request.response_format) {
+    switch (request.response_format->kind) {
+      case ResponseFormat::Kind::kText: break;  // Gemini's default (text/plain)
+      case ResponseFormat::Kind::kJsonObject: gen["responseMimeType"] = "application/json"; break;
+      case ResponseFormat::Kind::kJsonSchema:
+        // responseJsonSchema takes JSON Schema as clients write it (responseSchema wants
+        // Gemini's OpenAPI subset). Gemini has no schema name or strict flag; it always
+        // constrains to the schema.
+        gen["responseMimeType"] = "application/json";
+        gen["responseJsonSchema"] = SchemaObject(request.response_format->schema_json);
+        break;
+    }
+  }
   if (!gen.empty()) body["generationConfig"] = std::move(gen);
   return Dump(body);
 }

@@ -80,7 +80,11 @@ Status ReadPositiveInt(const json& obj, const char* key, const std::string& path
 // Any integer in int64 range ("seed").
 Status ReadInt(const json& obj, const char* key, const std::string& path, std::optional<int64_t>* out);
 Status ReadNumber(const json& obj, const char* key, const std::string& path, std::optional<double>* out);
+// A number in [lo, hi] ("presence_penalty: expected a number between -2 and 2").
+Status ReadNumberInRange(const json& obj, const char* key, const std::string& path, double lo, double hi,
+                         std::optional<double>* out);
 Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out);
+Status ReadBool(const json& obj, const char* key, const std::string& path, std::optional<bool>* out);
 // A string or an array of strings (OpenAI "stop"); Anthropic's stop_sequences passes
 // `allow_single_string` = false.
 Status ReadStop(const json& obj, const char* key, const std::string& path, bool allow_single_string,
@@ -92,7 +96,8 @@ Status ReadObjectText(const json& obj, const char* key, const std::string& path,
 // and Gemini as an object. Text that is empty becomes {}; text that is not a JSON object is
 // wrapped as {"_raw": "<text>"} so it survives (visibly) a format that needs an object.
 json ArgumentsObject(const std::string& arguments_json);
-// A schema text (Tool::parameters_json) as JSON; invalid or empty text gives {}.
+// An object text the parsers produced (Tool::parameters_json, ResponseFormat::schema_json,
+// ChatRequest::logit_bias_json) as JSON; invalid or empty text gives {}.
 json SchemaObject(const std::string& parameters_json);
 
 // The messages to send upstream: request.messages, or for a completions request one user
@@ -109,12 +114,18 @@ std::string PrefixedId(const std::string& id, const char* prefix);
 // Unix seconds now, for responses whose upstream reported no creation time.
 int64_t NowSeconds();
 
+// The upstream builders' refusal of a field `upstream` has no equivalent for: InvalidArgument
+// "<field>: not supported by <format> upstreams" (the client asked for something the chosen
+// upstream cannot do; answering without it would be answering a different question).
+Status Unsupported(const std::string& field, WireFormat upstream);
+
 // ---- per format (translate_openai.cc, translate_anthropic.cc, translate_gemini.cc)
-std::string BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model);
-std::string BuildOpenAICompletionsRequest(const ChatRequest& request, const std::string& model);
-std::string BuildAnthropicRequest(const ChatRequest& request, const std::string& model,
-                                  int64_t default_max_tokens);
-std::string BuildGeminiRequest(const ChatRequest& request);
+// Each fails only through Unsupported.
+Result<std::string> BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model);
+Result<std::string> BuildOpenAICompletionsRequest(const ChatRequest& request, const std::string& model);
+Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std::string& model,
+                                          int64_t default_max_tokens);
+Result<std::string> BuildGeminiRequest(const ChatRequest& request);
 
 Result<ChatResponse> ParseOpenAIChatResponse(const json& body);
 Result<ChatResponse> ParseOpenAICompletionsResponse(const json& body);

@@ -1,4 +1,5 @@
 // JSON reading helpers shared by the format translators (see translate_internal.h).
+#include <cstdio>
 #include <ctime>
 #include <random>
 
@@ -102,11 +103,33 @@ Status ReadNumber(const json& obj, const char* key, const std::string& path, std
   return Status::Ok();
 }
 
+Status ReadNumberInRange(const json& obj, const char* key, const std::string& path, double lo, double hi,
+                         std::optional<double>* out) {
+  std::optional<double> v;
+  KEEL_RETURN_IF_ERROR(ReadNumber(obj, key, path, &v));
+  if (!v) return Status::Ok();
+  if (!(*v >= lo && *v <= hi)) {
+    char range[64];
+    std::snprintf(range, sizeof range, "%g and %g", lo, hi);
+    return Status::InvalidArgument(path + ": expected a number between " + range);
+  }
+  *out = v;
+  return Status::Ok();
+}
+
 Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out) {
   const json* v = Field(obj, key);
   if (!v) return Status::Ok();
   if (!v->is_boolean()) return Status::InvalidArgument(path + ": expected true or false");
   *out = v->get<bool>();
+  return Status::Ok();
+}
+
+Status ReadBool(const json& obj, const char* key, const std::string& path, std::optional<bool>* out) {
+  if (!Field(obj, key)) return Status::Ok();
+  bool b = false;
+  KEEL_RETURN_IF_ERROR(ReadBool(obj, key, path, &b));
+  *out = b;
   return Status::Ok();
 }
 
@@ -189,5 +212,9 @@ std::string PrefixedId(const std::string& id, const char* prefix) {
 }
 
 int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
+
+Status Unsupported(const std::string& field, WireFormat upstream) {
+  return Status::InvalidArgument(field + ": not supported by " + WireFormatName(upstream) + " upstreams");
+}
 
 }  // namespace keel::gateway::internal

@@ -1,5 +1,7 @@
 // OpenAI Chat Completions and (legacy) Completions: client requests in, upstream requests out,
 // upstream responses in, client responses out.
+#include <cctype>
+
 #include "keel/gateway/translate.h"
 #include "keel/gateway/translate_internal.h"
 
@@ -8,6 +10,70 @@ namespace keel::gateway {
 using namespace internal;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
+
+constexpr size_t kMaxLogitBias = 300;  // OpenAI's own bound on logit_bias entries
+
+// logit_bias: token ids (decimal strings, as JSON keys must be) to biases in [-100, 100]. Kept
+// as compact text; an empty object is the same as none.
+Status ReadLogitBias(const json& body, std::string* out) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return Status::InvalidArgument("logit_bias: expected an object of token ids to numbers");
+  if (it->size() > kMaxLogitBias)
+    return Status::InvalidArgument("logit_bias: at most " + std::to_string(kMaxLogitBias) + " entries");
+  for (const auto& [key, value] : it->items()) {
+    // Not echoed: a key that is not a token id may hold anything.
+    if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos)
+      return Status::InvalidArgument("logit_bias: keys must be token ids (non-negative integers)");
+    if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100))
+      return Status::InvalidArgument("logit_bias." + key + ": expected a number between -100 and 100");
+  }
+  if (!it->empty()) *out = Dump(*it);
+  return Status::Ok();
+}
+
+// OpenAI's rule for json_schema.name.
+bool ValidSchemaName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  return true;
+}
+
+// response_format: {type: text} | {type: json_object} | {type: json_schema, json_schema: {name,
+// schema, strict, description}}. The description is not carried (no other format has one).
+Status ReadResponseFormat(const json& body, ChatRequest* req) {
+  auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return Status::InvalidArgument("response_format: expected an object");
+  std::string type;
+  KEEL_RETURN_IF_ERROR(ReadRequiredString(*it, "type", "response_format.type", &type));
+  ResponseFormat format;
+  if (type == "text") {
+    format.kind = ResponseFormat::Kind::kText;
+  } else if (type == "json_object") {
+    format.kind = ResponseFormat::Kind::kJsonObject;
+  } else if (type == "json_schema") {
+    format.kind = ResponseFormat::Kind::kJsonSchema;
+    auto js = it->find("json_schema");
+    if (js == it->end() || js->is_null()) return Status::InvalidArgument("response_format.json_schema: required");
+    if (!js->is_object()) return Status::InvalidArgument("response_format.json_schema: expected an object");
+    KEEL_RETURN_IF_ERROR(ReadRequiredString(*js, "name", "response_format.json_schema.name", &format.name));
+    if (!ValidSchemaName(format.name))
+      return Status::InvalidArgument(
+          "response_format.json_schema.name: expected 1 to 64 letters, digits, '_' or '-'");
+    std::string description;  // validated, not carried
+    KEEL_RETURN_IF_ERROR(
+        ReadString(*js, "description", "response_format.json_schema.description", &description));
+    KEEL_RETURN_IF_ERROR(
+        ReadObjectText(*js, "schema", "response_format.json_schema.schema", &format.schema_json));
+    KEEL_RETURN_IF_ERROR(ReadBool(*js, "strict", "response_format.json_schema.strict", &format.strict));
+  } else {
+    return Status::InvalidArgument("response_format.type: expected text, json_object or json_schema");
+  }
+  req->response_format = std::move(format);
+  return Status::Ok();
+}
 
 // Fields chat and completions requests share.
 Status ReadCommon(const json& body, ChatRequest* req) {
@@ -19,6 +85,13 @@ Status ReadCommon(const json& body, ChatRequest* req) {
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "temperature", "temperature", &req->temperature));
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "top_p", "top_p", &req->top_p));
   KEEL_RETURN_IF_ERROR(ReadInt(body, "seed", "seed", &req->seed));
+  // Not an OpenAI field, but `keel serve` and most OpenAI-compatible servers read it.
+  KEEL_RETURN_IF_ERROR(ReadPositiveInt(body, "top_k", "top_k", &req->top_k));
+  KEEL_RETURN_IF_ERROR(
+      ReadNumberInRange(body, "presence_penalty", "presence_penalty", -2, 2, &req->presence_penalty));
+  KEEL_RETURN_IF_ERROR(
+      ReadNumberInRange(body, "frequency_penalty", "frequency_penalty", -2, 2, &req->frequency_penalty));
+  KEEL_RETURN_IF_ERROR(ReadLogitBias(body, &req->logit_bias_json));
   KEEL_RETURN_IF_ERROR(ReadStop(body, "stop", "stop", /*allow_single_string=*/true, &req->stop));
   KEEL_RETURN_IF_ERROR(ReadBool(body, "stream", "stream", &req->stream));
   KEEL_RETURN_IF_ERROR(ReadString(body, "user", "user", &req->user));
@@ -167,10 +240,15 @@ Status ReadTools(const json& body, ChatRequest* req) {
   return ReadRequiredString(*fn, "name", "tool_choice.function.name", &req->tool_choice);
 }
 
-// Sampling fields both OpenAI upstream bodies carry.
+// Sampling fields both OpenAI upstream bodies carry. top_k too: `keel serve` (and vLLM, llama.cpp)
+// honour it; OpenAI itself answers 400 naming it, which reaches the client as such.
 void WriteCommon(const ChatRequest& request, json* body) {
   if (request.temperature) (*body)["temperature"] = *request.temperature;
   if (request.top_p) (*body)["top_p"] = *request.top_p;
+  if (request.top_k) (*body)["top_k"] = *request.top_k;
+  if (request.presence_penalty) (*body)["presence_penalty"] = *request.presence_penalty;
+  if (request.frequency_penalty) (*body)["frequency_penalty"] = *request.frequency_penalty;
+  if (!request.logit_bias_json.empty()) (*body)["logit_bias"] = SchemaObject(request.logit_bias_json);
   if (request.seed) (*body)["seed"] = *request.seed;
   if (!request.stop.empty()) (*body)["stop"] = request.stop;
   if (!request.user.empty()) (*body)["user"] = request.user;
@@ -179,6 +257,19 @@ void WriteCommon(const ChatRequest& request, json* body) {
     // Always asked for: the gateway counts tokens even when the client does not want usage.
     (*body)["stream_options"] = {{"include_usage", true}};
   }
+}
+
+json ResponseFormatJson(const ResponseFormat& format) {
+  switch (format.kind) {
+    case ResponseFormat::Kind::kText: return {{"type", "text"}};
+    case ResponseFormat::Kind::kJsonObject: return {{"type", "json_object"}};
+    case ResponseFormat::Kind::kJsonSchema: break;
+  }
+  // OpenAI requires a name; Anthropic's output_config.format has none to give.
+  json schema = {{"name", format.name.empty() ? "response" : format.name},
+                 {"schema", SchemaObject(format.schema_json)}};
+  if (format.strict) schema["strict"] = true;
+  return {{"type", "json_schema"}, {"json_schema", std::move(schema)}};
 }
 
 json ToolCallsJson(const std::vector<ToolCall>& calls) {
@@ -241,6 +332,9 @@ Result<ChatRequest> ParseOpenAIChatRequest(std::string_view text) {
   KEEL_RETURN_IF_ERROR(ReadCommon(body, &req));
   KEEL_RETURN_IF_ERROR(ReadMessages(body, &req));
   KEEL_RETURN_IF_ERROR(ReadTools(body, &req));
+  KEEL_RETURN_IF_ERROR(
+      ReadBool(body, "parallel_tool_calls", "parallel_tool_calls", &req.parallel_tool_calls));
+  KEEL_RETURN_IF_ERROR(ReadResponseFormat(body, &req));
   return req;
 }
 
@@ -266,7 +360,7 @@ Result<ChatRequest> ParseOpenAICompletionsRequest(std::string_view text) {
 
 namespace internal {
 
-std::string BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model) {
+Result<std::string> BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model) {
   json body = {{"model", model}};
   json messages = json::array();
   if (!request.system.empty()) messages.push_back({{"role", "system"}, {"content", request.system}});
@@ -292,14 +386,20 @@ std::string BuildOpenAIChatRequest(const ChatRequest& request, const std::string
     const std::string& tc = request.tool_choice;
     if (tc == "auto" || tc == "none" || tc == "required") body["tool_choice"] = tc;
     else if (!tc.empty()) body["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc}}}};
+    // Only with tools: OpenAI refuses parallel_tool_calls in a request without them.
+    if (request.parallel_tool_calls) body["parallel_tool_calls"] = *request.parallel_tool_calls;
   }
+  if (request.response_format) body["response_format"] = ResponseFormatJson(*request.response_format);
   // max_completion_tokens: OpenAI's reasoning models reject max_tokens; keel serve reads both.
   if (request.max_tokens) body["max_completion_tokens"] = *request.max_tokens;
   WriteCommon(request, &body);
   return Dump(body);
 }
 
-std::string BuildOpenAICompletionsRequest(const ChatRequest& request, const std::string& model) {
+Result<std::string> BuildOpenAICompletionsRequest(const ChatRequest& request, const std::string& model) {
+  // Legacy completions have no structured output (nor tools: those are not sent).
+  if (request.response_format && request.response_format->kind != ResponseFormat::Kind::kText)
+    return Unsupported("response_format", WireFormat::kOpenAICompletions);
   std::string prompt = request.prompt;
   if (request.client_format != WireFormat::kOpenAICompletions) {
     // A chat request to a completions-only upstream: the turns as plain text, no template.

@@ -359,6 +359,41 @@ TEST(StreamEncoder, AnthropicEventShapesAndDeferredUsage) {
   EXPECT_EQ(Json::parse(early[0].data)["message"]["usage"]["input_tokens"], 40);
 }
 
+StreamEvent FinSeq(FinishReason r, std::string sequence) {
+  StreamEvent e = Fin(r);
+  e.stop_sequence = std::move(sequence);
+  return e;
+}
+
+// The message_delta of an Anthropic client stream.
+Json AnthropicEnd(const std::vector<StreamEvent>& events) {
+  auto frames = Frames(EncodeAll(WireFormat::kAnthropicMessages, events, false));
+  for (const auto& f : frames)
+    if (f.event == "message_delta") return Json::parse(f.data)["delta"];
+  ADD_FAILURE() << "no message_delta";
+  return Json();
+}
+
+TEST(StreamEncoder, AnthropicStopSequence) {
+  Json d = AnthropicEnd({Start("s"), Text("one two"), FinSeq(FinishReason::kStop, "###"), E(Kind::kDone)});
+  EXPECT_EQ(d["stop_reason"], "stop_sequence");
+  EXPECT_EQ(d["stop_sequence"], "###");
+  d = AnthropicEnd({Start("s"), Text("x"), Fin(FinishReason::kStop), E(Kind::kDone)});
+  EXPECT_EQ(d["stop_reason"], "end_turn");
+  EXPECT_TRUE(d["stop_sequence"].is_null());
+  d = AnthropicEnd({Start("s"), Text("x"), FinSeq(FinishReason::kLength, "###"), E(Kind::kDone)});
+  EXPECT_EQ(d["stop_reason"], "max_tokens");  // only a stop is reported as a sequence
+  EXPECT_TRUE(d["stop_sequence"].is_null());
+  d = AnthropicEnd({Start("s"), Text("x"), FinSeq(FinishReason::kStop, "A"), FinSeq(FinishReason::kStop, "B"),
+                    E(Kind::kDone)});
+  EXPECT_EQ(d["stop_sequence"], "A");  // the first finish wins, with its sequence
+  // OpenAI clients have no such field: a plain "stop".
+  auto frames = Frames(EncodeAll(WireFormat::kOpenAIChat,
+                                 {Start("s"), Text("x"), FinSeq(FinishReason::kStop, "###"), E(Kind::kDone)}, false));
+  ASSERT_GE(frames.size(), 2u);
+  EXPECT_EQ(Json::parse(frames[frames.size() - 2].data)["choices"][0]["finish_reason"], "stop");
+}
+
 TEST(StreamEncoder, EventsAfterDoneOrErrorAreIgnored) {
   for (WireFormat client : kClients) {
     auto enc = MakeStreamEncoder(client, "m", true);
@@ -494,6 +529,30 @@ TEST(StreamTranslate, EveryUpstreamToEveryClient) {
       ExpectSame(Expected(client, in, true), Summarize(back));
     }
   }
+}
+
+// An Anthropic upstream that stopped on a stop sequence, to an Anthropic client: the sequence
+// survives decode and re-encode, and the client-side decoder reads it back.
+TEST(StreamTranslate, AnthropicStopSequenceReachesAnthropicClient) {
+  std::string up = kAnthropicUp;
+  const std::string natural = "{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}";
+  const size_t at = up.find(natural);
+  ASSERT_NE(at, std::string::npos);
+  up.replace(at, natural.size(), "{\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"\\n\\nHuman:\"}");
+  auto events = DecodeAll(WireFormat::kAnthropicMessages, up);
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  const std::string client = EncodeAll(WireFormat::kAnthropicMessages, *events, false);
+  Json end;
+  for (const auto& f : Frames(client))
+    if (f.event == "message_delta") end = Json::parse(f.data)["delta"];
+  EXPECT_EQ(end["stop_reason"], "stop_sequence");
+  EXPECT_EQ(end["stop_sequence"], "\n\nHuman:");
+  auto back = DecodeAll(WireFormat::kAnthropicMessages, client);
+  ASSERT_TRUE(back.ok());
+  std::string seen;
+  for (const StreamEvent& e : *back)
+    if (e.kind == Kind::kFinish) seen = e.stop_sequence;
+  EXPECT_EQ(seen, "\n\nHuman:");
 }
 
 TEST(StreamTranslate, ToolCallsSurviveWithIdsAndArguments) {

@@ -135,7 +135,9 @@ std::string Describe(const StreamEvent& e) {
     case Kind::kToolCallStart:
       return "tool(" + std::to_string(e.tool_index) + "," + e.tool_call.id + "," + e.tool_call.name + ")";
     case Kind::kToolCallDelta: return "args(" + std::to_string(e.tool_index) + "," + e.text + ")";
-    case Kind::kFinish: return "finish(" + std::to_string(static_cast<int>(e.finish)) + ")";
+    case Kind::kFinish:
+      return "finish(" + std::to_string(static_cast<int>(e.finish)) +
+             (e.stop_sequence.empty() ? "" : "," + e.stop_sequence) + ")";
     case Kind::kUsage:
       return "usage(" + std::to_string(e.usage.input_tokens) + "," + std::to_string(e.usage.output_tokens) + ")";
     case Kind::kDone: return "done";
@@ -368,6 +370,41 @@ TEST(StreamDecoder, AnthropicThinkingUnknownEventsAndEmptyToolInput) {
   EXPECT_EQ(d.events, (std::vector<std::string>{"start(msg_02,claude-opus-4)", "usage(7,-1)", "text(Done.)",
                                                 "tool(0,toolu_02,now)", "args(0,{})", "finish(2)", "usage(-1,99)",
                                                 "done"}));
+}
+
+// message_delta names the stop sequence that matched; it rides on kFinish (at every chunk boundary).
+TEST(StreamDecoder, AnthropicStopSequence) {
+  const std::string head =
+      "event: message_start\n"
+      "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_s\",\"model\":\"claude-x\",\"usage\":{\"input_tokens\":3}}}\n\n"
+      "event: content_block_start\n"
+      "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+      "event: content_block_delta\n"
+      "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"one two\"}}\n\n"
+      "event: content_block_stop\n"
+      "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n";
+  const std::string tail = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+  const std::string body =
+      head +
+      "event: message_delta\n"
+      "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"###\"},"
+      "\"usage\":{\"output_tokens\":2}}\n\n" +
+      tail;
+  const std::vector<std::string> want = {"start(msg_s,claude-x)", "usage(3,-1)", "text(one two)", "finish(1,###)",
+                                         "usage(-1,2)", "done"};
+  for (size_t cut = 0; cut <= body.size(); ++cut) {
+    Decoded d = DecodeChunked(WireFormat::kAnthropicMessages, body, {cut});
+    ASSERT_TRUE(d.status.ok()) << cut << ": " << d.status.ToString();
+    ASSERT_EQ(d.events, want) << cut;
+  }
+  // end_turn carries no sequence even if the field were filled.
+  Decoded end = Decode(WireFormat::kAnthropicMessages,
+                       head +
+                           "event: message_delta\n"
+                           "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":\"###\"}}\n\n" +
+                           tail);
+  ASSERT_TRUE(end.status.ok()) << end.status.ToString();
+  EXPECT_EQ(end.events[3], "finish(1)");
 }
 
 TEST(StreamDecoder, AnthropicTextDeltaForUnknownBlockIsCorruption) {

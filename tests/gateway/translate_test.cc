@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,13 @@ ChatRequest MustParse(WireFormat f, const json& body) {
   auto r = ParseClientRequest(f, body.dump());
   EXPECT_TRUE(r.ok()) << r.status().ToString() << "\n" << body.dump();
   return r.ok() ? r.value() : ChatRequest{};
+}
+
+// The upstream body for `r`, which must be buildable.
+std::string Up(WireFormat f, const ChatRequest& r, const std::string& model, int64_t default_max_tokens = 4096) {
+  auto built = BuildUpstreamRequest(f, r, model, default_max_tokens);
+  EXPECT_TRUE(built.ok()) << built.status().ToString();
+  return built.ok() ? built.value() : "{}";
 }
 
 ChatResponse MustParseResponse(WireFormat f, const std::string& body) {
@@ -230,7 +238,7 @@ TEST(TranslateRequest, OpenAIChatParsesEveryField) {
 
 TEST(TranslateRequest, OpenAIToOpenAIRoundTrip) {
   ChatRequest r = MustParse(kOpenAI, OpenAIToolConversation());
-  json up = J(BuildUpstreamRequest(kOpenAI, r, "gpt-4o"));
+  json up = J(Up(kOpenAI, r, "gpt-4o"));
   EXPECT_EQ(up["model"], "gpt-4o");
   EXPECT_EQ(up["messages"][0]["role"], "system");
   EXPECT_TRUE(up["messages"][2]["content"].is_null());  // only tool calls
@@ -261,7 +269,7 @@ TEST(TranslateRequest, OpenAIToAnthropicAlternatesAndMergesToolResults) {
   ChatRequest r = MustParse(kOpenAI, OpenAIToolConversation());
   r.max_tokens.reset();
   r.tool_choice = "required";
-  json up = J(BuildUpstreamRequest(kAnthropic, r, "claude-x", 777));
+  json up = J(Up(kAnthropic, r, "claude-x", 777));
   EXPECT_EQ(up["model"], "claude-x");
   EXPECT_EQ(up["max_tokens"], 777);  // default fills the required field
   EXPECT_EQ(up["system"], "Be brief.\nUse tools.");
@@ -303,7 +311,7 @@ TEST(TranslateRequest, OpenAIToAnthropicAlternatesAndMergesToolResults) {
 
 TEST(TranslateRequest, OpenAIToGemini) {
   ChatRequest r = MustParse(kOpenAI, OpenAIToolConversation());
-  json up = J(BuildUpstreamRequest(kGemini, r, "gemini-2.5-flash"));
+  json up = J(Up(kGemini, r, "gemini-2.5-flash"));
   EXPECT_FALSE(up.contains("model"));  // in the URL
   EXPECT_EQ(up["systemInstruction"]["parts"][0]["text"], "Be brief.\nUse tools.");
   const json& c = up["contents"];
@@ -332,20 +340,20 @@ TEST(TranslateRequest, OpenAIToGemini) {
   EXPECT_EQ(up["generationConfig"]["stopSequences"][0], "END");
 
   r.tool_choice = "none";
-  EXPECT_EQ(J(BuildUpstreamRequest(kGemini, r, "g"))["toolConfig"]["functionCallingConfig"]["mode"], "NONE");
+  EXPECT_EQ(J(Up(kGemini, r, "g"))["toolConfig"]["functionCallingConfig"]["mode"], "NONE");
   // Gemini's seed is an int32: a wider one is not sent (OpenAI upstreams still get it).
   r.seed = int64_t{1} << 40;
-  EXPECT_FALSE(J(BuildUpstreamRequest(kGemini, r, "g"))["generationConfig"].contains("seed"));
-  EXPECT_EQ(J(BuildUpstreamRequest(kOpenAI, r, "gpt"))["seed"], int64_t{1} << 40);
+  EXPECT_FALSE(J(Up(kGemini, r, "g"))["generationConfig"].contains("seed"));
+  EXPECT_EQ(J(Up(kOpenAI, r, "gpt"))["seed"], int64_t{1} << 40);
   r.seed = -5;
-  EXPECT_EQ(J(BuildUpstreamRequest(kGemini, r, "g"))["generationConfig"]["seed"], -5);
+  EXPECT_EQ(J(Up(kGemini, r, "g"))["generationConfig"]["seed"], -5);
 }
 
 TEST(TranslateRequest, GeminiToolNameFromMessageWhenCallUnknown) {
   ChatRequest r;
   r.messages = {Message{.role = "user", .content = "hi", .tool_calls = {}, .tool_call_id = "", .name = ""},
                 Message{.role = "tool", .content = "[1,2]", .tool_calls = {}, .tool_call_id = "x", .name = "lookup"}};
-  json up = J(BuildUpstreamRequest(kGemini, r, "g"));
+  json up = J(Up(kGemini, r, "g"));
   EXPECT_EQ(up["contents"][0]["parts"][1]["functionResponse"]["name"], "lookup");
   EXPECT_EQ(up["contents"][0]["parts"][1]["functionResponse"]["response"]["result"], "[1,2]");
   EXPECT_FALSE(up.contains("generationConfig"));
@@ -396,7 +404,7 @@ TEST(TranslateRequest, AnthropicParsesBlocks) {
 
 TEST(TranslateRequest, AnthropicToOpenAI) {
   ChatRequest r = MustParse(kAnthropic, AnthropicConversation());
-  json up = J(BuildUpstreamRequest(kOpenAI, r, "gpt"));
+  json up = J(Up(kOpenAI, r, "gpt"));
   const json& m = up["messages"];
   ASSERT_EQ(m.size(), 5u);
   EXPECT_EQ(m[0]["role"], "system");
@@ -416,7 +424,7 @@ TEST(TranslateRequest, AnthropicToOpenAI) {
 
 TEST(TranslateRequest, AnthropicToAnthropicRoundTrip) {
   ChatRequest r = MustParse(kAnthropic, AnthropicConversation());
-  json up = J(BuildUpstreamRequest(kAnthropic, r, "claude-real"));
+  json up = J(Up(kAnthropic, r, "claude-real"));
   EXPECT_EQ(up["max_tokens"], 256);  // the request's, not the default
   EXPECT_EQ(up["tool_choice"], J(R"({"type":"tool","name":"calc"})"));
   ChatRequest back = MustParse(kAnthropic, up);
@@ -435,13 +443,13 @@ TEST(TranslateRequest, InvalidToolArgumentsAreKeptOrWrapped) {
   body["messages"][3]["tool_calls"][0]["function"]["arguments"] = "{not json";
   body["messages"][3]["tool_calls"][1]["function"]["arguments"] = "";
   ChatRequest r = MustParse(kOpenAI, body);
-  json openai = J(BuildUpstreamRequest(kOpenAI, r, "m"));
+  json openai = J(Up(kOpenAI, r, "m"));
   EXPECT_EQ(openai["messages"][2]["tool_calls"][0]["function"]["arguments"], "{not json");  // verbatim
   EXPECT_EQ(openai["messages"][2]["tool_calls"][1]["function"]["arguments"], "{}");
-  json anthropic = J(BuildUpstreamRequest(kAnthropic, r, "m"));
+  json anthropic = J(Up(kAnthropic, r, "m"));
   EXPECT_EQ(anthropic["messages"][1]["content"][0]["input"]["_raw"], "{not json");
   EXPECT_EQ(anthropic["messages"][1]["content"][1]["input"], json::object());
-  json gemini = J(BuildUpstreamRequest(kGemini, r, "m"));
+  json gemini = J(Up(kGemini, r, "m"));
   EXPECT_EQ(gemini["contents"][1]["parts"][0]["functionCall"]["args"]["_raw"], "{not json");
 }
 
@@ -450,16 +458,16 @@ TEST(TranslateRequest, CompletionsBecomesOneUserMessage) {
   EXPECT_EQ(r.client_format, kCompletions);
   EXPECT_EQ(r.prompt, "Once upon");
   EXPECT_TRUE(r.messages.empty());
-  json chat = J(BuildUpstreamRequest(kOpenAI, r, "up"));
+  json chat = J(Up(kOpenAI, r, "up"));
   ASSERT_EQ(chat["messages"].size(), 1u);
   EXPECT_EQ(chat["messages"][0]["role"], "user");
   EXPECT_EQ(chat["messages"][0]["content"], "Once upon");
-  json anthropic = J(BuildUpstreamRequest(kAnthropic, r, "up"));
+  json anthropic = J(Up(kAnthropic, r, "up"));
   EXPECT_EQ(anthropic["messages"][0]["content"][0]["text"], "Once upon");
   EXPECT_EQ(anthropic["max_tokens"], 7);
-  json gemini = J(BuildUpstreamRequest(kGemini, r, "up"));
+  json gemini = J(Up(kGemini, r, "up"));
   EXPECT_EQ(gemini["contents"][0]["parts"][0]["text"], "Once upon");
-  json completions = J(BuildUpstreamRequest(kCompletions, r, "up"));
+  json completions = J(Up(kCompletions, r, "up"));
   EXPECT_EQ(completions["prompt"], "Once upon");
   EXPECT_EQ(completions["max_tokens"], 7);
   EXPECT_EQ(MustParse(kCompletions, J(R"({"model":"m","prompt":"p"})")).prompt, "p");
@@ -769,6 +777,345 @@ TEST(TranslateBadInput, AcceptsIntegralDoublesAndNulls) {
   EXPECT_EQ(r.max_tokens, 16);
   EXPECT_FALSE(r.temperature.has_value());
   EXPECT_TRUE(r.stop.empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling and structured-output fields: parsed, carried or translated per upstream, or refused
+
+// An OpenAI chat request with every sampling/structured-output field the gateway carries.
+json OpenAISamplingRequest() {
+  return J(R"({
+    "model": "gpt-virtual",
+    "messages": [{"role": "user", "content": "Weather?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+    "top_k": 40, "presence_penalty": 0.5, "frequency_penalty": -1.25,
+    "logit_bias": {"50256": -100, "15": 2.5},
+    "parallel_tool_calls": false,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "weather_report", "strict": true,
+      "description": "A report",
+      "schema": {"type": "object", "properties": {"temp": {"type": "number"}}, "required": ["temp"],
+                 "additionalProperties": false}}}
+  })");
+}
+
+const json kWeatherSchema = J(R"({"type":"object","properties":{"temp":{"type":"number"}},"required":["temp"],
+                                  "additionalProperties":false})");
+
+// The request minus the fields `drop` names, so each upstream's refusal can be checked alone.
+ChatRequest Without(ChatRequest r, const std::vector<std::string>& drop) {
+  for (const std::string& f : drop) {
+    if (f == "presence_penalty") r.presence_penalty.reset();
+    if (f == "frequency_penalty") r.frequency_penalty.reset();
+    if (f == "logit_bias") r.logit_bias_json.clear();
+    if (f == "parallel_tool_calls") r.parallel_tool_calls.reset();
+    if (f == "response_format") r.response_format.reset();
+  }
+  return r;
+}
+
+std::optional<ResponseFormat::Kind> FormatKind(const ChatRequest& r) {
+  return r.response_format ? std::optional(r.response_format->kind) : std::nullopt;
+}
+
+void ExpectRefused(WireFormat upstream, const ChatRequest& r, const std::string& field) {
+  auto built = BuildUpstreamRequest(upstream, r, "m");
+  ASSERT_FALSE(built.ok()) << WireFormatName(upstream) << " accepted " << field;
+  EXPECT_EQ(built.status().code(), StatusCode::kInvalidArgument);
+  const std::string& m = built.status().message();
+  EXPECT_EQ(m.rfind(field + ":", 0), 0u) << m;  // names the field first
+  EXPECT_NE(m.find(WireFormatName(upstream)), std::string::npos) << m;  // and the upstream
+}
+
+TEST(TranslateSampling, OpenAIParsesEveryField) {
+  ChatRequest r = MustParse(kOpenAI, OpenAISamplingRequest());
+  EXPECT_EQ(r.top_k, 40);
+  EXPECT_EQ(r.presence_penalty, 0.5);
+  EXPECT_EQ(r.frequency_penalty, -1.25);
+  EXPECT_EQ(J(r.logit_bias_json), J(R"({"50256":-100,"15":2.5})"));
+  EXPECT_EQ(r.parallel_tool_calls, false);
+  ASSERT_TRUE(r.response_format.has_value());
+  EXPECT_EQ(r.response_format->kind, ResponseFormat::Kind::kJsonSchema);
+  EXPECT_EQ(r.response_format->name, "weather_report");
+  EXPECT_TRUE(r.response_format->strict);
+  EXPECT_EQ(J(r.response_format->schema_json), kWeatherSchema);
+
+  json body = OpenAISamplingRequest();
+  body["response_format"] = {{"type", "json_object"}};
+  body["logit_bias"] = json::object();  // empty: nothing to bias
+  body.erase("parallel_tool_calls");
+  ChatRequest o = MustParse(kOpenAI, body);
+  EXPECT_EQ(FormatKind(o), ResponseFormat::Kind::kJsonObject);
+  EXPECT_TRUE(o.logit_bias_json.empty());
+  EXPECT_FALSE(o.parallel_tool_calls.has_value());
+  body["response_format"] = {{"type", "text"}};
+  EXPECT_EQ(FormatKind(MustParse(kOpenAI, body)), ResponseFormat::Kind::kText);
+  body.erase("response_format");
+  EXPECT_FALSE(MustParse(kOpenAI, body).response_format.has_value());
+
+  // Completions clients share the sampling fields.
+  ChatRequest c = MustParse(kCompletions, J(R"({"model":"m","prompt":"p","presence_penalty":1,
+                                                "frequency_penalty":2,"logit_bias":{"7":1},"top_k":3})"));
+  EXPECT_EQ(c.presence_penalty, 1);
+  EXPECT_EQ(c.frequency_penalty, 2);
+  EXPECT_EQ(J(c.logit_bias_json), J(R"({"7":1})"));
+  EXPECT_EQ(c.top_k, 3);
+}
+
+TEST(TranslateSampling, OpenAIUpstreamCarriesEveryField) {
+  ChatRequest r = MustParse(kOpenAI, OpenAISamplingRequest());
+  ASSERT_TRUE(r.response_format.has_value());
+  json up = J(Up(kOpenAI, r, "gpt-4o"));
+  EXPECT_EQ(up["top_k"], 40);  // keel serve reads it; OpenAI answers its own 400
+  EXPECT_EQ(up["presence_penalty"], 0.5);
+  EXPECT_EQ(up["frequency_penalty"], -1.25);
+  EXPECT_EQ(up["logit_bias"], J(R"({"50256":-100,"15":2.5})"));
+  EXPECT_EQ(up["parallel_tool_calls"], false);
+  EXPECT_EQ(up["response_format"], json({{"type", "json_schema"},
+                                         {"json_schema", {{"name", "weather_report"}, {"strict", true},
+                                                          {"schema", kWeatherSchema}}}}));
+  // And it parses back to the same request.
+  ChatRequest back = MustParse(kOpenAI, up);
+  EXPECT_EQ(back.presence_penalty, r.presence_penalty);
+  EXPECT_EQ(J(back.logit_bias_json), J(r.logit_bias_json));
+  ASSERT_TRUE(back.response_format.has_value());
+  EXPECT_EQ(back.response_format->name, "weather_report");
+
+  r.response_format->kind = ResponseFormat::Kind::kJsonObject;
+  EXPECT_EQ(J(Up(kOpenAI, r, "m"))["response_format"], json({{"type", "json_object"}}));
+  // parallel_tool_calls only goes with tools (OpenAI refuses it without).
+  r.tools.clear();
+  EXPECT_FALSE(J(Up(kOpenAI, r, "m")).contains("parallel_tool_calls"));
+
+  // Legacy completions upstream: sampling fields carried, structured output refused.
+  json comp = J(Up(kCompletions, Without(r, {"response_format"}), "m"));
+  EXPECT_EQ(comp["presence_penalty"], 0.5);
+  EXPECT_EQ(comp["frequency_penalty"], -1.25);
+  EXPECT_EQ(comp["logit_bias"]["50256"], -100);
+  ExpectRefused(kCompletions, r, "response_format");
+}
+
+TEST(TranslateSampling, AnthropicUpstreamTranslatesOrRefuses) {
+  ChatRequest r = MustParse(kOpenAI, OpenAISamplingRequest());
+  ASSERT_TRUE(r.response_format.has_value());
+  ExpectRefused(kAnthropic, r, "presence_penalty");
+  ExpectRefused(kAnthropic, Without(r, {"presence_penalty"}), "frequency_penalty");
+  ExpectRefused(kAnthropic, Without(r, {"presence_penalty", "frequency_penalty"}), "logit_bias");
+  ChatRequest ok = Without(r, {"presence_penalty", "frequency_penalty", "logit_bias"});
+  json up = J(Up(kAnthropic, ok, "claude-x"));
+  EXPECT_EQ(up["top_k"], 40);
+  EXPECT_EQ(up["tool_choice"], J(R"({"type":"auto","disable_parallel_tool_use":true})"));
+  EXPECT_EQ(up["output_config"], json({{"format", {{"type", "json_schema"}, {"schema", kWeatherSchema}}}}));
+  EXPECT_FALSE(up.contains("response_format"));
+  ok.tool_choice = "required";
+  EXPECT_EQ(J(Up(kAnthropic, ok, "c"))["tool_choice"], J(R"({"type":"any","disable_parallel_tool_use":true})"));
+  ok.tool_choice = "get_weather";
+  EXPECT_EQ(J(Up(kAnthropic, ok, "c"))["tool_choice"],
+            J(R"({"type":"tool","name":"get_weather","disable_parallel_tool_use":true})"));
+  ok.tool_choice = "none";  // no calls at all: nothing to disable
+  EXPECT_EQ(J(Up(kAnthropic, ok, "c"))["tool_choice"], J(R"({"type":"none"})"));
+  ok.tool_choice.clear();
+  ok.parallel_tool_calls = true;  // the default: omitted, never refused
+  EXPECT_FALSE(J(Up(kAnthropic, ok, "c")).contains("tool_choice"));
+
+  // JSON without a schema has no Anthropic equivalent; text is the default.
+  ok.response_format->kind = ResponseFormat::Kind::kJsonObject;
+  ExpectRefused(kAnthropic, ok, "response_format");
+  ok.response_format->kind = ResponseFormat::Kind::kText;
+  EXPECT_FALSE(J(Up(kAnthropic, ok, "c")).contains("output_config"));
+
+  // Zero penalties ask for nothing (SDKs send them as defaults).
+  ok.presence_penalty = 0;
+  ok.frequency_penalty = 0;
+  EXPECT_TRUE(BuildUpstreamRequest(kAnthropic, ok, "c").ok());
+}
+
+TEST(TranslateSampling, GeminiUpstreamTranslatesOrRefuses) {
+  ChatRequest r = MustParse(kOpenAI, OpenAISamplingRequest());
+  ASSERT_TRUE(r.response_format.has_value());
+  ExpectRefused(kGemini, r, "logit_bias");
+  ExpectRefused(kGemini, Without(r, {"logit_bias"}), "parallel_tool_calls");
+  ChatRequest ok = Without(r, {"logit_bias", "parallel_tool_calls"});
+  json gen = J(Up(kGemini, ok, "g"))["generationConfig"];
+  EXPECT_EQ(gen["topK"], 40);
+  EXPECT_EQ(gen["presencePenalty"], 0.5);
+  EXPECT_EQ(gen["frequencyPenalty"], -1.25);
+  EXPECT_EQ(gen["responseMimeType"], "application/json");
+  EXPECT_EQ(gen["responseJsonSchema"], kWeatherSchema);
+
+  ok.response_format->kind = ResponseFormat::Kind::kJsonObject;
+  gen = J(Up(kGemini, ok, "g"))["generationConfig"];
+  EXPECT_EQ(gen["responseMimeType"], "application/json");
+  EXPECT_FALSE(gen.contains("responseJsonSchema"));
+  ok.response_format->kind = ResponseFormat::Kind::kText;
+  ok.presence_penalty = 0;  // zero penalties are not sent: some Gemini models refuse the fields
+  gen = J(Up(kGemini, ok, "g"))["generationConfig"];
+  EXPECT_FALSE(gen.contains("responseMimeType"));
+  EXPECT_FALSE(gen.contains("presencePenalty"));
+
+  // parallel_tool_calls false only matters when a call can happen.
+  ok.parallel_tool_calls = false;
+  ok.tool_choice = "none";
+  EXPECT_TRUE(BuildUpstreamRequest(kGemini, ok, "g").ok());
+  ok.tool_choice.clear();
+  ok.tools.clear();
+  EXPECT_TRUE(BuildUpstreamRequest(kGemini, ok, "g").ok());
+  ChatRequest parallel = Without(r, {"logit_bias"});
+  parallel.parallel_tool_calls = true;  // the default: omitted, never refused
+  EXPECT_TRUE(BuildUpstreamRequest(kGemini, parallel, "g").ok());
+}
+
+json AnthropicSamplingRequest() {
+  return J(R"({
+    "model": "claude-virtual", "max_tokens": 64,
+    "messages": [{"role": "user", "content": "Weather?"}],
+    "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": true},
+    "top_k": 5, "stop_sequences": ["###"],
+    "output_config": {"format": {"type": "json_schema",
+      "schema": {"type": "object", "properties": {"temp": {"type": "number"}}, "required": ["temp"],
+                 "additionalProperties": false}}}
+  })");
+}
+
+TEST(TranslateSampling, AnthropicClientFields) {
+  ChatRequest r = MustParse(kAnthropic, AnthropicSamplingRequest());
+  EXPECT_EQ(r.top_k, 5);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"###"});
+  EXPECT_EQ(r.parallel_tool_calls, false);
+  EXPECT_EQ(r.tool_choice, "auto");
+  ASSERT_TRUE(r.response_format.has_value());
+  EXPECT_EQ(r.response_format->kind, ResponseFormat::Kind::kJsonSchema);
+  EXPECT_EQ(J(r.response_format->schema_json), kWeatherSchema);
+
+  // Anthropic -> Anthropic: the same fields in the same places.
+  json up = J(Up(kAnthropic, r, "claude-real"));
+  EXPECT_EQ(up["top_k"], 5);
+  EXPECT_EQ(up["stop_sequences"], json::array({"###"}));
+  EXPECT_EQ(up["tool_choice"], J(R"({"type":"auto","disable_parallel_tool_use":true})"));
+  EXPECT_EQ(up["output_config"]["format"]["schema"], kWeatherSchema);
+
+  // Anthropic -> OpenAI: a schema name is made up (OpenAI requires one); Anthropic's is strict.
+  json o = J(Up(kOpenAI, r, "gpt"));
+  EXPECT_EQ(o["response_format"]["json_schema"]["name"], "response");
+  EXPECT_EQ(o["response_format"]["json_schema"]["strict"], true);
+  EXPECT_EQ(o["response_format"]["json_schema"]["schema"], kWeatherSchema);
+  EXPECT_EQ(o["parallel_tool_calls"], false);
+  EXPECT_EQ(o["top_k"], 5);
+
+  // Anthropic -> Gemini.
+  json g = J(Up(kGemini, Without(r, {"parallel_tool_calls"}), "g"))["generationConfig"];
+  EXPECT_EQ(g["topK"], 5);
+  EXPECT_EQ(g["responseJsonSchema"], kWeatherSchema);
+
+  // The earlier beta's top-level output_format is read the same way.
+  json legacy = AnthropicSamplingRequest();
+  legacy["output_format"] = legacy["output_config"]["format"];
+  legacy.erase("output_config");
+  legacy["tool_choice"]["disable_parallel_tool_use"] = false;
+  ChatRequest l = MustParse(kAnthropic, legacy);
+  ASSERT_TRUE(l.response_format.has_value());
+  EXPECT_EQ(J(l.response_format->schema_json), kWeatherSchema);
+  EXPECT_EQ(l.parallel_tool_calls, true);
+}
+
+TEST(TranslateBadInput, SamplingAndStructuredOutputValues) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  const std::string amsgs = R"("max_tokens":10,"messages":[{"role":"user","content":"hi"}])";
+  auto openai = [&](const std::string& field) { return R"({"model":"m",)" + field + "," + msgs + "}"; };
+  auto anthropic = [&](const std::string& field) { return R"({"model":"m",)" + field + "," + amsgs + "}"; };
+  std::string many_biases = R"("logit_bias":{)";
+  for (int i = 0; i < 301; ++i) many_biases += (i ? ",\"" : "\"") + std::to_string(i) + "\":1";
+  many_biases += "}";
+  const std::vector<BadCase> cases = {
+      {kOpenAI, openai(R"("presence_penalty":2.5)"), "presence_penalty: expected a number between -2 and 2"},
+      {kOpenAI, openai(R"("presence_penalty":"0")"), "presence_penalty: expected a number"},
+      {kOpenAI, openai(R"("frequency_penalty":-2.01)"), "frequency_penalty: expected a number between -2 and 2"},
+      {kCompletions, R"({"model":"m","prompt":"p","frequency_penalty":3})", "frequency_penalty"},
+      {kOpenAI, openai(R"("logit_bias":[1])"), "logit_bias: expected an object"},
+      {kOpenAI, openai(R"("logit_bias":{"abc":1})"), "logit_bias: keys must be token ids"},
+      {kOpenAI, openai(R"("logit_bias":{"-5":1})"), "logit_bias: keys must be token ids"},
+      {kOpenAI, openai(R"("logit_bias":{"5":101})"), "logit_bias.5: expected a number between -100 and 100"},
+      {kOpenAI, openai(R"("logit_bias":{"5":"1"})"), "logit_bias.5: expected a number"},
+      {kOpenAI, openai(R"("logit_bias":{"5":null})"), "logit_bias.5: expected a number"},
+      {kOpenAI, openai(many_biases), "logit_bias: at most 300 entries"},
+      {kOpenAI, openai(R"("top_k":0)"), "top_k: expected a positive integer"},
+      {kOpenAI, openai(R"("parallel_tool_calls":"no")"), "parallel_tool_calls: expected true or false"},
+      {kOpenAI, openai(R"("response_format":"json")"), "response_format: expected an object"},
+      {kOpenAI, openai(R"("response_format":{})"), "response_format.type: required"},
+      {kOpenAI, openai(R"("response_format":{"type":"xml"})"), "response_format.type: expected text, json_object or json_schema"},
+      {kOpenAI, openai(R"("response_format":{"type":"json_schema"})"), "response_format.json_schema: required"},
+      {kOpenAI, openai(R"("response_format":{"type":"json_schema","json_schema":[]})"), "response_format.json_schema: expected an object"},
+      {kOpenAI, openai(R"("response_format":{"type":"json_schema","json_schema":{"schema":{}}})"),
+       "response_format.json_schema.name: required"},
+      {kOpenAI, openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}})"),
+       "response_format.json_schema.name: expected 1 to 64 letters"},
+      {kOpenAI, openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"s","schema":"{}"}})"),
+       "response_format.json_schema.schema: expected a JSON object"},
+      {kOpenAI, openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"s","strict":1}})"),
+       "response_format.json_schema.strict: expected true or false"},
+      {kAnthropic, anthropic(R"("top_k":0)"), "top_k: expected a positive integer"},
+      {kAnthropic, anthropic(R"("top_k":"5")"), "top_k: expected a positive integer"},
+      {kAnthropic, anthropic(R"("top_k":2.5)"), "top_k: expected a positive integer"},
+      {kAnthropic, anthropic(R"("tool_choice":{"type":"auto","disable_parallel_tool_use":"yes"})"),
+       "tool_choice.disable_parallel_tool_use: expected true or false"},
+      {kAnthropic, anthropic(R"("output_config":[])"), "output_config: expected an object"},
+      {kAnthropic, anthropic(R"("output_config":{"effort":"high"})"), "output_config: only format is supported"},
+      {kAnthropic, anthropic(R"("output_config":{"format":"json"})"), "output_config.format: expected an object"},
+      {kAnthropic, anthropic(R"("output_config":{"format":{"type":"xml","schema":{}}})"),
+       "output_config.format.type: expected json_schema"},
+      {kAnthropic, anthropic(R"("output_config":{"format":{"type":"json_schema"}})"), "output_config.format.schema: required"},
+      {kAnthropic, anthropic(R"("output_config":{"format":{"type":"json_schema","schema":[]}})"),
+       "output_config.format.schema: expected a JSON object"},
+      {kAnthropic, anthropic(R"("output_format":{"schema":{}})"), "output_format.type: required"},
+      {kAnthropic,
+       anthropic(R"("output_config":{"format":{"type":"json_schema","schema":{}}},"output_format":{"type":"json_schema","schema":{}})"),
+       "output_format: send output_config.format or output_format, not both"},
+  };
+  for (const BadCase& c : cases) {
+    auto r = ParseClientRequest(c.format, c.body);
+    ASSERT_FALSE(r.ok()) << WireFormatName(c.format) << " " << c.body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.body;
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos)
+        << "message: " << r.status().message() << "\nwant: " << c.field;
+  }
+  // The bounds themselves pass.
+  for (const char* field : {R"("presence_penalty":-2,"frequency_penalty":2)", R"("logit_bias":{"0":-100,"9":100})"}) {
+    auto r = ParseClientRequest(kOpenAI, openai(field));
+    EXPECT_TRUE(r.ok()) << field << ": " << r.status().ToString();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stop sequences: which one matched reaches Anthropic clients when the upstream says
+
+TEST(TranslateStopSequence, AnthropicUpstreamToAnthropicClient) {
+  ChatResponse r = MustParseResponse(kAnthropic, R"({"id":"msg_s","type":"message","role":"assistant",
+    "model":"claude-real","content":[{"type":"text","text":"one two"}],
+    "stop_reason":"stop_sequence","stop_sequence":"###","usage":{"input_tokens":4,"output_tokens":2}})");
+  EXPECT_EQ(r.finish, FinishReason::kStop);
+  EXPECT_EQ(r.stop_sequence, "###");
+  json a = J(BuildClientResponse(kAnthropic, r, "claude-virtual"));
+  EXPECT_EQ(a["stop_reason"], "stop_sequence");
+  EXPECT_EQ(a["stop_sequence"], "###");
+  // Other clients have no such field: a plain stop.
+  EXPECT_EQ(J(BuildClientResponse(kOpenAI, r, "gpt"))["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(J(BuildClientResponse(kGemini, r, "g"))["candidates"][0]["finishReason"], "STOP");
+
+  // A natural end, and an upstream that does not say which sequence matched (OpenAI, keel serve).
+  ChatResponse end = MustParseResponse(kAnthropic, R"({"content":[{"type":"text","text":"x"}],
+    "stop_reason":"end_turn","stop_sequence":null})");
+  EXPECT_TRUE(end.stop_sequence.empty());
+  json e = J(BuildClientResponse(kAnthropic, end, "c"));
+  EXPECT_EQ(e["stop_reason"], "end_turn");
+  EXPECT_TRUE(e["stop_sequence"].is_null());
+  ChatResponse o = MustParseResponse(kOpenAI, R"({"choices":[{"message":{"content":"x"},"finish_reason":"stop"}]})");
+  EXPECT_EQ(J(BuildClientResponse(kAnthropic, o, "c"))["stop_reason"], "end_turn");
+  // A sequence with another finish reason is not reported as the reason.
+  r.finish = FinishReason::kLength;
+  json l = J(BuildClientResponse(kAnthropic, r, "c"));
+  EXPECT_EQ(l["stop_reason"], "max_tokens");
+  EXPECT_TRUE(l["stop_sequence"].is_null());
 }
 
 }  // namespace
