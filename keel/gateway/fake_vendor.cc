@@ -125,6 +125,26 @@ void TrimPieces(std::vector<std::string>& pieces, size_t n) {
 
 }  // namespace
 
+std::vector<std::string> ReplyWords(std::string_view last_user_text, size_t n) {
+  std::vector<std::string> words = SplitWords(last_user_text, n);
+  for (size_t i = words.size(); i < n; ++i) words.push_back("w" + std::to_string(i));
+  return words;
+}
+
+// The pieces of the full answer, before max_tokens and stop sequences cut it.
+std::vector<std::string> AnswerPieces(const Prompt& p, int reply_tokens) {
+  const size_t n = reply_tokens > 0 ? static_cast<size_t>(reply_tokens) : 0;
+  std::vector<std::string> words = ReplyWords(p.last_user_text, n);
+  if (p.enum_answer) {
+    const Json* values = ArrayMember(p.schema, "enum");
+    if (values && !values->empty() && values->front().is_string()) return {values->front().get<std::string>()};
+  }
+  if (p.json_answer) return JsonPieces(Dump(SchemaInstance(p.schema, words)));
+  std::vector<std::string> pieces;
+  for (size_t i = 0; i < words.size(); ++i) pieces.push_back((i ? " " : "") + words[i]);
+  return pieces;
+}
+
 Plan MakePlan(const Prompt& p, const Switches& sw, int reply_tokens) {
   Plan plan;
   plan.input_tokens = EstimateTokens(p.text_bytes);
@@ -136,15 +156,12 @@ Plan MakePlan(const Prompt& p, const Switches& sw, int reply_tokens) {
     plan.output_tokens = EstimateTokens(plan.tool_name.size() + plan.tool_arguments.size());
     return plan;
   }
-  const size_t n = reply_tokens > 0 ? static_cast<size_t>(reply_tokens) : 0;
-  std::vector<std::string> words = SplitWords(p.last_user_text, n);
   std::string text;
-  for (size_t i = 0; i < n; ++i) {
+  for (std::string& piece : AnswerPieces(p, reply_tokens)) {
     if (p.max_tokens && static_cast<int64_t>(plan.pieces.size()) >= *p.max_tokens) {
       plan.finish = Finish::kLength;
       break;
     }
-    std::string piece = (i ? " " : "") + (i < words.size() ? words[i] : "w" + std::to_string(i));
     const size_t before = text.size();
     text += piece;
     plan.pieces.push_back(std::move(piece));

@@ -13,6 +13,13 @@
 // when its last token would have been. max_tokens cuts the answer (finish "length",
 // "max_tokens", "MAX_TOKENS"); a stop sequence cuts it before the sequence (finish "stop",
 // "stop_sequence" with the sequence, "STOP"). As in OpenAI's API, /v1/completions defaults max_tokens to 16.
+// Structured output (OpenAI response_format json_object/json_schema, Anthropic
+// output_config.format or output_format, Gemini responseMimeType application/json with
+// responseSchema/responseJsonSchema) answers one JSON document instead: an instance of the schema
+// whose strings are those words, or {"answer": "<words>"} without a schema, streamed in pieces cut
+// at its structure (one piece = one token); Gemini text/x.enum answers the schema's first enum value.
+// Sampling fields (temperature, top_p, top_k, penalties, seed, logit_bias) are type- and
+// range-checked as each vendor checks them and do not change the answer.
 //
 // Usage. Input tokens are estimated as ceil(bytes / 4) of all the request's text: system
 // prompt(s), every message's text parts, tool-call arguments and tool results (the completions
@@ -40,7 +47,10 @@
 // Endpoints by kind:
 //   openai:    POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings,
 //              GET /v1/models, GET /v1/models/{id}; auth "Authorization: Bearer <key>".
-//   anthropic: POST /v1/messages, GET /v1/models; auth "x-api-key", "anthropic-version" required.
+//   anthropic: POST /v1/messages, GET /v1/models; auth "x-api-key" or "Authorization: Bearer";
+//              "anthropic-version" required: 2023-01-01, 2023-06-01 or 2026-10-21 (which removed
+//              temperature/top_p/top_k); anthropic-beta values are ignored; unknown body fields are
+//              refused ("<field>: Extra inputs are not permitted"), as the real API refuses them.
 //   gemini:    POST /v1beta/models/{model}:generateContent, :streamGenerateContent (?alt=sse for
 //              SSE, else a streamed JSON array), GET /v1beta/models; auth "x-goog-api-key" or
 //              "?key=". (/v1/ works as well as /v1beta/.)

@@ -3,6 +3,8 @@
 // content_block_delta..., content_block_stop, message_delta, message_stop. Errors are
 // {"type":"error","error":{"type","message"},"request_id"} with a request-id header.
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 
 #include "keel/gateway/fake_vendor_internal.h"
 
@@ -34,6 +36,7 @@ Json ErrorJson(std::string_view type, std::string_view message) {
 struct AnthropicExchange {
   Exchange& ex;
   std::string request_id;
+  std::string version;  // anthropic-version, once checked
 
   HttpHeaderList Headers(HttpHeaderList extra = {}) const {
     HttpHeaderList h = {
@@ -56,16 +59,30 @@ struct AnthropicExchange {
   }
 };
 
+// The API versions the real API accepts: 2023-01-01 (the first), 2023-06-01 (SDKs up to the
+// 2026 majors) and 2026-10-21 (current SDKs; sampling parameters removed, see ParseMessages).
+constexpr std::string_view kVersions[] = {"2023-01-01", "2023-06-01", "2026-10-21"};
+
+// Auth as the real API takes it: "x-api-key", or "Authorization: Bearer" (OAuth tokens, and API
+// keys from SDKs of API version 2026-10-21). anthropic-beta is not checked: the fake has no beta
+// features to switch, so every value is accepted.
 bool CheckHeaders(AnthropicExchange& ae) {
   const HttpHeaders& h = ae.ex.req.headers;
   std::string_view key = h.Get("x-api-key");
+  bool bearer = false;
+  if (key.empty()) {
+    std::string_view auth = h.Get("Authorization");
+    if (auth.size() > 7 && strncasecmp(auth.data(), "Bearer ", 7) == 0) key = auth.substr(7);
+    while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+    bearer = !key.empty();
+  }
   if (key.empty()) {
     ae.Error(401, "x-api-key header is required");
     return false;
   }
   const std::string& want = ae.ex.options().api_key;
   if (!want.empty() && key != want) {
-    ae.Error(401, "invalid x-api-key");
+    ae.Error(401, bearer ? "Invalid bearer token" : "invalid x-api-key");
     return false;
   }
   if (!h.Has("anthropic-version")) {
@@ -73,10 +90,11 @@ bool CheckHeaders(AnthropicExchange& ae) {
     return false;
   }
   std::string_view version = h.Get("anthropic-version");
-  if (version != "2023-06-01" && version != "2023-01-01") {
+  if (std::find(std::begin(kVersions), std::end(kVersions), version) == std::end(kVersions)) {
     ae.Error(400, "anthropic-version: \"" + std::string(version) + "\" is not a valid version");
     return false;
   }
+  ae.version = std::string(version);
   return true;
 }
 
@@ -114,6 +132,111 @@ bool HasToolResult(const Json& content) {
   });
 }
 
+// Top-level fields of a Messages request. Anything else is refused, as the real API refuses it
+// ("<field>: Extra inputs are not permitted"), so a gateway that sends another vendor's field
+// (response_format, seed) finds out here. API version 2026-10-21 removed temperature, top_p and
+// top_k (a 400 at any value), so under it they are unknown too.
+bool KnownField(std::string_view name, bool sampling) {
+  static constexpr std::string_view kFields[] = {
+      "model",         "messages",      "max_tokens",    "system",      "metadata",
+      "stop_sequences", "stream",       "tools",         "tool_choice", "thinking",
+      "service_tier",  "container",     "mcp_servers",   "context_management", "output_config",
+      "output_format", "cache_control", "inference_geo", "speed",       "diagnostics"};
+  if (std::find(std::begin(kFields), std::end(kFields), name) != std::end(kFields)) return true;
+  return sampling && (name == "temperature" || name == "top_p" || name == "top_k");
+}
+
+// temperature and top_p in [0, 1], top_k a non-negative integer (API versions before 2026-10-21).
+// The answer does not depend on them. "" when valid, else the error message.
+std::string SamplingProblem(const Json& body) {
+  for (const char* name : {"temperature", "top_p"}) {
+    const Json* v = Member(body, name);
+    if (!v) continue;
+    if (!v->is_number()) return std::string(name) + ": Input should be a valid number";
+    if (v->get<double>() < 0) return std::string(name) + ": Input should be greater than or equal to 0";
+    if (v->get<double>() > 1) return std::string(name) + ": Input should be less than or equal to 1";
+  }
+  if (const Json* k = Member(body, "top_k")) {
+    if (!k->is_number_integer()) return "top_k: Input should be a valid integer";
+    if (k->get<int64_t>() < 0) return "top_k: Input should be greater than or equal to 0";
+  }
+  return "";
+}
+
+// tool_choice: {type: auto|any|tool|none, name (tool), disable_parallel_tool_use (not none)}.
+// The fake makes one call at most, which disable_parallel_tool_use allows either way. "" when
+// valid; else the error message.
+std::string ToolChoiceProblem(const Json& tc, bool has_tools) {
+  if (!tc.is_object()) return "tool_choice: Input should be a valid dictionary or object to extract fields from";
+  const Json* type = Member(tc, "type");
+  if (!type) return "tool_choice: Unable to extract tag using discriminator 'type'";
+  const std::string t = type->is_string() ? type->get<std::string>() : Dump(*type);
+  if (t != "auto" && t != "any" && t != "tool" && t != "none") {
+    return "tool_choice: Input tag '" + t +
+           "' found using 'type' does not match any of the expected tags: 'auto', 'any', 'tool', 'none'";
+  }
+  const std::string where = "tool_choice." + t;
+  for (auto it = tc.begin(); it != tc.end(); ++it) {
+    const std::string& k = it.key();
+    const bool known = k == "type" || (k == "name" && t == "tool") || (k == "disable_parallel_tool_use" && t != "none");
+    if (!known) return where + "." + k + ": Extra inputs are not permitted";
+  }
+  if (const Json* d = Member(tc, "disable_parallel_tool_use"); d && !d->is_boolean()) {
+    return where + ".disable_parallel_tool_use: Input should be a valid boolean";
+  }
+  if (t == "tool") {
+    const Json* name = Member(tc, "name");
+    if (!name) return where + ".name: Field required";
+    if (!name->is_string()) return where + ".name: Input should be a valid string";
+  }
+  if (!has_tools && t != "none") return "tool_choice may only be specified while providing tools.";
+  return "";
+}
+
+// Structured output: output_config.format (or the beta's output_format) = {type: "json_schema",
+// schema: {...}}, read into the prompt: the answer is an instance of the schema. Returns "" when
+// valid, else the error message.
+std::string ReadOutputFormat(const Json& format, const std::string& where, Prompt& p) {
+  if (!format.is_object()) return where + ": Input should be a valid dictionary or object to extract fields from";
+  const Json* type = Member(format, "type");
+  if (!type) return where + ".type: Field required";
+  if (*type != "json_schema") return where + ".type: Input should be 'json_schema'";
+  const Json* schema = Member(format, "schema");
+  if (!schema) return where + ".schema: Field required";
+  if (!schema->is_object()) return where + ".schema: Input should be a valid dictionary";
+  for (auto it = format.begin(); it != format.end(); ++it) {
+    if (it.key() != "type" && it.key() != "schema") return where + "." + it.key() + ": Extra inputs are not permitted";
+  }
+  p.json_answer = true;
+  p.schema = *schema;
+  return "";
+}
+
+// output_config (effort, format) and output_format. Returns "" when valid, else the error message.
+std::string ReadOutputConfig(const Json& body, Prompt& p) {
+  if (const Json* oc = Member(body, "output_config")) {
+    if (!oc->is_object()) return "output_config: Input should be a valid dictionary or object to extract fields from";
+    for (auto it = oc->begin(); it != oc->end(); ++it) {
+      if (it.key() != "effort" && it.key() != "format") return "output_config." + it.key() + ": Extra inputs are not permitted";
+    }
+    if (const Json* effort = Member(*oc, "effort")) {
+      static constexpr std::string_view kEfforts[] = {"low", "medium", "high", "xhigh", "max"};
+      if (!effort->is_string() || std::find(std::begin(kEfforts), std::end(kEfforts),
+                                            effort->get_ref<const std::string&>()) == std::end(kEfforts)) {
+        return "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'";
+      }
+    }
+    if (const Json* format = Member(*oc, "format")) {
+      if (std::string e = ReadOutputFormat(*format, "output_config.format", p); !e.empty()) return e;
+    }
+  }
+  if (const Json* of = Member(body, "output_format")) {
+    if (p.json_answer) return "output_format: cannot be used together with output_config.format";
+    return ReadOutputFormat(*of, "output_format", p);
+  }
+  return "";
+}
+
 // Validates the request the way the Messages API does and extracts the prompt. Answers 400.
 bool ParseMessages(AnthropicExchange& ae, const Json& body, Prompt& p) {
   auto fail = [&](const std::string& m) {
@@ -133,6 +256,11 @@ bool ParseMessages(AnthropicExchange& ae, const Json& body, Prompt& p) {
   if (!max_tokens->is_number_integer()) return fail("max_tokens: Input should be a valid integer");
   if (max_tokens->get<int64_t>() < 1) return fail("max_tokens: Input should be greater than or equal to 1");
   p.max_tokens = max_tokens->get<int64_t>();
+  const bool sampling = ae.version != "2026-10-21";
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (!KnownField(it.key(), sampling)) return fail(it.key() + ": Extra inputs are not permitted");
+  }
+  if (std::string e = SamplingProblem(body); !e.empty()) return fail(e);
   for (size_t i = 0; i < msgs->size(); ++i) {
     const Json& m = (*msgs)[i];
     const std::string where = "messages." + std::to_string(i);
@@ -171,7 +299,8 @@ bool ParseMessages(AnthropicExchange& ae, const Json& body, Prompt& p) {
       p.tools.push_back(name->get<std::string>());
     }
   }
-  if (const Json* tc = ObjectMember(body, "tool_choice")) {
+  if (const Json* tc = Member(body, "tool_choice")) {
+    if (std::string e = ToolChoiceProblem(*tc, !p.tools.empty()); !e.empty()) return fail(e);
     const Json* type = StringMember(*tc, "type");
     if (type && *type == "none") p.tool_choice_none = true;
     const Json* name = StringMember(*tc, "name");
@@ -180,6 +309,7 @@ bool ParseMessages(AnthropicExchange& ae, const Json& body, Prompt& p) {
       if (it != p.tools.end()) std::rotate(p.tools.begin(), it, it + 1);
     }
   }
+  if (std::string e = ReadOutputConfig(body, p); !e.empty()) return fail(e);
   return true;
 }
 

@@ -4,6 +4,7 @@
 // without it, a JSON array streamed element by element. Errors are
 // {"error":{"code","message","status"}}. Like the real API, it rejects unknown field names.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "keel/gateway/fake_vendor_internal.h"
@@ -147,6 +148,64 @@ size_t PartsBytes(const Json& parts, std::string* text, bool* function_response)
   return n;
 }
 
+// generationConfig's sampling and output-format fields, typed as the proto's JSON mapping types
+// them, and structured output honoured: application/json answers an instance of
+// responseJsonSchema (JSON Schema) or responseSchema (OpenAPI subset), text/x.enum the first
+// enum value. Penalties and topK do not change the fake's answer. "" when valid, else the error.
+std::string GenerationConfigProblem(const Json& gc, Prompt& p) {
+  // int32 in proto JSON: an integer, or a number with no fraction.
+  auto int32 = [](const Json& v) {
+    if (v.is_number_integer()) return true;
+    return v.is_number_float() && v.get<double>() == std::trunc(v.get<double>());
+  };
+  if (const Json* k = Field(gc, "topK"); k && !int32(*k)) {
+    return "Invalid value at 'generation_config.top_k' (TYPE_INT32), " + Dump(*k);
+  }
+  for (auto [camel, snake] : {std::pair{"temperature", "temperature"}, std::pair{"topP", "top_p"},
+                               std::pair{"presencePenalty", "presence_penalty"},
+                               std::pair{"frequencyPenalty", "frequency_penalty"}}) {
+    const Json* v = Field(gc, camel);
+    if (v && !v->is_number()) {
+      return std::string("Invalid value at 'generation_config.") + snake + "' (TYPE_FLOAT), " + Dump(*v);
+    }
+  }
+  std::string mime = "text/plain";
+  if (const Json* m = Field(gc, "responseMimeType")) {
+    if (!m->is_string()) return "Invalid value at 'generation_config.response_mime_type' (TYPE_STRING), " + Dump(*m);
+    mime = m->get<std::string>();
+    static constexpr std::string_view kMimes[] = {"text/plain", "application/json", "application/xml",
+                                                  "application/yaml", "text/x.enum"};
+    if (std::find(std::begin(kMimes), std::end(kMimes), mime) == std::end(kMimes)) {
+      return "* GenerateContentRequest.generation_config.response_mime_type: allowed mimetypes are `text/plain`, "
+             "`application/json`, `application/xml`, `application/yaml` and `text/x.enum`.\n";
+    }
+  }
+  const Json* schema = Field(gc, "responseSchema");
+  const Json* json_schema = Field(gc, "responseJsonSchema");
+  if (schema && json_schema) {
+    return "* GenerateContentRequest.generation_config.response_schema: only one of response_schema and "
+           "response_json_schema may be set.\n";
+  }
+  if (schema && !schema->is_object()) {
+    return "Invalid value at 'generation_config.response_schema' "
+           "(type.googleapis.com/google.ai.generativelanguage.v1beta.Schema), " + Dump(*schema);
+  }
+  const char* schema_field = schema ? "response_schema" : "response_json_schema";
+  if (!schema) schema = json_schema;
+  if (schema && mime != "application/json" && mime != "text/x.enum") {
+    return std::string("* GenerateContentRequest.generation_config.") + schema_field +
+           ": response_mime_type must be application/json or text/x.enum when a response schema is set.\n";
+  }
+  if (mime == "application/json") {
+    p.json_answer = true;
+    if (schema) p.schema = *schema;
+  } else if (mime == "text/x.enum" && schema) {
+    p.enum_answer = true;
+    p.schema = *schema;
+  }
+  return "";
+}
+
 bool ParseRequest(GeminiExchange& ge, const Json& body, Prompt& p) {
   auto fail = [&](const std::string& m) {
     ge.Error(400, m);
@@ -198,10 +257,16 @@ bool ParseRequest(GeminiExchange& ge, const Json& body, Prompt& p) {
     }
     if (const Json* ss = Field(*gc, "stopSequences")) {
       if (!ss->is_array()) return fail("Invalid value at 'generation_config.stop_sequences' (TYPE_STRING)");
-      for (const auto& s : *ss) {
-        if (s.is_string()) p.stop.push_back(s.get<std::string>());
+      for (size_t i = 0; i < ss->size(); ++i) {
+        const Json& s = (*ss)[i];
+        if (!s.is_string()) {
+          return fail("Invalid value at 'generation_config.stop_sequences[" + std::to_string(i) + "]' (TYPE_STRING), " +
+                      Dump(s));
+        }
+        p.stop.push_back(s.get<std::string>());
       }
     }
+    if (std::string e = GenerationConfigProblem(*gc, p); !e.empty()) return fail(e);
   }
   if (const Json* tools = Field(body, "tools")) {
     if (tools->is_array()) {

@@ -73,6 +73,14 @@ struct Prompt {
   std::optional<int64_t> max_tokens;
   std::vector<std::string> stop;
   bool stream = false;
+  // Structured output (OpenAI response_format, Anthropic output_config.format, Gemini
+  // responseMimeType): the answer is one JSON document instead of words. `schema` null = any
+  // JSON object ({"answer": <the words>}); else an instance of that JSON Schema.
+  bool json_answer = false;
+  Json schema;
+  // Gemini's responseSchema is OpenAPI-style (upper-case type names); JSON Schema otherwise.
+  // text/x.enum answers the first enum value as plain text.
+  bool enum_answer = false;
 };
 
 enum class Finish { kStop, kLength, kStopSequence, kToolCall };
@@ -94,6 +102,18 @@ struct Plan {
   size_t TruncatedCount() const { return pieces.size() / 2; }
 };
 Plan MakePlan(const Prompt& prompt, const Switches& sw, int reply_tokens);
+
+// The words of a plain answer: the prompt's last user text, then "w<i>", `n` in all.
+std::vector<std::string> ReplyWords(std::string_view last_user_text, size_t n);
+// A JSON value that satisfies `schema` (JSON Schema: type, properties, items, enum, const,
+// anyOf/oneOf/allOf, $ref into $defs/definitions, minimum/maximum, minItems, string formats;
+// type names in any case, so Gemini's OpenAPI subset works too). Strings take successive `words`
+// (then "w<i>"); numbers are 1 (or the minimum), booleans true, arrays one item (or minItems).
+// A null schema gives {"answer": <the words joined>}. Never throws; depth is bounded.
+Json SchemaInstance(const Json& schema, const std::vector<std::string>& words);
+// A JSON text cut into stream pieces at its structure ("{", "\"k\":", "\"v\"", ",", "}"), so
+// the pieces join to the text and each is one output token.
+std::vector<std::string> JsonPieces(std::string_view text);
 
 // One request being answered: its responder plus pacing, disconnect checks and counters.
 class Exchange {

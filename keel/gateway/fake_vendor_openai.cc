@@ -1,6 +1,7 @@
 // The fake OpenAI API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, in
 // OpenAI's documented shapes. Streams are SSE "data: <json>\n\n" lines ending "data: [DONE]";
 // errors are {"error":{"message","type","param","code"}}.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -42,9 +43,19 @@ struct OpenAIExchange {
     Error(400, "Missing required parameter: '" + param + "'.", "invalid_request_error", param, "missing_required_parameter");
   }
   void WrongType(const std::string& param, std::string_view expected, const Json& got) {
-    Error(400, "Invalid type for '" + param + "': expected " + std::string(expected) + ", but got " +
-                   std::string(got.type_name()) + " instead.",
+    Error(400, "Invalid type for '" + param + "': expected " + std::string(expected) + ", but got " + TypeNoun(got) +
+                   " instead.",
           "invalid_request_error", param, "invalid_type");
+  }
+  // OpenAI's words for a JSON value's type, with the article ("a string", "an integer").
+  static std::string TypeNoun(const Json& v) {
+    if (v.is_string()) return "a string";
+    if (v.is_boolean()) return "a boolean";
+    if (v.is_number_integer()) return "an integer";
+    if (v.is_number()) return "a decimal";
+    if (v.is_array()) return "an array";
+    if (v.is_object()) return "an object";
+    return "null";
   }
   bool Sse(const Json& chunk) { return ex.Write("data: " + Dump(chunk) + "\n\n"); }
 };
@@ -108,7 +119,65 @@ bool ReadModel(OpenAIExchange& oe, const Json& body, Prompt& p) {
   return true;
 }
 
-// max_completion_tokens / max_tokens, stop, stream, stream_options.
+// A bound as OpenAI prints it: 2, -2, 0.5.
+std::string BoundText(double v) {
+  return v == static_cast<double>(static_cast<int64_t>(v)) ? std::to_string(static_cast<int64_t>(v)) : Dump(Json(v));
+}
+
+// The optional number obj[key] in [lo, hi] (OpenAI calls it a decimal), named `name` in errors
+// (default: the key). False (and answered) otherwise.
+bool ReadDecimal(OpenAIExchange& oe, const Json& obj, const std::string& key, double lo, double hi,
+                 std::string name = "") {
+  if (name.empty()) name = key;
+  const Json* v = Member(obj, key.c_str());
+  if (!v) return true;
+  if (!v->is_number()) {
+    oe.WrongType(name, "a decimal", *v);
+    return false;
+  }
+  const double x = v->get<double>();
+  if (x > hi || x < lo) {
+    const bool above = x > hi;
+    oe.Error(400,
+             "Invalid '" + name + "': decimal " + (above ? "above maximum" : "below minimum") + " value. Expected a value " +
+                 (above ? "<= " + BoundText(hi) : ">= " + BoundText(lo)) + ", but got " + Dump(*v) + " instead.",
+             "invalid_request_error", name, above ? "decimal_above_max_value" : "decimal_below_min_value");
+    return false;
+  }
+  return true;
+}
+
+// temperature, top_p, presence_penalty, frequency_penalty, seed and logit_bias: accepted and
+// checked as OpenAI checks them (types and ranges). The fake's answer does not depend on them:
+// it is already deterministic, which is what a seed asks for.
+bool ReadSampling(OpenAIExchange& oe, const Json& body) {
+  if (!ReadDecimal(oe, body, "temperature", 0, 2) || !ReadDecimal(oe, body, "top_p", 0, 1) ||
+      !ReadDecimal(oe, body, "presence_penalty", -2, 2) || !ReadDecimal(oe, body, "frequency_penalty", -2, 2)) {
+    return false;
+  }
+  if (const Json* seed = Member(body, "seed"); seed && !seed->is_number_integer()) {
+    oe.WrongType("seed", "an integer", *seed);
+    return false;
+  }
+  const Json* bias = Member(body, "logit_bias");
+  if (!bias) return true;
+  if (!bias->is_object()) {
+    oe.WrongType("logit_bias", "an object", *bias);
+    return false;
+  }
+  for (auto it = bias->begin(); it != bias->end(); ++it) {
+    const std::string& key = it.key();
+    if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos) {
+      oe.Error(400, "Invalid key in 'logit_bias': " + key + ". You should only be submitting non-negative integers.",
+               "invalid_request_error", "logit_bias", "invalid_value");
+      return false;
+    }
+    if (!ReadDecimal(oe, *bias, key, -100, 100, "logit_bias." + key)) return false;
+  }
+  return true;
+}
+
+// max_completion_tokens / max_tokens, stop, stream, stream_options, sampling.
 bool ReadCommon(OpenAIExchange& oe, const Json& body, Prompt& p, bool* include_usage) {
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     const Json* m = Member(body, name);
@@ -166,7 +235,7 @@ bool ReadCommon(OpenAIExchange& oe, const Json& body, Prompt& p, bool* include_u
     }
     if (const Json* iu = Member(*so, "include_usage"); iu && iu->is_boolean()) *include_usage = iu->get<bool>();
   }
-  return true;
+  return ReadSampling(oe, body);
 }
 
 // Text of a message's "content": a string or an array of parts ({"type":"text","text":...}).
@@ -181,8 +250,158 @@ std::string ContentText(const Json& content) {
   return text;
 }
 
+bool MentionsJson(std::string_view text) {
+  for (size_t i = 0; i + 4 <= text.size(); ++i) {
+    if (strncasecmp(text.data() + i, "json", 4) == 0) return true;
+  }
+  return false;
+}
+
+// parallel_tool_calls: a boolean, and only with tools (as OpenAI requires). The fake makes one
+// call at most, which both values allow.
+bool ReadParallelToolCalls(OpenAIExchange& oe, const Json& body, const Prompt& p) {
+  const Json* v = Member(body, "parallel_tool_calls");
+  if (!v) return true;
+  if (!v->is_boolean()) {
+    oe.WrongType("parallel_tool_calls", "a boolean", *v);
+    return false;
+  }
+  if (p.tools.empty()) {
+    oe.Error(400,
+             "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when 'tools' are "
+             "specified.",
+             "invalid_request_error", "parallel_tool_calls");
+    return false;
+  }
+  return true;
+}
+
+// Strict structured outputs need every object closed (additionalProperties: false) and every
+// property required. "" when `schema` (at `context`, OpenAI's tuple notation) meets that.
+std::string StrictSchemaProblem(const Json& schema, const std::string& context, int depth = 0) {
+  if (!schema.is_object() || depth > 32) return "";
+  const Json* props = ObjectMember(schema, "properties");
+  const Json* type = StringMember(schema, "type");
+  if (props || (type && *type == "object")) {
+    const Json* ap = Member(schema, "additionalProperties");
+    if (!ap || !ap->is_boolean() || ap->get<bool>()) {
+      return "In context=" + context + ", 'additionalProperties' is required to be supplied and to be false.";
+    }
+    const Json* required = ArrayMember(schema, "required");
+    if (props) {
+      for (auto it = props->begin(); it != props->end(); ++it) {
+        if (!required || std::find(required->begin(), required->end(), Json(it.key())) == required->end()) {
+          return "In context=" + context +
+                 ", 'required' is required to be supplied and to be an array including every key in properties. "
+                 "Missing '" + it.key() + "'.";
+        }
+        std::string inner = context == "()" ? "('properties', '" + it.key() + "')"
+                                            : context.substr(0, context.size() - 1) + ", 'properties', '" + it.key() + "')";
+        if (std::string problem = StrictSchemaProblem(it.value(), inner, depth + 1); !problem.empty()) return problem;
+      }
+    }
+  }
+  if (const Json* items = Member(schema, "items")) {
+    std::string inner = context == "()" ? "('items',)" : context.substr(0, context.size() - 1) + ", 'items')";
+    if (std::string problem = StrictSchemaProblem(*items, inner, depth + 1); !problem.empty()) return problem;
+  }
+  for (const char* defs : {"$defs", "definitions"}) {
+    if (const Json* d = ObjectMember(schema, defs)) {
+      for (auto it = d->begin(); it != d->end(); ++it) {
+        std::string inner = "('" + std::string(defs) + "', '" + it.key() + "')";
+        if (std::string problem = StrictSchemaProblem(it.value(), inner, depth + 1); !problem.empty()) return problem;
+      }
+    }
+  }
+  return "";
+}
+
+// response_format: {type: text} | {type: json_object} | {type: json_schema, json_schema: {name,
+// schema?, strict?, description?}}, checked as OpenAI checks it, and honoured: JSON modes answer
+// one JSON document (an instance of the schema for json_schema).
+bool ReadResponseFormat(OpenAIExchange& oe, const Json& body, Prompt& p, bool mentions_json) {
+  const Json* rf = Member(body, "response_format");
+  if (!rf) return true;
+  if (!rf->is_object()) {
+    oe.WrongType("response_format", "an object", *rf);
+    return false;
+  }
+  const Json* type = Member(*rf, "type");
+  if (!type) {
+    oe.Missing("response_format.type");
+    return false;
+  }
+  if (!type->is_string() || (*type != "text" && *type != "json_object" && *type != "json_schema")) {
+    oe.Error(400,
+             "Invalid value: '" + (type->is_string() ? type->get<std::string>() : Dump(*type)) +
+                 "'. Supported values are: 'json_object', 'json_schema', and 'text'.",
+             "invalid_request_error", "response_format.type", "invalid_value");
+    return false;
+  }
+  if (*type == "text") return true;
+  if (*type == "json_object") {
+    if (!mentions_json) {
+      oe.Error(400,
+               "'messages' must contain the word 'json' in some form, to use 'response_format' of type "
+               "'json_object'.",
+               "invalid_request_error", "messages");
+      return false;
+    }
+    p.json_answer = true;
+    return true;
+  }
+  const Json* js = Member(*rf, "json_schema");
+  if (!js) {
+    oe.Missing("response_format.json_schema");
+    return false;
+  }
+  if (!js->is_object()) {
+    oe.WrongType("response_format.json_schema", "an object", *js);
+    return false;
+  }
+  const Json* name = Member(*js, "name");
+  if (!name) {
+    oe.Missing("response_format.json_schema.name");
+    return false;
+  }
+  if (!name->is_string()) {
+    oe.WrongType("response_format.json_schema.name", "a string", *name);
+    return false;
+  }
+  const std::string& n = name->get_ref<const std::string&>();
+  if (n.empty() || n.size() > 64 ||
+      n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
+    oe.Error(400,
+             "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that "
+             "matches the pattern '^[a-zA-Z0-9_-]+$'.",
+             "invalid_request_error", "response_format.json_schema.name", "invalid_value");
+    return false;
+  }
+  const Json* schema = Member(*js, "schema");
+  if (schema && !schema->is_object()) {
+    oe.WrongType("response_format.json_schema.schema", "an object", *schema);
+    return false;
+  }
+  const Json* strict = Member(*js, "strict");
+  if (strict && !strict->is_boolean()) {
+    oe.WrongType("response_format.json_schema.strict", "a boolean", *strict);
+    return false;
+  }
+  if (strict && strict->get<bool>() && schema) {
+    if (std::string problem = StrictSchemaProblem(*schema, "()"); !problem.empty()) {
+      oe.Error(400, "Invalid schema for response_format '" + n + "': " + problem, "invalid_request_error",
+               "response_format", "invalid_value");
+      return false;
+    }
+  }
+  p.json_answer = true;
+  if (schema) p.schema = *schema;
+  return true;
+}
+
 bool ParseChat(OpenAIExchange& oe, const Json& body, Prompt& p, bool* include_usage) {
   if (!ReadModel(oe, body, p)) return false;
+  bool mentions_json = false;  // json_object mode needs the word in the messages
   const Json* msgs = Member(body, "messages");
   if (!msgs) {
     oe.Missing("messages");
@@ -224,6 +443,7 @@ bool ParseChat(OpenAIExchange& oe, const Json& body, Prompt& p, bool* include_us
     }
     std::string text = Member(m, "content") ? ContentText(m["content"]) : "";
     p.text_bytes += text.size();
+    mentions_json = mentions_json || MentionsJson(text);
     if (const Json* calls = ArrayMember(m, "tool_calls")) {
       for (const auto& c : *calls) {
         const Json* fn = ObjectMember(c, "function");
@@ -261,7 +481,8 @@ bool ParseChat(OpenAIExchange& oe, const Json& body, Prompt& p, bool* include_us
       }
     }
   }
-  return ReadCommon(oe, body, p, include_usage);
+  return ReadCommon(oe, body, p, include_usage) && ReadParallelToolCalls(oe, body, p) &&
+         ReadResponseFormat(oe, body, p, mentions_json);
 }
 
 const char* FinishName(Finish f) {

@@ -459,6 +459,166 @@ TEST(FakeVendorOpenAI, ModelsAndTestEndpoints) {
   EXPECT_EQ(Call(fv->port(), "GET", "/_fake/last_request", "", {}).Json()["path"], "/v1/models");
 }
 
+TEST(FakeVendorOpenAI, SamplingFieldsAcceptedAndTypeChecked) {
+  auto fv = StartFake(FakeVendorKind::kOpenAI);
+  auto chat = [&](json extra) {
+    return Call(fv->port(), "POST", "/v1/chat/completions", ChatBody("gpt-4o", "hi", std::move(extra)), kOpenAIAuth);
+  };
+  json all = {{"temperature", 0.2},        {"top_p", 0.9},  {"presence_penalty", 0.5},
+              {"frequency_penalty", -1.5}, {"seed", 7},     {"logit_bias", {{"50256", -100}, {"13", 2.5}}},
+              {"parallel_tool_calls", false}};
+  all.update(ToolsExtra());
+  Reply ok = chat(all);
+  ASSERT_EQ(ok.res.status, 200) << ok.res.body;
+  EXPECT_EQ(ok.Json()["choices"][0]["message"]["content"].get<std::string>().rfind("hi w1", 0), 0u);
+  // Completions takes the same sampling fields.
+  EXPECT_EQ(Call(fv->port(), "POST", "/v1/completions",
+                 R"({"model":"m","prompt":"a","presence_penalty":1,"seed":3,"logit_bias":{"7":1}})", kOpenAIAuth)
+                .res.status,
+            200);
+
+  struct Bad {
+    json extra;
+    std::string param, code;
+  };
+  const std::vector<Bad> bad = {
+      {{{"presence_penalty", "high"}}, "presence_penalty", "invalid_type"},
+      {{{"frequency_penalty", 3}}, "frequency_penalty", "decimal_above_max_value"},
+      {{{"presence_penalty", -2.5}}, "presence_penalty", "decimal_below_min_value"},
+      {{{"temperature", 2.5}}, "temperature", "decimal_above_max_value"},
+      {{{"seed", 1.5}}, "seed", "invalid_type"},
+      {{{"seed", "7"}}, "seed", "invalid_type"},
+      {{{"logit_bias", json::array({1})}}, "logit_bias", "invalid_type"},
+      {{{"logit_bias", {{"abc", 1}}}}, "logit_bias", "invalid_value"},
+      {{{"logit_bias", {{"42", 101}}}}, "logit_bias.42", "decimal_above_max_value"},
+      {{{"parallel_tool_calls", "yes"}, {"tools", ToolsExtra()["tools"]}}, "parallel_tool_calls", "invalid_type"},
+  };
+  for (const Bad& b : bad) {
+    Reply r = chat(b.extra);
+    EXPECT_EQ(r.res.status, 400) << b.extra.dump();
+    json e = r.Json()["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error") << b.extra.dump();
+    EXPECT_EQ(e["param"], b.param) << b.extra.dump();
+    EXPECT_EQ(e["code"], b.code) << b.extra.dump();
+  }
+  Reply r = chat({{"seed", "7"}});
+  EXPECT_EQ(r.Json()["error"]["message"], "Invalid type for 'seed': expected an integer, but got a string instead.");
+  // parallel_tool_calls is refused without tools, as OpenAI refuses it.
+  Reply no_tools = chat({{"parallel_tool_calls", true}});
+  EXPECT_EQ(no_tools.res.status, 400);
+  EXPECT_EQ(no_tools.Json()["error"]["param"], "parallel_tool_calls");
+  EXPECT_NE(no_tools.Json()["error"]["message"].get<std::string>().find("only allowed when 'tools' are specified"),
+            std::string::npos);
+}
+
+json PersonSchema() {
+  return {{"type", "object"},
+          {"properties",
+           {{"name", {{"type", "string"}}},
+            {"age", {{"type", "integer"}, {"minimum", 18}}},
+            {"tags", {{"type", "array"}, {"items", {{"type", "string"}}}}},
+            {"kind", {{"type", "string"}, {"enum", {"cat", "dog"}}}},
+            {"pet", {{"anyOf", json::array({{{"$ref", "#/$defs/Pet"}}, {{"type", "null"}}})}}}}},
+          {"required", {"name", "age", "tags", "kind", "pet"}},
+          {"additionalProperties", false},
+          {"$defs",
+           {{"Pet",
+             {{"type", "object"},
+              {"properties", {{"alive", {{"type", "boolean"}}}}},
+              {"required", {"alive"}},
+              {"additionalProperties", false}}}}}};
+}
+
+// The answer a JSON Schema-constrained model gives: every property, of its type, strings from the
+// reply's words ("say", "hello", then "w<i>").
+void ExpectPerson(const json& j) {
+  ASSERT_TRUE(j.is_object()) << j.dump();
+  EXPECT_EQ(j["name"], "say");
+  EXPECT_EQ(j["age"], 18);  // the minimum
+  EXPECT_EQ(j["tags"], json::array({"hello"}));
+  EXPECT_EQ(j["kind"], "cat");
+  EXPECT_EQ(j["pet"], json({{"alive", true}}));
+}
+
+TEST(FakeVendorOpenAI, ResponseFormatJsonSchemaAnswersAnInstance) {
+  auto fv = StartFake(FakeVendorKind::kOpenAI);
+  json rf = {{"response_format",
+              {{"type", "json_schema"}, {"json_schema", {{"name", "person"}, {"strict", true}, {"schema", PersonSchema()}}}}}};
+  Reply r = Call(fv->port(), "POST", "/v1/chat/completions", ChatBody("gpt-4o", "say hello", rf), kOpenAIAuth);
+  ASSERT_EQ(r.res.status, 200) << r.res.body;
+  EXPECT_EQ(r.Json()["choices"][0]["finish_reason"], "stop");
+  ExpectPerson(json::parse(r.Json()["choices"][0]["message"]["content"].get<std::string>(), nullptr, false));
+
+  rf["stream"] = true;
+  Reply s = Call(fv->port(), "POST", "/v1/chat/completions", ChatBody("gpt-4o", "say hello", rf), kOpenAIAuth);
+  std::string text;
+  int pieces = 0;
+  for (const auto& e : ParseSse(s.res.body)) {
+    if (e.data == "[DONE]") continue;
+    json d = json::parse(e.data)["choices"][0]["delta"];
+    if (d.contains("content") && !d["content"].get<std::string>().empty()) {
+      text += d["content"].get<std::string>();
+      ++pieces;
+    }
+  }
+  ExpectPerson(json::parse(text, nullptr, false));
+  EXPECT_GT(pieces, 5);  // streamed in pieces, not one chunk
+
+  // json_object: any object; OpenAI wants the word "json" in the messages.
+  json obj = {{"response_format", {{"type", "json_object"}}}};
+  Reply o = Call(fv->port(), "POST", "/v1/chat/completions", ChatBody("gpt-4o", "answer in JSON", obj), kOpenAIAuth);
+  ASSERT_EQ(o.res.status, 200) << o.res.body;
+  json answer = json::parse(o.Json()["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
+  EXPECT_EQ(answer["answer"].get<std::string>().rfind("answer in JSON w3", 0), 0u);
+  Reply no_word = Call(fv->port(), "POST", "/v1/chat/completions", ChatBody("gpt-4o", "hi", obj), kOpenAIAuth);
+  EXPECT_EQ(no_word.res.status, 400);
+  EXPECT_EQ(no_word.Json()["error"]["param"], "messages");
+  // max_tokens still cuts (a JSON answer cut short is not JSON, finish "length").
+  json cut = rf;
+  cut["stream"] = false;
+  cut["max_tokens"] = 3;
+  json c = Call(fv->port(), "POST", "/v1/chat/completions", ChatBody("gpt-4o", "x", cut), kOpenAIAuth).Json();
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c["usage"]["completion_tokens"], 3);
+}
+
+TEST(FakeVendorOpenAI, ResponseFormatValidation) {
+  auto fv = StartFake(FakeVendorKind::kOpenAI);
+  auto with = [&](json rf) {
+    return Call(fv->port(), "POST", "/v1/chat/completions", ChatBody("gpt-4o", "json", {{"response_format", rf}}),
+                kOpenAIAuth);
+  };
+  Reply type = with({{"type", "xml"}});
+  EXPECT_EQ(type.res.status, 400);
+  EXPECT_EQ(type.Json()["error"]["param"], "response_format.type");
+  EXPECT_EQ(type.Json()["error"]["message"], "Invalid value: 'xml'. Supported values are: 'json_object', 'json_schema', and 'text'.");
+  EXPECT_EQ(with("json").Json()["error"]["code"], "invalid_type");
+  Reply no_schema = with({{"type", "json_schema"}});
+  EXPECT_EQ(no_schema.Json()["error"]["param"], "response_format.json_schema");
+  EXPECT_EQ(no_schema.Json()["error"]["code"], "missing_required_parameter");
+  Reply no_name = with({{"type", "json_schema"}, {"json_schema", {{"schema", PersonSchema()}}}});
+  EXPECT_EQ(no_name.Json()["error"]["param"], "response_format.json_schema.name");
+  Reply bad_name = with({{"type", "json_schema"}, {"json_schema", {{"name", "a person"}}}});
+  EXPECT_EQ(bad_name.Json()["error"]["param"], "response_format.json_schema.name");
+  // strict: every object closed and every property required, nested ones too.
+  json open = PersonSchema();
+  open["$defs"]["Pet"].erase("additionalProperties");
+  Reply strict = with({{"type", "json_schema"}, {"json_schema", {{"name", "p"}, {"strict", true}, {"schema", open}}}});
+  EXPECT_EQ(strict.res.status, 400);
+  EXPECT_NE(strict.Json()["error"]["message"].get<std::string>().find("'additionalProperties' is required"),
+            std::string::npos)
+      << strict.res.body;
+  json partial = PersonSchema();
+  partial["required"] = {"name"};
+  Reply req = with({{"type", "json_schema"}, {"json_schema", {{"name", "p"}, {"strict", true}, {"schema", partial}}}});
+  EXPECT_NE(req.Json()["error"]["message"].get<std::string>().find("Missing 'age'"), std::string::npos) << req.res.body;
+  // Not strict: the same schema is fine. Text is the default.
+  EXPECT_EQ(with({{"type", "json_schema"}, {"json_schema", {{"name", "p"}, {"schema", partial}}}}).res.status, 200);
+  Reply text = with({{"type", "text"}});
+  EXPECT_EQ(text.res.status, 200);
+  EXPECT_EQ(text.Json()["choices"][0]["message"]["content"].get<std::string>().rfind("json w1", 0), 0u);
+}
+
 TEST(FakeVendorCommon, LastRequestAndStats) {
   auto fv = StartFake(FakeVendorKind::kOpenAI);
   EXPECT_EQ(Call(fv->port(), "GET", "/_fake/last_request", "", {}).res.status, 404);
@@ -595,6 +755,156 @@ TEST(FakeVendorAnthropic, StopSequenceReported) {
   EXPECT_EQ(j["stop_reason"], "stop_sequence");
   EXPECT_EQ(j["stop_sequence"], "w3");
   EXPECT_EQ(j["content"][0]["text"], "hi there w2 ");
+}
+
+TEST(FakeVendorAnthropic, AcceptsWhatCurrentSdksSend) {
+  FakeVendorOptions o;
+  o.api_key = "sk-ant-good";
+  auto fv = StartFake(FakeVendorKind::kAnthropic, o);
+  // @anthropic-ai/sdk 1.x: the key as a Bearer token, API version 2026-10-21, betas.
+  const Headers sdk = {{"Authorization", "Bearer sk-ant-good"},
+                       {"anthropic-version", "2026-10-21"},
+                       {"anthropic-beta", "some-future-beta-2031-01-01,structured-outputs-2025-11-13"}};
+  Reply r = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude"), sdk);
+  ASSERT_EQ(r.res.status, 200) << r.res.body;
+  EXPECT_EQ(r.Json()["type"], "message");
+  EXPECT_EQ(Call(fv->port(), "GET", "/v1/models", "", sdk).res.status, 200);
+  for (const char* version : {"2023-01-01", "2023-06-01"}) {
+    EXPECT_EQ(Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude"),
+                   {{"x-api-key", "sk-ant-good"}, {"anthropic-version", version}})
+                  .res.status,
+              200)
+        << version;
+  }
+  Reply wrong = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude"),
+                     {{"Authorization", "Bearer sk-ant-bad"}, {"anthropic-version", "2026-10-21"}});
+  EXPECT_EQ(wrong.res.status, 401);
+  EXPECT_EQ(wrong.Json()["error"]["type"], "authentication_error");
+  Reply bad_version = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude"),
+                           {{"x-api-key", "sk-ant-good"}, {"anthropic-version", "2024-10-22"}});
+  EXPECT_EQ(bad_version.res.status, 400);
+  EXPECT_EQ(bad_version.Json()["error"]["message"], "anthropic-version: \"2024-10-22\" is not a valid version");
+}
+
+TEST(FakeVendorAnthropic, SamplingParametersDependOnTheApiVersion) {
+  auto fv = StartFake(FakeVendorKind::kAnthropic);
+  const json sampling = {{"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 40}};
+  Reply old_version = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude", sampling), kAnthropicAuth);
+  EXPECT_EQ(old_version.res.status, 200) << old_version.res.body;
+  // 2026-10-21 removed them: any value is a 400.
+  const Headers v2026 = {{"x-api-key", "k"}, {"anthropic-version", "2026-10-21"}};
+  for (const char* field : {"temperature", "top_p", "top_k"}) {
+    Reply r = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude", {{field, sampling[field]}}), v2026);
+    EXPECT_EQ(r.res.status, 400) << field;
+    EXPECT_EQ(r.Json()["error"]["message"], std::string(field) + ": Extra inputs are not permitted");
+  }
+  EXPECT_EQ(Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude"), v2026).res.status, 200);
+  struct Bad {
+    json extra;
+    std::string message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{{"top_k", "many"}}, "top_k: Input should be a valid integer"},
+           {{{"top_k", -1}}, "top_k: Input should be greater than or equal to 0"},
+           {{{"temperature", 1.5}}, "temperature: Input should be less than or equal to 1"},
+           {{{"top_p", "x"}}, "top_p: Input should be a valid number"},
+           // Other vendors' fields are refused, as the real API refuses them.
+           {{{"response_format", {{"type", "json_object"}}}}, "response_format: Extra inputs are not permitted"},
+           {{{"seed", 1}}, "seed: Extra inputs are not permitted"},
+       }) {
+    Reply r = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude", b.extra), kAnthropicAuth);
+    EXPECT_EQ(r.res.status, 400) << b.extra.dump();
+    EXPECT_EQ(r.Json()["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(r.Json()["error"]["message"], b.message);
+  }
+}
+
+TEST(FakeVendorAnthropic, ToolChoiceDisableParallelToolUse) {
+  auto fv = StartFake(FakeVendorKind::kAnthropic);
+  json tools = {{"tools", json::array({{{"name", "lookup"}, {"input_schema", {{"type", "object"}}}},
+                                       {{"name", "other"}, {"input_schema", {{"type", "object"}}}}})}};
+  for (const char* type : {"auto", "any"}) {
+    json req = tools;
+    req["tool_choice"] = {{"type", type}, {"disable_parallel_tool_use", true}};
+    json j = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude-tools", req), kAnthropicAuth).Json();
+    EXPECT_EQ(j["stop_reason"], "tool_use") << type;
+    EXPECT_EQ(j["content"].size(), 1u) << type;  // at most one call
+  }
+  json forced = tools;
+  forced["tool_choice"] = {{"type", "tool"}, {"name", "other"}, {"disable_parallel_tool_use", true}};
+  json f = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude-tools", forced), kAnthropicAuth).Json();
+  EXPECT_EQ(f["content"][0]["name"], "other");
+  struct Bad {
+    json choice;
+    std::string message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{{"type", "auto"}, {"disable_parallel_tool_use", "yes"}},
+            "tool_choice.auto.disable_parallel_tool_use: Input should be a valid boolean"},
+           {{{"type", "sometimes"}},
+            "tool_choice: Input tag 'sometimes' found using 'type' does not match any of the expected tags: 'auto', "
+            "'any', 'tool', 'none'"},
+           {{{"type", "tool"}}, "tool_choice.tool.name: Field required"},
+           {{{"type", "none"}, {"disable_parallel_tool_use", true}},
+            "tool_choice.none.disable_parallel_tool_use: Extra inputs are not permitted"},
+       }) {
+    json req = tools;
+    req["tool_choice"] = b.choice;
+    Reply r = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude-tools", req), kAnthropicAuth);
+    EXPECT_EQ(r.res.status, 400) << b.choice.dump();
+    EXPECT_EQ(r.Json()["error"]["message"], b.message);
+  }
+  Reply no_tools = Call(fv->port(), "POST", "/v1/messages",
+                        MessagesBody("claude", {{"tool_choice", {{"type", "auto"}}}}), kAnthropicAuth);
+  EXPECT_EQ(no_tools.res.status, 400);
+  EXPECT_EQ(no_tools.Json()["error"]["message"], "tool_choice may only be specified while providing tools.");
+}
+
+TEST(FakeVendorAnthropic, StructuredOutputAnswersTheSchema) {
+  auto fv = StartFake(FakeVendorKind::kAnthropic);
+  const json schema = {{"type", "object"},
+                       {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}},
+                       {"required", {"city", "days"}},
+                       {"additionalProperties", false}};
+  const json want = {{"city", "hi"}, {"days", 1}};
+  json req = {{"output_config", {{"format", {{"type", "json_schema"}, {"schema", schema}}}, {"effort", "low"}}}};
+  json j = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude", req), kAnthropicAuth).Json();
+  ASSERT_EQ(j["type"], "message") << j.dump();
+  EXPECT_EQ(json::parse(j["content"][0]["text"].get<std::string>(), nullptr, false), want);
+  EXPECT_EQ(j["stop_reason"], "end_turn");
+  // Streamed, the text deltas join to the same document; the beta spelling works too.
+  json beta = {{"output_format", {{"type", "json_schema"}, {"schema", schema}}}, {"stream", true}};
+  std::string text;
+  for (const auto& e : ParseSse(Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude", beta), kAnthropicAuth).res.body)) {
+    if (e.event == "content_block_delta") text += json::parse(e.data)["delta"]["text"].get<std::string>();
+  }
+  EXPECT_EQ(json::parse(text, nullptr, false), want);
+  for (const auto& [bad, message] : std::vector<std::pair<json, std::string>>{
+           {{{"output_config", {{"format", {{"type", "xml"}}}}}}, "output_config.format.type: Input should be 'json_schema'"},
+           {{{"output_config", {{"format", {{"type", "json_schema"}}}}}}, "output_config.format.schema: Field required"},
+           {{{"output_config", {{"effort", "extreme"}}}},
+            "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'"},
+       }) {
+    Reply r = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude", bad), kAnthropicAuth);
+    EXPECT_EQ(r.res.status, 400) << bad.dump();
+    EXPECT_EQ(r.Json()["error"]["message"], message);
+  }
+}
+
+TEST(FakeVendorAnthropic, StopSequenceReportedInTheStream) {
+  auto fv = StartFake(FakeVendorKind::kAnthropic);
+  Reply r = Call(fv->port(), "POST", "/v1/messages", MessagesBody("claude", {{"stop_sequences", {"w3"}}, {"stream", true}}),
+                 kAnthropicAuth);
+  std::string text;
+  json delta;
+  for (const auto& e : ParseSse(r.res.body)) {
+    json d = json::parse(e.data);
+    if (e.event == "content_block_delta") text += d["delta"]["text"].get<std::string>();
+    if (e.event == "message_delta") delta = d["delta"];
+  }
+  EXPECT_EQ(text, "hi there w2 ");
+  EXPECT_EQ(delta["stop_reason"], "stop_sequence");
+  EXPECT_EQ(delta["stop_sequence"], "w3");
 }
 
 TEST(FakeVendorAnthropic, ToolUse) {
@@ -763,6 +1073,69 @@ TEST(FakeVendorGemini, Validation) {
   Reply bad_method = Call(fv->port(), "POST", "/v1beta/models/gemini-2.0-flash:fooBar", GeminiBody(), kGeminiAuth);
   EXPECT_EQ(bad_method.res.status, 404);
   EXPECT_EQ(bad_method.Json()["error"]["status"], "NOT_FOUND");
+}
+
+TEST(FakeVendorGemini, GenerationConfigSamplingFieldsAreTyped) {
+  auto fv = StartFake(FakeVendorKind::kGemini);
+  const std::string path = "/v1beta/models/gemini-2.0-flash:generateContent";
+  json gc = {{"topK", 40}, {"topP", 0.9}, {"presencePenalty", 0.5}, {"frequencyPenalty", -0.25}, {"stopSequences", {"w3"}}};
+  Reply ok = Call(fv->port(), "POST", path, GeminiBody({{"generationConfig", gc}}), kGeminiAuth);
+  ASSERT_EQ(ok.res.status, 200) << ok.res.body;
+  EXPECT_EQ(ok.Json()["candidates"][0]["content"]["parts"][0]["text"], "why sky w2 ");
+  EXPECT_EQ(ok.Json()["candidates"][0]["finishReason"], "STOP");
+  for (const auto& [bad, field] : std::vector<std::pair<json, std::string>>{
+           {{{"topK", "many"}}, "'generation_config.top_k' (TYPE_INT32)"},
+           {{{"topK", 2.5}}, "'generation_config.top_k' (TYPE_INT32)"},
+           {{{"presencePenalty", "high"}}, "'generation_config.presence_penalty' (TYPE_FLOAT)"},
+           {{{"frequency_penalty", true}}, "'generation_config.frequency_penalty' (TYPE_FLOAT)"},
+           {{{"stopSequences", {1}}}, "'generation_config.stop_sequences[0]' (TYPE_STRING)"},
+       }) {
+    Reply r = Call(fv->port(), "POST", path, GeminiBody({{"generationConfig", bad}}), kGeminiAuth);
+    EXPECT_EQ(r.res.status, 400) << bad.dump();
+    EXPECT_EQ(r.Json()["error"]["status"], "INVALID_ARGUMENT");
+    EXPECT_NE(r.Json()["error"]["message"].get<std::string>().find(field), std::string::npos) << r.res.body;
+  }
+}
+
+TEST(FakeVendorGemini, StructuredOutput) {
+  auto fv = StartFake(FakeVendorKind::kGemini);
+  const std::string path = "/v1beta/models/gemini-2.0-flash:generateContent";
+  auto text_of = [&](const json& gc, const std::string& p = "") {
+    Reply r = Call(fv->port(), "POST", p.empty() ? path : p, GeminiBody({{"generationConfig", gc}}), kGeminiAuth);
+    EXPECT_EQ(r.res.status, 200) << r.res.body;
+    if (!p.empty()) {  // SSE: join the parts
+      std::string text;
+      for (const auto& e : ParseSse(r.res.body)) text += json::parse(e.data)["candidates"][0]["content"]["parts"][0]["text"].get<std::string>();
+      return text;
+    }
+    return r.Json()["candidates"][0]["content"]["parts"][0]["text"].get<std::string>();
+  };
+  // JSON Schema (responseJsonSchema) and the OpenAPI subset (responseSchema, upper-case types).
+  json js = {{"responseMimeType", "application/json"},
+             {"responseJsonSchema",
+              {{"type", "object"}, {"properties", {{"q", {{"type", "string"}}}, {"n", {{"type", "number"}}}}}}}};
+  EXPECT_EQ(json::parse(text_of(js), nullptr, false), json({{"q", "why"}, {"n", 1.0}}));
+  json openapi = {{"response_mime_type", "application/json"},
+                  {"response_schema",
+                   {{"type", "OBJECT"},
+                    {"properties", {{"items", {{"type", "ARRAY"}, {"items", {{"type", "STRING"}}}}}, {"ok", {{"type", "BOOLEAN"}}}}}}}};
+  EXPECT_EQ(json::parse(text_of(openapi), nullptr, false), json({{"items", {"why"}}, {"ok", true}}));
+  EXPECT_EQ(json::parse(text_of(openapi, "/v1beta/models/g:streamGenerateContent?alt=sse"), nullptr, false),
+            json({{"items", {"why"}}, {"ok", true}}));
+  json plain = {{"responseMimeType", "application/json"}};
+  EXPECT_EQ(json::parse(text_of(plain), nullptr, false)["answer"].get<std::string>().rfind("why sky w2", 0), 0u);
+  json enumerated = {{"responseMimeType", "text/x.enum"}, {"responseSchema", {{"type", "STRING"}, {"enum", {"RED", "BLUE"}}}}};
+  EXPECT_EQ(text_of(enumerated), "RED");
+
+  for (const json& bad : {json{{"responseMimeType", "text/html"}},
+                          json{{"responseSchema", {{"type", "OBJECT"}}}},  // text/plain with a schema
+                          json{{"responseMimeType", "application/json"},
+                               {"responseSchema", {{"type", "OBJECT"}}},
+                               {"responseJsonSchema", {{"type", "object"}}}}}) {
+    Reply r = Call(fv->port(), "POST", path, GeminiBody({{"generationConfig", bad}}), kGeminiAuth);
+    EXPECT_EQ(r.res.status, 400) << bad.dump();
+    EXPECT_EQ(r.Json()["error"]["status"], "INVALID_ARGUMENT");
+  }
 }
 
 TEST(FakeVendorGemini, FunctionCall) {
