@@ -8,6 +8,7 @@
 
 #include "keel/core/json_reader.h"
 #include "keel/gateway/gateway.h"
+#include "keel/gateway/vendor.h"
 
 namespace keel::gateway {
 namespace {
@@ -43,14 +44,6 @@ Status ReadString(const json& obj, const char* key, const std::string& where, st
   *out = obj[key].get<std::string>();
   if (required && out->empty()) return Status::InvalidArgument("gateway config: " + where + key + ": empty");
   return Status::Ok();
-}
-
-Result<WireFormat> ParseUpstreamFormat(const std::string& s, const std::string& field) {
-  if (s == "openai" || s == "keel") return WireFormat::kOpenAIChat;
-  if (s == "anthropic") return WireFormat::kAnthropicMessages;
-  if (s == "gemini") return WireFormat::kGemini;
-  return Status::InvalidArgument("gateway config: " + field + ": unknown format \"" + s +
-                                 "\" (openai, keel, anthropic, gemini)");
 }
 
 }  // namespace
@@ -98,7 +91,10 @@ Result<GatewayConfig> ParseGatewayConfig(std::string_view text) {
     KEEL_RETURN_IF_ERROR(ReadString(u, "name", where, &up.name, true));
     std::string format = "openai";
     KEEL_RETURN_IF_ERROR(ReadString(u, "format", where, &format, false));
-    KEEL_ASSIGN_OR_RETURN(up.format, ParseUpstreamFormat(format, where + "format"));
+    auto vendor = FindVendor(format);
+    if (!vendor.ok()) return Status::InvalidArgument("gateway config: " + where + "format: " + vendor.status().message());
+    up.vendor = format;
+    up.format = (*vendor)->format();
     KEEL_RETURN_IF_ERROR(ReadString(u, "base_url", where, &up.base_url, true));
     while (!up.base_url.empty() && up.base_url.back() == '/') up.base_url.pop_back();
     if (up.base_url.rfind("http://", 0) != 0 && up.base_url.rfind("https://", 0) != 0) {

@@ -23,6 +23,7 @@ namespace keel::gateway {
 
 struct UpstreamConfig {
   std::string name;
+  std::string vendor;                            // adapter name (vendor.h); "" = the one for `format`
   WireFormat format = WireFormat::kOpenAIChat;  // "openai" (also `keel serve`), "anthropic", "gemini"
   std::string base_url;                          // http://127.0.0.1:9001 (no trailing path)
   std::string api_key;                           // sent to the vendor; from the config or api_key_env

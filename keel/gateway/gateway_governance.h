@@ -57,7 +57,10 @@ class Governance {
   // nothing.
   // Spent = the decision's figure + usage acknowledged by the policy service after the decision
   // was asked for + usage settled here but not yet acknowledged + reservations in flight.
-  Status Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out);
+  // `retry_after_seconds` (optional) gets, on exhaustion, the seconds until the exhausted
+  // budget's window rolls over, or -1 when it has no window (waiting will not help).
+  Status Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out,
+                 int64_t* retry_after_seconds = nullptr);
   // Replaces the reservation by the actual usage and queues the usage record.
   void Settle(const Reservation& reservation, UsageRecord record);
   // Drops a reservation without usage (request failed before any tokens were spent).

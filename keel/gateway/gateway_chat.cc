@@ -1,0 +1,365 @@
+// The chat filter chain (order and fail-open/closed choices: gateway_internal.h).
+#include <ctime>
+
+#include "keel/core/log.h"
+#include "keel/gateway/gateway_internal.h"
+#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/policy.h"
+#include "keel/gateway/translate.h"
+
+namespace keel::gateway {
+namespace {
+
+// The API key a client presented: "Authorization: Bearer <key>" (OpenAI style), "x-api-key"
+// (Anthropic style), or for Gemini routes "x-goog-api-key" / ?key=.
+std::string PresentedKey(const Exchange& x) {
+  std::string_view auth = x.http.headers.Get("authorization");
+  if (auth.size() > 7 && (auth.substr(0, 7) == "Bearer " || auth.substr(0, 7) == "bearer ")) {
+    auth.remove_prefix(7);
+    while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
+    return std::string(auth);
+  }
+  if (std::string_view k = x.http.headers.Get("x-api-key"); !k.empty()) return std::string(k);
+  if (x.front.format() == WireFormat::kGemini) {
+    return GeminiPresentedKey(x.http.headers.Get("x-goog-api-key"), x.http.query);
+  }
+  return "";
+}
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// All text a deny rule's "contains" is matched against.
+std::string PromptText(const ChatRequest& r) {
+  std::string text = r.system;
+  text += '\n';
+  text += r.prompt;
+  for (const Message& m : r.messages) {
+    text += '\n';
+    text += m.content;
+  }
+  return Lower(text);
+}
+
+bool Retryable(int http_status) { return http_status == 429 || http_status == 408 || http_status >= 500; }
+
+// Whether an upstream failure (no answer at all) should move on to the next target.
+bool RetryableStatus(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kCorruption ||
+         s.code() == StatusCode::kIOError || s.code() == StatusCode::kResourceExhausted;
+}
+
+GatewayError TransportError(const Upstream& up, const Status& s) {
+  const bool timeout = s.code() == StatusCode::kUnavailable;
+  return {timeout ? 504 : 502, timeout ? ErrorKind::kTimeout : ErrorKind::kBadGateway,
+          "upstream " + up.config.name + ": " + s.message()};
+}
+
+// What one attempt at one target came to.
+enum class Attempt { kAnswered, kNextTarget, kGiveUp };
+
+}  // namespace
+
+// An upstream's error as the client should see it. The vendor rejecting the gateway's own
+// credentials is the gateway's problem, not the client's: 502, not the vendor's 401/403.
+GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body) {
+  GatewayError e = up.vendor->ParseError(status, body);
+  if (status == 401 || status == 403) {
+    return {502, ErrorKind::kBadGateway, "upstream " + up.config.name + " rejected the gateway's credentials (" +
+                                             std::to_string(status) + "): " + e.message};
+  }
+  return e;
+}
+
+Task<void> Gateway::Impl::HandleChat(Exchange& x) {
+  // Each filter answers the client itself when it stops the chain. The result is named before
+  // it is tested: GCC 12 miscompiles `if (!co_await f(x))` here (the callee got a bad reference).
+  if (const bool go = co_await Authenticate(x); !go) co_return;
+  if (const bool go = co_await Parse(x); !go) co_return;
+  if (const bool go = co_await ApplyPolicy(x); !go) co_return;
+  if (const bool go = co_await Route(x); !go) co_return;
+  if (const bool go = co_await Reserve(x); !go) co_return;
+  co_await Relay(x);
+}
+
+Task<bool> Gateway::Impl::Authenticate(Exchange& x) {
+  const std::string key = PresentedKey(x);
+  if (key.empty() || key.size() > 512) {
+    const GatewayError e{401, ErrorKind::kAuthentication,
+                         key.empty() ? "missing API key (send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\")"
+                                     : "invalid API key"};
+    co_await Fail(x, e);
+    co_return false;
+  }
+  const std::string key_hash = HashApiKey(key);
+  x.auth = co_await governance->Resolve(key_hash);
+  if (!x.auth.decision) {
+    // Fail closed: a key we have never seen cannot be checked.
+    const GatewayError e{503, ErrorKind::kOverloaded,
+                         "the gateway's policy service is unavailable and this key is not cached; try again later"};
+    co_await Fail(x, e);
+    co_return false;
+  }
+  if (!x.auth.decision->known || x.auth.decision->revoked) {
+    const GatewayError e{401, ErrorKind::kAuthentication,
+                         x.auth.decision->revoked ? "API key revoked" : "invalid API key"};
+    co_await Fail(x, e);
+    co_return false;
+  }
+  co_return true;
+}
+
+Task<bool> Gateway::Impl::Parse(Exchange& x) {
+  auto parsed = x.front.Parse(x.http.body, x.path_model, x.stream_by_path);
+  if (!parsed.ok()) {
+    const GatewayError e{400, ErrorKind::kInvalidRequest, parsed.status().message()};
+    co_await Fail(x, e);
+    co_return false;
+  }
+  x.request = std::move(parsed).value();
+  x.client_model = x.request.model;
+  co_return true;
+}
+
+Task<bool> Gateway::Impl::ApplyPolicy(Exchange& x) {
+  const KeyDecision& decision = *x.auth.decision;
+  const PolicyRules& policy = decision.policy;
+  x.model = RewrittenModel(policy, x.client_model);
+  if (!ModelAllowed(policy, x.model)) {
+    const GatewayError e{403, ErrorKind::kPermission,
+                         "model \"" + x.model + "\" is not allowed for team " + decision.team};
+    co_await Fail(x, e);
+    co_return false;
+  }
+  if (!policy.deny.empty()) {
+    const std::string text = PromptText(x.request);
+    for (const DenyRule& rule : policy.deny) {
+      if (!rule.model_glob.empty() && !GlobMatch(rule.model_glob, x.model)) continue;
+      if (!rule.contains.empty() && text.find(Lower(rule.contains)) == std::string::npos) continue;
+      const GatewayError e{403, ErrorKind::kPermission,
+                           rule.message.empty() ? "request denied by policy" : rule.message};
+      co_await Fail(x, e);
+      co_return false;
+    }
+  }
+  if (policy.max_tokens >= 0 && (!x.request.max_tokens || *x.request.max_tokens > policy.max_tokens)) {
+    x.request.max_tokens = policy.max_tokens;  // clamp rather than refuse: the client still gets an answer
+  }
+  co_return true;
+}
+
+Task<bool> Gateway::Impl::Route(Exchange& x) {
+  auto it = models.find(x.model);
+  if (it == models.end()) {
+    const GatewayError e{404, ErrorKind::kNotFound, "model \"" + x.model + "\" does not exist"};
+    co_await Fail(x, e);
+    co_return false;
+  }
+  x.vm = &it->second;
+  x.counter = &CounterFor(x.vm->name);
+  co_return true;
+}
+
+Task<bool> Gateway::Impl::Reserve(Exchange& x) {
+  // Input tokens plus the most the answer may use, at the dearest target's prices.
+  x.input_tokens = CountRequestTokens(*x.counter, x.request);
+  const int64_t max_out = x.request.max_tokens.value_or(0);
+  double cost = 0;
+  for (const RouteTarget& t : x.vm->targets) {
+    cost = std::max(cost, CostOf(x.auth.decision->prices, t.model, x.input_tokens, max_out));
+  }
+  int64_t retry_after = -1;
+  if (Status s = governance->Reserve(x.auth, x.input_tokens + max_out, cost, &x.reservation, &retry_after);
+      !s.ok()) {
+    // SDKs retry 429s by default: tell them when the budget's window rolls over, and not to retry
+    // sooner than that (or at all, for a budget without a window) -- their backoff is seconds.
+    HttpHeaderList extra;
+    if (retry_after >= 0) extra.emplace_back("retry-after", std::to_string(retry_after));
+    extra.emplace_back("x-should-retry", retry_after >= 0 && retry_after <= 60 ? "true" : "false");
+    const GatewayError e{429, ErrorKind::kRateLimit, s.message()};
+    co_await Fail(x, e, extra);
+    co_return false;
+  }
+  co_return true;
+}
+
+Task<bool> Gateway::Impl::Relay(Exchange& x) {
+  GatewayError last_error{502, ErrorKind::kBadGateway, "no upstream answered"};
+  ChatRequest upstream_request = x.request;
+  upstream_request.stream_include_usage = true;  // ask for usage so the ledger gets the vendor's count
+  Attempt attempt = Attempt::kNextTarget;
+  for (size_t i = 0; i < x.vm->targets.size() && attempt == Attempt::kNextTarget; ++i) {
+    const RouteTarget& target = x.vm->targets[i];
+    if (i > 0) fallbacks->Get().Inc();
+    Upstream& up = upstreams.at(target.upstream);
+    auto built = up.vendor->BuildChat(up.config, upstream_request, target.model, config.default_max_tokens);
+    if (!built.ok()) {
+      // A field this upstream cannot honour: the client's error, answered as such (no fallback).
+      last_error = {400, ErrorKind::kInvalidRequest, built.status().message()};
+      break;
+    }
+    const auto sent = Clock::now();
+    HttpClient& client = *up.client;
+    if (!x.request.stream) {
+      auto r = co_await client.Fetch(std::move(built).value());
+      if (!r.ok()) {
+        upstream_requests->WithLabels({up.config.name, "error"}).Inc();
+        last_error = TransportError(up, r.status());
+        attempt = RetryableStatus(r.status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
+        continue;
+      }
+      upstream_seconds->WithLabels({up.config.name}).Observe(SecondsSince(sent));
+      if (r->status != 200) {
+        upstream_requests->WithLabels({up.config.name, std::to_string(r->status)}).Inc();
+        last_error = ClientFacingError(up, r->status, r->body);
+        attempt = Retryable(r->status) ? Attempt::kNextTarget : Attempt::kGiveUp;
+        continue;
+      }
+      auto answer = up.vendor->ParseChat(r->body);
+      if (!answer.ok()) {
+        upstream_requests->WithLabels({up.config.name, "garbage"}).Inc();
+        last_error = {502, ErrorKind::kBadGateway,
+                      "upstream " + up.config.name + " sent an unreadable answer: " + answer.status().message()};
+        continue;
+      }
+      upstream_requests->WithLabels({up.config.name, "200"}).Inc();
+      ChatResponse& whole = answer.value();
+      const int64_t whole_in = whole.usage.input_tokens >= 0 ? whole.usage.input_tokens : x.input_tokens;
+      int64_t whole_out = whole.usage.output_tokens;
+      if (whole_out < 0) {
+        whole_out = x.counter->Count(whole.content);
+        for (const ToolCall& c : whole.tool_calls) {
+          whole_out += x.counter->Count(c.name) + x.counter->Count(c.arguments_json);
+        }
+      }
+      whole.usage = {whole_in, whole_out};
+      Settle(x, target, whole_in, whole_out);
+      std::string body = x.front.BuildAnswer(whole, x.request, x.client_model);
+      co_await x.resp.Send(200, "application/json", std::move(body), x.headers);
+      co_return true;
+    }
+
+    // Streaming.
+    auto opened = co_await client.Open(std::move(built).value());
+    if (!opened.ok()) {
+      upstream_requests->WithLabels({up.config.name, "error"}).Inc();
+      last_error = TransportError(up, opened.status());
+      attempt = RetryableStatus(opened.status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
+      continue;
+    }
+    upstream_seconds->WithLabels({up.config.name}).Observe(SecondsSince(sent));
+    std::unique_ptr<ResponseStream> stream = std::move(opened).value();
+    if (stream->status() != 200) {
+      // The vendor's error, in full (bounded), so the client gets it in its own format.
+      std::string err;
+      for (int n = 0; n < 64 && err.size() < (64 << 10); ++n) {
+        const size_t before = err.size();
+        if (!(co_await stream->Read(&err)).ok() || err.size() == before) break;
+      }
+      upstream_requests->WithLabels({up.config.name, std::to_string(stream->status())}).Inc();
+      last_error = ClientFacingError(up, stream->status(), err);
+      attempt = Retryable(stream->status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
+      continue;
+    }
+    auto decoder = up.vendor->MakeDecoder();
+    auto encoder = x.front.MakeEncoder(x.request, x.client_model);
+    std::vector<StreamEvent> events;
+    std::string out, chunk, generated;
+    Usage vendor_usage;
+    bool started = false;  // headers sent to the client: no fallback from here on
+    bool client_gone = false;
+    Status failure = Status::Ok();
+    // The client's format may need input tokens at the start (Anthropic's message_start).
+    StreamEvent input_usage;
+    input_usage.kind = StreamEvent::Kind::kUsage;
+    input_usage.usage = {x.input_tokens, -1};
+    encoder->Encode(input_usage, &out);
+    for (bool done = false; !done;) {
+      chunk.clear();
+      Status rs = co_await stream->Read(&chunk);
+      events.clear();
+      if (!rs.ok()) {
+        failure = rs;
+        break;
+      }
+      if (chunk.empty()) {
+        failure = decoder->Finish(&events);
+        done = true;
+      } else {
+        failure = decoder->Feed(chunk, &events);
+      }
+      for (const StreamEvent& ev : events) {
+        if (ev.kind == StreamEvent::Kind::kTextDelta) generated += ev.text;
+        if (ev.kind == StreamEvent::Kind::kToolCallDelta || ev.kind == StreamEvent::Kind::kToolCallStart) {
+          generated += ev.tool_call.name;
+          generated += ev.text;
+        }
+        if (ev.kind == StreamEvent::Kind::kUsage) {
+          if (ev.usage.input_tokens >= 0) vendor_usage.input_tokens = ev.usage.input_tokens;
+          if (ev.usage.output_tokens >= 0) vendor_usage.output_tokens = ev.usage.output_tokens;
+        }
+        encoder->Encode(ev, &out);
+      }
+      if (!failure.ok()) break;
+      // After the first chunk (sent at once, for time to first token): when more of the
+      // upstream's burst is already here, take it before writing so a burst goes out in one
+      // write (no waiting: BytesReady only counts bytes that have arrived).
+      if (started && !done && out.size() < (64 << 10) && stream->BytesReady() > 0) continue;
+      if (!out.empty()) {
+        if (!started) {
+          started = true;
+          if (!co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers)) {
+            client_gone = true;
+            break;
+          }
+        }
+        if (!co_await x.resp.WriteChunk(out)) {
+          client_gone = true;
+          break;
+        }
+        out.clear();
+      }
+    }
+    if (!failure.ok() && !started) {
+      // Nothing reached the client yet: this target failed like any other. An error event the
+      // vendor sent in its stream keeps its kind (overloaded, rate limited...).
+      upstream_requests->WithLabels({up.config.name, "broken_stream"}).Inc();
+      if (const GatewayError* vendor_error = decoder->upstream_error()) {
+        last_error = *vendor_error;
+        last_error.message = "upstream " + up.config.name + ": " + vendor_error->message;
+        attempt = Retryable(vendor_error->status) ? Attempt::kNextTarget : Attempt::kGiveUp;
+      } else {
+        last_error = {502, ErrorKind::kBadGateway, "upstream " + up.config.name + ": " + failure.message()};
+      }
+      continue;
+    }
+    upstream_requests->WithLabels({up.config.name, failure.ok() ? "200" : "broken_stream"}).Inc();
+    if (!client_gone) {
+      if (!failure.ok()) {
+        out.clear();
+        const GatewayError* vendor_error = decoder->upstream_error();
+        GatewayError e = vendor_error ? *vendor_error
+                                      : GatewayError{502, ErrorKind::kBadGateway, failure.message()};
+        e.message = "upstream " + up.config.name + ": " + e.message;
+        encoder->EncodeError(e, &out);
+        Log().warn("gateway: {} stream from {} broke after it started: {}", x.request_id, up.config.name,
+                   failure.message());
+      }
+      if (!started) started = co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers);
+      if (started && !out.empty()) co_await x.resp.WriteChunk(out);
+      if (started) co_await x.resp.EndStream();
+    }
+    const int64_t in = vendor_usage.input_tokens >= 0 ? vendor_usage.input_tokens : x.input_tokens;
+    const int64_t outn = vendor_usage.output_tokens >= 0 ? vendor_usage.output_tokens : x.counter->Count(generated);
+    Settle(x, target, in, outn);
+    co_return true;
+  }
+  governance->Release(x.reservation);
+  co_await Fail(x, last_error);
+  co_return false;
+}
+
+}  // namespace keel::gateway

@@ -1,0 +1,135 @@
+// Internal to gateway*.cc: the gateway's state and the request each filter works on.
+//
+// A chat request runs a chain of small filters (gateway_chat.cc), in this order:
+//   Authenticate  key -> KeyDecision. Fails CLOSED for a key the gateway has never seen while the
+//                 policy service is down (503); serves a known key from its cached decision
+//                 (fails open on staleness, logged and counted).
+//   Parse         the front's format -> ChatRequest (400 naming the field).
+//   ApplyPolicy   the team's rewrites, allow list, deny rules, max_tokens clamp (closed: 403).
+//   Route         the virtual model (404).
+//   Reserve       counts input tokens, reserves them plus max_tokens against every budget
+//                 (closed: 429 with retry-after; local figures, so it works while the policy
+//                 service is down).
+//   Relay         tries the model's targets in order (fallback on 429/408/5xx, timeouts and
+//                 connection errors before anything reached the client), translates back,
+//                 streamed or whole, then settles the usage (or releases the reservation).
+// A filter either continues (true) or has answered the client and stops the chain (false).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <boost/asio/steady_timer.hpp>
+
+#include "keel/core/metrics.h"
+#include "keel/gateway/async_http.h"
+#include "keel/gateway/front.h"
+#include "keel/gateway/gateway.h"
+#include "keel/gateway/gateway_governance.h"
+#include "keel/gateway/token_counter.h"
+#include "keel/gateway/vendor.h"
+
+namespace keel::gateway {
+
+using Clock = std::chrono::steady_clock;
+
+// One client request on its way through the filters.
+struct Exchange {
+  Exchange(const HttpRequest& h, AsyncResponder& r, const ClientFront& f, std::string rt)
+      : http(h), resp(r), front(f), route(std::move(rt)) {}
+  const HttpRequest& http;
+  AsyncResponder& resp;
+  const ClientFront& front;
+  std::string route;          // the metrics label
+  std::string path_model;     // a model named by the URL (Gemini), else ""
+  bool stream_by_path = false;
+  std::string request_id;     // minted on arrival
+  HttpHeaderList headers;     // sent with every answer: x-request-id, request-id
+  Governance::Lookup auth;
+  ChatRequest request;
+  std::string client_model;   // as the client named it
+  std::string model;          // after the team's rewrites
+  const VirtualModel* vm = nullptr;
+  const TokenCounter* counter = nullptr;
+  int64_t input_tokens = 0;
+  Reservation reservation;
+};
+
+struct Upstream {
+  UpstreamConfig config;
+  const VendorAdapter* vendor = nullptr;
+  std::unique_ptr<HttpClient> client;
+};
+
+struct Gateway::Impl {
+  GatewayConfig config;
+  MetricsRegistry metrics;
+  std::unique_ptr<AsyncHttpServer> server;
+  std::map<std::string, Upstream> upstreams;  // by name
+  std::map<std::string, VirtualModel> models;
+  std::map<std::string, std::unique_ptr<TokenCounter>> counters;  // by virtual model
+  std::unique_ptr<TokenCounter> estimator = MakeEstimator();
+  std::unique_ptr<Governance> governance;
+  // Request ids must be unique across gateway processes and restarts: the policy service counts
+  // a usage record once per id (and remembers ids in Redis for days), so a per-process counter
+  // alone would make a restarted gateway's usage look like duplicates.
+  std::string request_prefix;
+  std::atomic<uint64_t> next_request{1};
+  std::atomic<bool> stopping{false};
+  std::unique_ptr<boost::asio::steady_timer> flush_timer;
+
+  CounterFamily* requests = nullptr;
+  CounterFamily* upstream_requests = nullptr;
+  CounterFamily* fallbacks = nullptr;
+  CounterFamily* tokens = nullptr;
+  HistogramFamily* request_seconds = nullptr;
+  HistogramFamily* upstream_seconds = nullptr;
+
+  std::string NextRequestId() { return request_prefix + std::to_string(next_request.fetch_add(1)); }
+  void RegisterMetrics();
+  const TokenCounter& CounterFor(const std::string& model) const {
+    auto it = counters.find(model);
+    return it == counters.end() ? *estimator : *it->second;
+  }
+
+  // gateway.cc: routing and answers.
+  Task<void> Handle(const HttpRequest& req, AsyncResponder& resp);
+  // Call sites pass named values: GCC 12 miscompiles temporaries (braced lists, string
+  // concatenations) inside a co_await expression, so every co_await here takes lvalues.
+  Task<void> Fail(Exchange& x, const GatewayError& error, const HttpHeaderList& extra = kNoHeaders);
+  static inline const HttpHeaderList kNoHeaders;
+  Task<void> FlushLoop();
+
+  // gateway_chat.cc: the chat filter chain.
+  Task<void> HandleChat(Exchange& x);
+  Task<bool> Authenticate(Exchange& x);
+  Task<bool> Parse(Exchange& x);
+  Task<bool> ApplyPolicy(Exchange& x);
+  Task<bool> Route(Exchange& x);
+  Task<bool> Reserve(Exchange& x);
+  Task<bool> Relay(Exchange& x);
+
+  // gateway_endpoints.cc: the other API routes (they reuse the filters they need).
+  Task<void> HandleEmbeddings(Exchange& x);
+  Task<void> HandleModels(Exchange& x, std::string_view id);
+  Task<void> HandleGeminiModels(Exchange& x, std::string_view id);
+  Task<void> HandleCountTokens(Exchange& x);
+
+  // Settles a finished request's usage against its reservation and the metrics.
+  void Settle(Exchange& x, const RouteTarget& target, int64_t input_tokens, int64_t output_tokens);
+};
+
+// The model a team's policy maps `requested` to (its rewrites), and whether its allow list
+// admits `model` (an empty list admits every model).
+std::string RewrittenModel(const PolicyRules& policy, const std::string& requested);
+bool ModelAllowed(const PolicyRules& policy, const std::string& model);
+int64_t UnixMillis();
+// An upstream's error as the client should see it (the vendor refusing the gateway's own
+// credentials is a 502, not the vendor's 401/403).
+GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body);
+double SecondsSince(Clock::time_point t);
+
+}  // namespace keel::gateway
