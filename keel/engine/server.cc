@@ -248,9 +248,16 @@ void Server::Stop(bool cancel_in_flight) {
 
 void Server::Route(const HttpRequest& req, HttpResponder& res) {
   // The route label takes only the fixed set of known paths; anything else is "other".
-  CountingResponder counting(res, metrics_->requests, router_.HasPath(req.path) ? req.path : "other");
+  constexpr std::string_view kModelPrefix = "/v1/models/";
+  const bool model_by_id = req.path.size() > kModelPrefix.size() && req.path.rfind(kModelPrefix, 0) == 0;
+  CountingResponder counting(res, metrics_->requests,
+                             model_by_id ? "/v1/models/{id}" : router_.HasPath(req.path) ? req.path : "other");
   try {
-    router_.Dispatch(req, counting);
+    if (model_by_id) {
+      HandleModel(req, counting, std::string_view(req.path).substr(kModelPrefix.size()));
+    } else {
+      router_.Dispatch(req, counting);
+    }
   } catch (const std::exception& e) {
     // Nothing below should throw; a bug must not take the connection thread down.
     Log().error("engine server: {} {}: {}", req.method, req.path, e.what());
@@ -271,6 +278,22 @@ void Server::HandleModels(const HttpRequest&, HttpResponder& res) {
   json model = {{"id", options_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "keel"}};
   json body = {{"object", "list"}, {"data", json::array({model})}};
   res.Send(200, "application/json", Dump(body));
+}
+
+// GET /v1/models/{id}: the served model's object, or OpenAI's 404 for any other id.
+void Server::HandleModel(const HttpRequest& req, HttpResponder& res, std::string_view id) {
+  if (req.method != "GET" && req.method != "HEAD") {
+    const ApiError e{405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error", {}, {}};
+    res.Send(405, "application/json", Dump(ErrorObject(e)), {{"Allow", "GET"}});
+    return;
+  }
+  if (id != options_.model_name) {
+    SendError(res, ApiError{404, "The model '" + std::string(id) + "' does not exist", "invalid_request_error",
+                            std::string("model"), std::string("model_not_found")});
+    return;
+  }
+  json model = {{"id", options_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "keel"}};
+  res.Send(200, "application/json", Dump(model));
 }
 
 void Server::HandleMetrics(const HttpRequest&, HttpResponder& res) {

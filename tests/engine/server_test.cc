@@ -190,6 +190,18 @@ TEST_F(ServerTest, HealthzAndModels) {
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][0]["owned_by"], "keel");
   EXPECT_TRUE(j["data"][0]["created"].is_number_integer());
+  // GET /v1/models/{id}: the model object for the served id, OpenAI's 404 for any other.
+  r = Get(std::string("/v1/models/") + kModel);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json one = json::parse(r.body);
+  EXPECT_EQ(one["id"], kModel);
+  EXPECT_EQ(one["object"], "model");
+  EXPECT_EQ(one["created"], j["data"][0]["created"]);
+  r = Get("/v1/models/gpt-4o");
+  ASSERT_EQ(r.status, 404);
+  json missing = json::parse(r.body);
+  EXPECT_EQ(missing["error"]["code"], "model_not_found");
+  EXPECT_NE(missing["error"]["message"].get<std::string>().find("gpt-4o"), std::string::npos);
 }
 
 TEST_F(ServerTest, GreedyCompletionMatchesGolden) {
