@@ -18,12 +18,31 @@ ClientRequest JsonPost(std::string url, std::string body, bool stream) {
   return r;
 }
 
-// OpenAI's chat/completions, and every server that copies it (`keel serve`, vLLM, llama.cpp).
+// A field the upstream would drop or reject: the client's 400, named, before anything is sent.
+Status Unsupported(const char* field, std::string_view vendor) {
+  return Status::InvalidArgument(std::string(field) + ": not supported by " + std::string(vendor) + " upstreams");
+}
+
+// OpenAI's chat/completions, and every server that copies it. `keel serve` ("keel") speaks the
+// same wire format with a different set of sampling fields: it has top_k, and no penalties,
+// logit_bias or structured output (it would ignore them, so they are refused here); OpenAI has
+// no top_k (it would answer 400).
 class OpenAIVendor final : public VendorAdapter {
  public:
+  explicit OpenAIVendor(bool keel) : keel_(keel) {}
   WireFormat format() const override { return WireFormat::kOpenAIChat; }
   Result<ClientRequest> BuildChat(const UpstreamConfig& up, const ChatRequest& request, const std::string& model,
                                   int64_t default_max_tokens) const override {
+    if (keel_) {
+      if (request.presence_penalty.value_or(0) != 0) return Unsupported("presence_penalty", "keel");
+      if (request.frequency_penalty.value_or(0) != 0) return Unsupported("frequency_penalty", "keel");
+      if (!request.logit_bias_json.empty() && request.logit_bias_json != "{}") return Unsupported("logit_bias", "keel");
+      if (request.response_format && request.response_format->kind != ResponseFormat::Kind::kText) {
+        return Unsupported("response_format", "keel");
+      }
+    } else if (request.top_k) {
+      return Unsupported("top_k", "openai");
+    }
     KEEL_ASSIGN_OR_RETURN(std::string body,
                           BuildUpstreamRequest(format(), request, model, default_max_tokens));
     ClientRequest r = JsonPost(up.base_url + "/v1/chat/completions", std::move(body), request.stream);
@@ -40,6 +59,7 @@ class OpenAIVendor final : public VendorAdapter {
   static void Authorize(const UpstreamConfig& up, ClientRequest* r) {
     if (!up.api_key.empty()) r->headers.emplace_back("Authorization", "Bearer " + up.api_key);
   }
+  bool keel_;
 };
 
 class AnthropicVendor final : public VendorAdapter {
@@ -74,8 +94,8 @@ class GeminiVendor final : public VendorAdapter {
 const std::map<std::string, std::unique_ptr<VendorAdapter>, std::less<>>& Registry() {
   static const auto* registry = [] {
     auto* m = new std::map<std::string, std::unique_ptr<VendorAdapter>, std::less<>>();
-    m->emplace("openai", std::make_unique<OpenAIVendor>());
-    m->emplace("keel", std::make_unique<OpenAIVendor>());  // `keel serve` speaks OpenAI's format
+    m->emplace("openai", std::make_unique<OpenAIVendor>(/*keel=*/false));
+    m->emplace("keel", std::make_unique<OpenAIVendor>(/*keel=*/true));
     m->emplace("anthropic", std::make_unique<AnthropicVendor>());
     m->emplace("gemini", std::make_unique<GeminiVendor>());
     return m;
