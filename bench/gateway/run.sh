@@ -12,7 +12,9 @@
 # Knobs (environment): BUILD (default build), DURATION_S (10), WARMUP_S (2), CONNECTIONS (32),
 # RATES ("100 1000"), ROUNDS (1; >1 repeats the whole interleaved sweep), PORT_BASE (18600),
 # NGINX (/usr/sbin/nginx), GW_THREADS (gateway io threads, 1 = its default), NGINX_WORKERS (default GW_THREADS), KEEP_RESULTS
-# (a file to copy the raw JSON lines to). Progress goes to stderr, the Markdown to stdout.
+# (a file to copy the raw JSON lines to), PROFILE (a directory: `perf record -g` of the proxy
+# for every nginx/gateway point, <mode>-<rate>-<target>.data; perturbs the CPU figures).
+# Progress goes to stderr, the Markdown to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -201,9 +203,17 @@ run_one() {  # mode rate target
   done
   before=0; [ ${#pids[@]} -gt 0 ] && before=$(cpu_ticks "${pids[@]}")
   vbefore=$(cpu_ticks "$VENDOR_PID")
+  local perf_pid=""
+  if [ -n "${PROFILE:-}" ] && [ ${#pids[@]} -gt 0 ]; then
+    mkdir -p "$PROFILE"
+    perf record -q -g -F 2999 -p "$(IFS=,; echo "${pids[*]}")" -o "$PROFILE/$mode-$rate-$target.data" \
+      >/dev/null 2>&1 &
+    perf_pid=$!
+  fi
   out=$("$LOAD" --port "$port" --path /v1/chat/completions --body-file "$bodyf" \
     --header "Authorization: Bearer $key" --rate "$rate" --duration-s "$DURATION_S" \
     --warmup-s "$WARMUP_S" --connections "$CONNECTIONS" --label "$target" "${flags[@]}")
+  if [ -n "$perf_pid" ]; then kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; fi
   after=0; [ ${#pids[@]} -gt 0 ] && after=$(cpu_ticks "${pids[@]}")
   vafter=$(cpu_ticks "$VENDOR_PID")
   # CPU over warmup + measured requests, per scheduled request; -1 = not measured (direct).

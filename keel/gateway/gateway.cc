@@ -61,6 +61,14 @@ int64_t UnixMillis() {
       .count();
 }
 
+HttpHeaderList BudgetDenialHeaders(const Governance::Denial& denial) {
+  HttpHeaderList headers;
+  if (denial.retry_after_seconds >= 0) headers.emplace_back("retry-after", std::to_string(denial.retry_after_seconds));
+  const bool retry = denial.retry_helps && denial.retry_after_seconds <= 60;
+  headers.emplace_back("x-should-retry", retry ? "true" : "false");
+  return headers;
+}
+
 std::string RewrittenModel(const PolicyRules& policy, const std::string& requested) {
   auto it = policy.rewrites.find(requested);
   return it == policy.rewrites.end() ? requested : it->second;

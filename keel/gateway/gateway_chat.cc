@@ -171,14 +171,11 @@ Task<bool> Gateway::Impl::Reserve(Exchange& x) {
   for (const RouteTarget& t : x.vm->targets) {
     cost = std::max(cost, CostOf(x.auth.decision->prices, t.model, x.input_tokens, max_out));
   }
-  int64_t retry_after = -1;
-  if (Status s = governance->Reserve(x.auth, x.input_tokens + max_out, cost, &x.reservation, &retry_after);
-      !s.ok()) {
+  Governance::Denial denial;
+  if (Status s = governance->Reserve(x.auth, x.input_tokens + max_out, cost, &x.reservation, &denial); !s.ok()) {
     // SDKs retry 429s by default: tell them when the budget's window rolls over, and not to retry
     // sooner than that (or at all, for a budget without a window) -- their backoff is seconds.
-    HttpHeaderList extra;
-    if (retry_after >= 0) extra.emplace_back("retry-after", std::to_string(retry_after));
-    extra.emplace_back("x-should-retry", retry_after >= 0 && retry_after <= 60 ? "true" : "false");
+    const HttpHeaderList extra = BudgetDenialHeaders(denial);
     const GatewayError e{429, ErrorKind::kRateLimit, s.message()};
     co_await Fail(x, e, extra);
     co_return false;

@@ -159,11 +159,9 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
     }
   }
   const double reserve_cost = CostOf(decision.prices, x.vm->targets.front().model, input_tokens, 0);
-  int64_t retry_after = -1;
-  if (Status s = governance->Reserve(x.auth, input_tokens, reserve_cost, &x.reservation, &retry_after); !s.ok()) {
-    HttpHeaderList extra;
-    if (retry_after >= 0) extra.emplace_back("retry-after", std::to_string(retry_after));
-    extra.emplace_back("x-should-retry", retry_after >= 0 && retry_after <= 60 ? "true" : "false");
+  Governance::Denial denial;
+  if (Status s = governance->Reserve(x.auth, input_tokens, reserve_cost, &x.reservation, &denial); !s.ok()) {
+    const HttpHeaderList extra = BudgetDenialHeaders(denial);
     const GatewayError e{429, ErrorKind::kRateLimit, s.message()};
     co_await Fail(x, e, extra);
     co_return;

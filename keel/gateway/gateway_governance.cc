@@ -135,8 +135,7 @@ Task<Governance::Lookup> Governance::Resolve(const std::string& key_hash) {
   co_return Lookup{nullptr, Source::kFresh, fetched.status(), 0};
 }
 
-Status Governance::Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out,
-                           int64_t* retry_after_seconds) {
+Status Governance::Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out, Denial* denial) {
   const KeyDecision& decision = *lookup.decision;
   const int64_t now_unix = static_cast<int64_t>(std::time(nullptr));
   std::lock_guard lock(mu_);
@@ -152,11 +151,12 @@ Status Governance::Reserve(const Lookup& lookup, int64_t tokens, double cost, Re
         spent_cost += a.cost;
       }
     }
-    if (retry_after_seconds) {
+    if (denial) {
+      const bool windowed = b.window_end_unix > 0;
+      denial->retry_after_seconds = windowed ? std::max<int64_t>(1, b.window_end_unix - now_unix) : -1;
       // Waiting helps only when the window rolls over and the request fits an empty budget.
-      const bool fits_alone = (b.limit_tokens < 0 || tokens <= b.limit_tokens) && (b.limit_cost < 0 || cost <= b.limit_cost);
-      *retry_after_seconds =
-          b.window_end_unix > 0 && fits_alone ? std::max<int64_t>(1, b.window_end_unix - now_unix) : -1;
+      denial->retry_helps = windowed && (b.limit_tokens < 0 || tokens <= b.limit_tokens) &&
+                            (b.limit_cost < 0 || cost <= b.limit_cost);
     }
     if (b.limit_tokens >= 0 && spent_tokens + tokens > b.limit_tokens) {
       budget_denied_.Get().Inc();

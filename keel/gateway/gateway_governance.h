@@ -57,10 +57,12 @@ class Governance {
   // nothing.
   // Spent = the decision's figure + usage acknowledged by the policy service after the decision
   // was asked for + usage settled here but not yet acknowledged + reservations in flight.
-  // `retry_after_seconds` (optional) gets, on exhaustion, the seconds until the exhausted
-  // budget's window rolls over, or -1 when it has no window (waiting will not help).
-  Status Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out,
-                 int64_t* retry_after_seconds = nullptr);
+  // `denial` (optional) says, on exhaustion, when waiting could help.
+  struct Denial {
+    int64_t retry_after_seconds = -1;  // until the exhausted budget's window rolls over; -1: no window
+    bool retry_helps = false;          // windowed, and the request fits the budget once it is empty
+  };
+  Status Reserve(const Lookup& lookup, int64_t tokens, double cost, Reservation* out, Denial* denial = nullptr);
   // Replaces the reservation by the actual usage and queues the usage record.
   void Settle(const Reservation& reservation, UsageRecord record);
   // Drops a reservation without usage (request failed before any tokens were spent).

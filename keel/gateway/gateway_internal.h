@@ -127,6 +127,10 @@ struct Gateway::Impl {
 std::string RewrittenModel(const PolicyRules& policy, const std::string& requested);
 bool ModelAllowed(const PolicyRules& policy, const std::string& model);
 int64_t UnixMillis();
+// A budget 429's retry-after (when the budget has a window) and x-should-retry: SDKs retry 429s
+// within seconds by default, which only helps when the window rolls over within their wait
+// (60 s) and the request fits an empty budget.
+HttpHeaderList BudgetDenialHeaders(const Governance::Denial& denial);
 // An upstream's error as the client should see it (the vendor refusing the gateway's own
 // credentials is a 502, not the vendor's 401/403).
 GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body);
