@@ -31,10 +31,12 @@ class VendorAdapter {
   // An OpenAI-shaped /v1/embeddings request with `body`; NotFound when the vendor has none.
   virtual Result<ClientRequest> BuildEmbeddings(const UpstreamConfig& upstream, std::string body) const;
 
-  Result<ChatResponse> ParseChat(std::string_view body) const;
+  // Reading the vendor's answers. The defaults serve the formats translate.h and stream.h know
+  // (by format()); a vendor with a wire format of its own overrides all three.
+  virtual Result<ChatResponse> ParseChat(std::string_view body) const;
   // A vendor's error answer in neutral form (see ParseUpstreamError).
-  GatewayError ParseError(int http_status, std::string_view body) const;
-  std::unique_ptr<StreamDecoder> MakeDecoder() const;
+  virtual GatewayError ParseError(int http_status, std::string_view body) const;
+  virtual std::unique_ptr<StreamDecoder> MakeDecoder() const;
 };
 
 // The adapter a config's "format" names; NotFound lists the names there are.
