@@ -6,9 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -17,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "keel/core/http_server.h"
 #include "tests/core/http_test_client.h"
 #include "tests/engine/test_util.h"
 #include "tests/kvstore/redis_process.h"  // FreeLoopbackPort, PortAccepts
@@ -128,6 +132,28 @@ std::vector<std::pair<std::string, std::string>> ParseSse(const std::string& bod
   return events;
 }
 
+// The text a stream carried, in any client format: OpenAI chat chunks, Anthropic
+// content_block_delta events, Gemini chunks or Responses output_text.delta events.
+std::string StreamedText(const std::string& body) {
+  std::string text;
+  for (const auto& [name, data] : ParseSse(body)) {
+    json j = json::parse(data, nullptr, false);
+    if (!j.is_object()) continue;
+    const std::string type = j.value("type", "");
+    if (type == "content_block_delta" && j["delta"].is_object()) text += j["delta"].value("text", "");
+    if (type == "response.output_text.delta") text += j.value("delta", "");
+    if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty() &&
+        j["choices"][0]["delta"].is_object()) {
+      const json& content = j["choices"][0]["delta"]["content"];
+      if (content.is_string()) text += content.get<std::string>();
+    }
+    if (j.contains("candidates") && j["candidates"].is_array() && !j["candidates"].empty()) {
+      for (const json& part : j["candidates"][0]["content"]["parts"]) text += part.value("text", "");
+    }
+  }
+  return text;
+}
+
 // Team names are unique per test process: with Redis counters, spend is keyed by team and
 // window, and ctest runs the tests of this file as separate processes sharing one Redis.
 std::string Team(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
@@ -137,6 +163,18 @@ std::string Team(const std::string& name) { return name + "-" + std::to_string(:
 std::string RedisFlag() {
   const char* url = std::getenv("KEEL_REDIS_URL");
   return url != nullptr && *url != '\0' ? std::string(" --redis-url ") + url : std::string();
+}
+
+// What the fakes cannot play: an Anthropic-format vendor whose every answer is a 200 stream that
+// opens with an error event (Anthropic reports errors such as overload this way once its 200 is
+// out), so nothing of it can have reached the gateway's client when the error arrives.
+std::atomic<int> error_stream_requests{0};
+void ServeErrorStream(const HttpRequest&, HttpResponder& res) {
+  ++error_stream_requests;
+  if (!res.BeginStream(200, "text/event-stream", {{"request-id", "req_standin"}})) return;
+  res.WriteChunk(
+      "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n");
+  res.EndStream();
 }
 
 class GatewayE2E : public ::testing::Test {
@@ -169,6 +207,8 @@ class GatewayE2E : public ::testing::Test {
     serve_->Start("serve -m " + test::ModelsDir() + "/aidreams260K.bin -z " + test::ModelsDir() +
                       "/aidreams_tok512.bin --port " + std::to_string(keel_port_),
                   d + "/serve.log");
+    error_stream_vendor_ = new HttpServer(HttpServerOptions{}, ServeErrorStream);
+    ASSERT_TRUE(error_stream_vendor_->Start().ok());
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(WaitFor([i] { return test::PortAccepts(vendor_port_[i]); }));
     ASSERT_TRUE(WaitFor([] { return test::PortAccepts(keel_port_); }));
 
@@ -185,7 +225,9 @@ class GatewayE2E : public ::testing::Test {
           {{"name", "keel"}, {"format", "keel"}, {"base_url", url(keel_port_)}, {"timeout_s", 30}},
           {{"name", "oa-short"}, {"format", "openai"}, {"base_url", url(vendor_port_[0])},
            {"api_key", "vendor-secret-openai"}, {"timeout_s", 0.5}},
-          {{"name", "an-badkey"}, {"format", "anthropic"}, {"base_url", url(vendor_port_[1])}, {"api_key", "wrong"}}}},
+          {{"name", "an-badkey"}, {"format", "anthropic"}, {"base_url", url(vendor_port_[1])}, {"api_key", "wrong"}},
+          {{"name", "an-stream-error"}, {"format", "anthropic"}, {"base_url", url(error_stream_vendor_->port())},
+           {"api_key", "any"}}}},
         {"models",
          {{{"name", "m-openai"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-test"}}}}},
           {{"name", "m-anthropic"}, {"targets", {{{"upstream", "an"}, {"model", "claude-test"}}}}},
@@ -202,6 +244,18 @@ class GatewayE2E : public ::testing::Test {
           {{"name", "m-timeout"},
            {"targets", {{{"upstream", "oa-short"}, {"model", "gpt-slow"}}, {{"upstream", "an"}, {"model", "claude-ok"}}}}},
           {{"name", "m-badkey"}, {"targets", {{{"upstream", "an-badkey"}, {"model", "claude-x"}}}}},
+          {{"name", "m-tools-openai"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-tools"}}}}},
+          {{"name", "m-tools-gemini"}, {"targets", {{{"upstream", "ge"}, {"model", "gemini-tools"}}}}},
+          {{"name", "m-429"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-error-429"}}}}},
+          {{"name", "m-all-fail"},
+           {"targets", {{{"upstream", "oa"}, {"model", "gpt-error-429"}}, {{"upstream", "an"}, {"model", "claude-error-500"}}}}},
+          {{"name", "m-openai-then-anthropic"},
+           {"targets", {{{"upstream", "oa"}, {"model", "gpt-test"}}, {{"upstream", "an"}, {"model", "claude-ok"}}}}},
+          {{"name", "m-stream-error"},
+           {"targets", {{{"upstream", "an-stream-error"}, {"model", "claude-x"}}, {{"upstream", "an"}, {"model", "claude-ok"}}}}},
+          {{"name", "m-stream-error-only"}, {"targets", {{{"upstream", "an-stream-error"}, {"model", "claude-x"}}}}},
+          // Outside team alpha's allow list ("m-*", "aidreams").
+          {{"name", "x-private"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-test"}}}}},
           {{"name", "aidreams"},
            {"targets", {{{"upstream", "keel"}, {"model", "aidreams260K"}}}},
            {"tokenizer", {{"path", test::ModelsDir() + "/aidreams_tok512.bin"}, {"vocab_size", 512}}}}}}};
@@ -216,6 +270,7 @@ class GatewayE2E : public ::testing::Test {
     // tiny token budget.
     key_a_ = CreateKey("alice", Team("alpha"));
     key_b_ = CreateKey("bob", Team("beta"));
+    key_open_ = CreateKey("olga", Team("open"));  // no policy, no budget
     auto [s1, b1] = Admin(socket_, admin_key_, "PUT", "/admin/policies",
                           R"({"team":")" + Team("alpha") + R"(","allowed_models":["m-*","aidreams"],"max_tokens":64,
                               "rewrites":{"cheap":"m-openai"},
@@ -234,6 +289,7 @@ class GatewayE2E : public ::testing::Test {
     delete serve_;
     for (Process* p : vendors_) delete p;
     delete policy_;
+    delete error_stream_vendor_;
     delete dir_;
     delete config_;
   }
@@ -260,6 +316,39 @@ class GatewayE2E : public ::testing::Test {
     return res;
   }
 
+  // Any method, target and headers; status 0 when no response could be read.
+  static test::HttpTestResponse Send(const std::string& method, const std::string& target, const std::string& body,
+                                     const std::vector<std::pair<std::string, std::string>>& headers) {
+    test::HttpTestClient http(gateway_port_);
+    test::HttpTestResponse res;
+    if (!http.SendRaw(test::HttpTestClient::BuildRequest(method, target, body, "application/json", headers))) return res;
+    http.ReadResponse(&res);
+    return res;
+  }
+
+  // What Anthropic's SDK sends.
+  static std::vector<std::pair<std::string, std::string>> AnthropicHeaders(const std::string& key) {
+    return {{"x-api-key", key}, {"anthropic-version", "2023-06-01"}};
+  }
+
+  // The last request a fake vendor received: its JSON body.
+  static json LastVendorBody(int vendor) {
+    test::HttpTestClient http(vendor_port_[vendor]);
+    json last = json::parse(http.Request("GET", "/_fake/last_request").body, nullptr, false);
+    if (last.is_discarded() || !last.contains("body")) return json();
+    return json::parse(last["body"].get<std::string>(), nullptr, false);
+  }
+  // Vendor API requests a fake has received so far.
+  static int VendorRequests(int vendor) {
+    test::HttpTestClient http(vendor_port_[vendor]);
+    json stats = json::parse(http.Request("GET", "/_fake/stats").body, nullptr, false);
+    return stats.is_object() ? stats.value("requests", -1) : -1;
+  }
+
+  static json Anthropic(const std::string& model, const std::string& text, bool stream = false) {
+    return {{"model", model}, {"max_tokens", 32}, {"stream", stream}, {"messages", {{{"role", "user"}, {"content", text}}}}};
+  }
+
   static json Chat(const std::string& model, const std::string& text, bool stream = false, int max_tokens = 0) {
     json req = {{"model", model}, {"messages", {{{"role", "user"}, {"content", text}}}}, {"stream", stream}};
     if (max_tokens > 0) req["max_tokens"] = max_tokens;
@@ -272,10 +361,11 @@ class GatewayE2E : public ::testing::Test {
   static Process* vendors_[3];
   static Process* serve_;
   static Process* gateway_;
+  static HttpServer* error_stream_vendor_;
   static int vendor_port_[3];
   static int keel_port_;
   static int gateway_port_;
-  static std::string socket_, admin_key_, key_a_, key_b_;
+  static std::string socket_, admin_key_, key_a_, key_b_, key_open_;
   static std::vector<std::string> key_ids_;
 };
 
@@ -285,10 +375,11 @@ Process* GatewayE2E::policy_ = nullptr;
 Process* GatewayE2E::vendors_[3] = {nullptr, nullptr, nullptr};
 Process* GatewayE2E::serve_ = nullptr;
 Process* GatewayE2E::gateway_ = nullptr;
+HttpServer* GatewayE2E::error_stream_vendor_ = nullptr;
 int GatewayE2E::vendor_port_[3] = {0, 0, 0};
 int GatewayE2E::keel_port_ = 0;
 int GatewayE2E::gateway_port_ = 0;
-std::string GatewayE2E::socket_, GatewayE2E::admin_key_, GatewayE2E::key_a_, GatewayE2E::key_b_;
+std::string GatewayE2E::socket_, GatewayE2E::admin_key_, GatewayE2E::key_a_, GatewayE2E::key_b_, GatewayE2E::key_open_;
 std::vector<std::string> GatewayE2E::key_ids_;
 
 TEST_F(GatewayE2E, MissingOrUnknownKeyIs401InTheClientsFormat) {
@@ -779,6 +870,524 @@ TEST_F(GatewayE2E, ServesTlsWhenConfigured) {
   test::HttpTestClient plain(port, 5);
   auto res = plain.Request("GET", "/healthz");
   EXPECT_NE(res.status, 200);
+}
+
+// ---- Issue 22: streamed upstream errors, new routes, headers, 413, structured output.
+
+// A streamed request whose first targets answer errors with a Content-Length body (429 from
+// OpenAI, 503 from Gemini) moves on to the next target, which streams the answer (the client's
+// HTTP code used to be a 504 "exceeds 67108864 bytes" and the fallback was never tried).
+TEST_F(GatewayE2E, StreamedRequestFallsBackPastUpstreamErrorBodies) {
+  for (const bool anthropic_client : {false, true}) {
+    const json req = anthropic_client ? Anthropic("m-fallback", "hello there", true) : Chat("m-fallback", "hello there", true);
+    auto r = Post(anthropic_client ? "/v1/messages" : "/v1/chat/completions", req.dump(), key_a_, anthropic_client);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_TRUE(r.chunked);
+    EXPECT_EQ(StreamedText(r.body).rfind("hello there", 0), 0u) << r.body;  // the fake echoes the prompt
+    const auto events = ParseSse(r.body);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(anthropic_client ? events.back().first : events.back().second,
+              anthropic_client ? "message_stop" : "[DONE]") << r.body;
+    const json sent = LastVendorBody(1);  // the Anthropic fake streamed it
+    EXPECT_EQ(sent.value("model", ""), "claude-ok") << sent.dump();
+    EXPECT_EQ(sent.value("stream", false), true) << sent.dump();
+  }
+}
+
+// When no target answers, a streamed request gets the last upstream error as a plain response in
+// the client's own format, with the vendor's status and message.
+TEST_F(GatewayE2E, StreamedRequestGetsTheUpstreamErrorInTheClientsFormat) {
+  // One target, a 429: OpenAI's error JSON for an OpenAI client, Anthropic's for an Anthropic one.
+  auto r = Post("/v1/chat/completions", Chat("m-429", "hi", true).dump(), key_a_);
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_FALSE(r.chunked);
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "rate_limit_error") << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("Rate limit reached"), std::string::npos) << r.body;  // the vendor's
+
+  r = Post("/v1/messages", Anthropic("m-429", "hi", true).dump(), key_a_, true);
+  EXPECT_EQ(r.status, 429) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.body;
+  EXPECT_EQ(j.value("type", ""), "error") << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "rate_limit_error") << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("Rate limit reached"), std::string::npos) << r.body;
+
+  // 429 then 500: the fallback is tried, and its error is the one the client gets.
+  r = Post("/v1/chat/completions", Chat("m-all-fail", "hi", true).dump(), key_a_);
+  EXPECT_EQ(r.status, 500) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "server_error") << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("Internal server error"), std::string::npos) << r.body;
+  EXPECT_EQ(LastVendorBody(1).value("model", ""), "claude-error-500");
+
+  // A 400 is the client's own error: answered at once, the next target is not tried. (OpenAI
+  // refuses json_object mode when the messages never say "json".)
+  const int anthropic_before = VendorRequests(1);
+  json bad = Chat("m-openai-then-anthropic", "hi there", true);
+  bad["response_format"] = {{"type", "json_object"}};
+  r = Post("/v1/chat/completions", bad.dump(), key_a_);
+  EXPECT_EQ(r.status, 400) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "invalid_request_error") << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("json"), std::string::npos) << r.body;
+  EXPECT_EQ(VendorRequests(1), anthropic_before);
+}
+
+// An error event that opens the vendor's 200 stream (nothing reached the client yet) is a
+// failed attempt like an error status: it keeps its kind (overloaded -> retryable) and falls back.
+TEST_F(GatewayE2E, InStreamVendorErrorBeforeAnyByteFallsBackOrReachesTheClient) {
+  const int before = error_stream_requests.load();
+  auto r = Post("/v1/chat/completions", Chat("m-stream-error", "hello there", true).dump(), key_a_);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(StreamedText(r.body).rfind("hello there", 0), 0u) << r.body;
+  EXPECT_EQ(r.body.find("Overloaded"), std::string::npos) << r.body;  // nothing of the failed attempt
+  EXPECT_EQ(error_stream_requests.load(), before + 1);
+
+  // With no other target: the overload, as a plain error response in the client's format.
+  r = Post("/v1/chat/completions", Chat("m-stream-error-only", "hi", true).dump(), key_a_);
+  EXPECT_EQ(r.status, 503) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_EQ(j["error"].value("code", ""), "overloaded") << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("Overloaded"), std::string::npos) << r.body;
+
+  r = Post("/v1/messages", Anthropic("m-stream-error-only", "hi", true).dump(), key_a_, true);
+  EXPECT_EQ(r.status, 503) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.body;
+  EXPECT_EQ(j.value("type", ""), "error") << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "overloaded_error") << r.body;
+  EXPECT_EQ(error_stream_requests.load(), before + 3);
+}
+
+TEST_F(GatewayE2E, ModelByIdAndAnthropicShapedModelLists) {
+  const std::vector<std::pair<std::string, std::string>> bearer = {{"Authorization", "Bearer " + key_a_}};
+  auto r = Send("GET", "/v1/models/m-openai", "", bearer);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  EXPECT_EQ(j.value("id", ""), "m-openai") << r.body;
+  EXPECT_EQ(j.value("object", ""), "model") << r.body;
+  EXPECT_TRUE(j.contains("created") && j["created"].is_number_integer()) << r.body;
+  EXPECT_TRUE(j.contains("owned_by") && j["owned_by"].is_string()) << r.body;
+
+  // Unknown, and outside the team's allow list (which exists, for another team): the same 404.
+  for (const std::string id : {"no-such-model", "x-private"}) {
+    r = Send("GET", "/v1/models/" + id, "", bearer);
+    EXPECT_EQ(r.status, 404) << id << ": " << r.body;
+    j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+    EXPECT_EQ(j["error"].value("code", ""), "model_not_found") << r.body;
+    EXPECT_NE(j["error"].value("message", "").find(id), std::string::npos) << r.body;
+  }
+  r = Send("GET", "/v1/models/x-private", "", {{"Authorization", "Bearer " + key_open_}});
+  EXPECT_EQ(r.status, 200) << r.body;
+
+  // With anthropic-version, Anthropic's shapes.
+  r = Send("GET", "/v1/models", "", AnthropicHeaders(key_a_));
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["data"].is_array() && !j["data"].empty()) << r.body;
+  EXPECT_FALSE(j.contains("object")) << r.body;
+  EXPECT_EQ(j.value("has_more", true), false) << r.body;
+  EXPECT_EQ(j["first_id"], j["data"].front()["id"]) << r.body;
+  EXPECT_EQ(j["last_id"], j["data"].back()["id"]) << r.body;
+  bool has_anthropic = false, has_private = false;
+  for (const json& m : j["data"]) {
+    EXPECT_EQ(m.value("type", ""), "model") << m.dump();
+    EXPECT_TRUE(m["display_name"].is_string()) << m.dump();
+    EXPECT_TRUE(m["created_at"].is_string()) << m.dump();
+    has_anthropic = has_anthropic || m["id"] == "m-anthropic";
+    has_private = has_private || m["id"] == "x-private";
+  }
+  EXPECT_TRUE(has_anthropic) << r.body;
+  EXPECT_FALSE(has_private) << r.body;  // the list honours the allow list too
+
+  r = Send("GET", "/v1/models/m-anthropic", "", AnthropicHeaders(key_a_));
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  EXPECT_EQ(j.value("type", ""), "model") << r.body;
+  EXPECT_EQ(j.value("id", ""), "m-anthropic") << r.body;
+  EXPECT_TRUE(j["display_name"].is_string() && j["created_at"].is_string()) << r.body;
+  r = Send("GET", "/v1/models/no-such-model", "", AnthropicHeaders(key_a_));
+  EXPECT_EQ(r.status, 404) << r.body;
+  EXPECT_EQ(json::parse(r.body, nullptr, false).value("type", ""), "error") << r.body;
+}
+
+TEST_F(GatewayE2E, AnthropicCountTokensCountsUnderPolicyAndAuth) {
+  // count_tokens bodies have no max_tokens.
+  auto count = [](const std::string& model, const std::string& text, const std::string& key) {
+    json req = {{"model", model}, {"system", "be brief"}, {"messages", {{{"role", "user"}, {"content", text}}}}};
+    return Send("POST", "/v1/messages/count_tokens", req.dump(), AnthropicHeaders(key));
+  };
+  auto r = count("m-anthropic", "How many tokens is this?", key_a_);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["input_tokens"].is_number_integer()) << r.body;
+  const int64_t short_count = j["input_tokens"].get<int64_t>();
+  EXPECT_GT(short_count, 0);
+  EXPECT_EQ(j.size(), 1u) << r.body;
+
+  std::string longer;
+  for (int i = 0; i < 50; ++i) longer += "How many tokens is this? ";
+  r = count("m-anthropic", longer, key_a_);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(json::parse(r.body)["input_tokens"].get<int64_t>(), short_count + 100) << r.body;
+
+  r = count("x-private", "hi", key_a_);  // outside alpha's allow list
+  EXPECT_EQ(r.status, 403) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  EXPECT_EQ(j.value("type", ""), "error") << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "permission_error") << r.body;
+
+  for (const std::string& key : {std::string(), std::string("sk-keel-not-a-real-key")}) {
+    r = count("m-anthropic", "hi", key);
+    EXPECT_EQ(r.status, 401) << r.body;
+    j = json::parse(r.body, nullptr, false);
+    EXPECT_EQ(j.value("type", ""), "error") << r.body;
+    EXPECT_EQ(j["error"].value("type", ""), "authentication_error") << r.body;
+  }
+}
+
+// OpenAI's SDKs read x-request-id, Anthropic's request-id: one id under both names on every answer.
+TEST_F(GatewayE2E, EveryAnswerCarriesTheRequestIdUnderBothNames) {
+  std::vector<std::pair<std::string, test::HttpTestResponse>> answers;
+  answers.emplace_back("200", Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_));
+  answers.emplace_back("streamed 200", Post("/v1/messages", Anthropic("m-openai", "hi", true).dump(), key_a_, true));
+  answers.emplace_back("401", Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), ""));
+  answers.emplace_back("404", Post("/v1/chat/completions", Chat("no-such-model", "hi").dump(), key_a_));
+  answers.emplace_back("400", Post("/v1/messages", Chat("m-openai", "hi").dump(), key_a_, true));  // no max_tokens
+  answers.emplace_back("models", Send("GET", "/v1/models", "", {{"Authorization", "Bearer " + key_a_}}));
+  answers.emplace_back("upstream 429", Post("/v1/chat/completions", Chat("m-429", "hi", true).dump(), key_a_));
+  std::set<std::string> ids;
+  for (const auto& [what, r] : answers) {
+    EXPECT_NE(r.status, 0) << what;
+    const std::string id = r.Header("x-request-id");
+    EXPECT_FALSE(id.empty()) << what << " (" << r.status << ")";
+    EXPECT_EQ(r.Header("request-id"), id) << what << " (" << r.status << ")";
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), answers.size());  // one id per request
+  EXPECT_EQ(answers[1].second.status, 200);
+  EXPECT_TRUE(answers[1].second.chunked);
+}
+
+// SDKs retry a 429 by default: a budget refusal says when the budget's window rolls over
+// (retry-after) and whether retrying is worth it at all (x-should-retry).
+TEST_F(GatewayE2E, BudgetRefusalSaysWhenToRetry) {
+  const std::string team = Team("eta");
+  const std::string key = CreateKey("eve", team);
+  auto [s, b] = Admin(socket_, admin_key_, "PUT", "/admin/budgets",
+                      R"({"scope":"team","subject":")" + team + R"(","window":"daily","limit_tokens":100})");
+  ASSERT_EQ(s, 200) << b;
+
+  // The daily window rolls over at the next UTC midnight.
+  auto seconds_to_midnight = [] { return 86400 - static_cast<int64_t>(std::time(nullptr)) % 86400; };
+
+  // A request larger than the whole budget never fits, even in a fresh window: do not retry.
+  auto r = Post("/v1/chat/completions", Chat("m-openai", "hi", false, 1000).dump(), key);
+  ASSERT_EQ(r.status, 429) << r.body;
+  EXPECT_NEAR(static_cast<double>(std::atoll(r.Header("retry-after").c_str())),
+              static_cast<double>(seconds_to_midnight()), 5.0) << r.Header("retry-after");
+  EXPECT_EQ(r.Header("x-should-retry"), "false");
+  EXPECT_FALSE(r.Header("x-request-id").empty());
+  EXPECT_EQ(json::parse(r.body, nullptr, false)["error"].value("type", ""), "rate_limit_error") << r.body;
+
+  // A spent budget: the request fits again when the window rolls over.
+  int status = 200;
+  for (int i = 0; i < 40 && status == 200; ++i) {
+    r = Post("/v1/chat/completions", Chat("m-openai", "spend it", false, 8).dump(), key);
+    status = r.status;
+  }
+  ASSERT_EQ(status, 429) << r.body;
+  const std::string retry_after = r.Header("retry-after");
+  ASSERT_FALSE(retry_after.empty()) << r.body;
+  const int64_t seconds = std::atoll(retry_after.c_str());
+  EXPECT_GE(seconds, 1);
+  EXPECT_NEAR(static_cast<double>(seconds), static_cast<double>(seconds_to_midnight()), 5.0) << retry_after;
+  // Worth retrying only when the window rolls over within an SDK's backoff (a minute), which a
+  // daily window almost never does.
+  EXPECT_EQ(r.Header("x-should-retry"), seconds <= 60 ? "true" : "false") << retry_after;
+
+  // The same through the Anthropic front.
+  r = Post("/v1/messages", Anthropic("m-openai", "spend it").dump(), key, true);
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_FALSE(r.Header("retry-after").empty());
+  EXPECT_FALSE(r.Header("x-should-retry").empty());
+  EXPECT_EQ(json::parse(r.body, nullptr, false)["error"].value("type", ""), "rate_limit_error") << r.body;
+}
+
+// POST /v1/responses to each vendor format, whole: a Response object with one output_text.
+TEST_F(GatewayE2E, ResponsesApiReachesEveryVendor) {
+  for (const std::string model : {"m-openai", "m-anthropic", "m-gemini"}) {
+    json req = {{"model", model}, {"input", "tell me a story"}, {"instructions", "be brief"}, {"max_output_tokens", 64}};
+    auto r = Post("/v1/responses", req.dump(), key_open_);
+    ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+    EXPECT_FALSE(r.Header("x-request-id").empty());
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j.value("object", ""), "response") << r.body;
+    EXPECT_EQ(j.value("status", ""), "completed") << r.body;
+    EXPECT_EQ(j.value("model", ""), model) << r.body;
+    EXPECT_EQ(j.value("instructions", ""), "be brief") << r.body;
+    EXPECT_EQ(j["id"].get<std::string>().rfind("resp_", 0), 0u) << r.body;
+    ASSERT_TRUE(j["output"].is_array() && !j["output"].empty()) << r.body;
+    const json& item = j["output"][0];
+    EXPECT_EQ(item.value("type", ""), "message") << r.body;
+    EXPECT_EQ(item.value("role", ""), "assistant") << r.body;
+    ASSERT_TRUE(item["content"].is_array() && !item["content"].empty()) << r.body;
+    EXPECT_EQ(item["content"][0].value("type", ""), "output_text") << r.body;
+    EXPECT_EQ(item["content"][0].value("text", "").rfind("tell me a story", 0), 0u) << r.body;
+    ASSERT_TRUE(j["usage"].is_object()) << r.body;
+    EXPECT_GT(j["usage"].value("input_tokens", 0), 0) << r.body;
+    EXPECT_GT(j["usage"].value("output_tokens", 0), 0) << r.body;
+    EXPECT_EQ(j["usage"].value("total_tokens", 0),
+              j["usage"].value("input_tokens", 0) + j["usage"].value("output_tokens", 0));
+  }
+  // The instructions reached the vendor as its system prompt.
+  EXPECT_NE(LastVendorBody(2).dump().find("be brief"), std::string::npos);
+}
+
+// The Responses event stream: created first, completed last with usage, sequence numbers rising,
+// deltas joining to the same text as the whole answer.
+TEST_F(GatewayE2E, ResponsesApiStreamsFromEveryVendor) {
+  for (const std::string model : {"m-openai", "m-anthropic", "m-gemini"}) {
+    json req = {{"model", model}, {"input", "tell me a story"}, {"stream", true}};
+    auto r = Post("/v1/responses", req.dump(), key_open_);
+    ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+    EXPECT_TRUE(r.chunked);
+    EXPECT_NE(r.Header("Content-Type").find("text/event-stream"), std::string::npos);
+    const auto events = ParseSse(r.body);
+    ASSERT_GE(events.size(), 4u) << r.body;
+    EXPECT_EQ(events.front().first, "response.created") << r.body;
+    EXPECT_EQ(events.back().first, "response.completed") << r.body;
+    int64_t last_seq = -1;
+    for (const auto& [name, data] : events) {
+      json j = json::parse(data, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << data;
+      EXPECT_EQ(j.value("type", ""), name);
+      ASSERT_TRUE(j["sequence_number"].is_number_integer()) << data;
+      ASSERT_GT(j["sequence_number"].get<int64_t>(), last_seq) << data;
+      last_seq = j["sequence_number"].get<int64_t>();
+    }
+    const json done = json::parse(events.back().second);
+    EXPECT_EQ(done["response"].value("status", ""), "completed") << model;
+    EXPECT_GT(done["response"]["usage"].value("output_tokens", 0), 0) << events.back().second;
+    const std::string text = StreamedText(r.body);
+    EXPECT_EQ(text.rfind("tell me a story", 0), 0u) << r.body;
+    EXPECT_EQ(done["response"]["output"][0]["content"][0].value("text", ""), text) << model;
+    req["stream"] = false;
+    auto whole = Post("/v1/responses", req.dump(), key_open_);
+    ASSERT_EQ(whole.status, 200) << whole.body;
+    EXPECT_EQ(json::parse(whole.body)["output"][0]["content"][0].value("text", ""), text) << model;
+  }
+}
+
+// A function tool through /v1/responses: the call comes back as a function_call item, and its
+// output sent back (function_call + function_call_output items) gets the model's text answer.
+TEST_F(GatewayE2E, ResponsesApiFunctionToolRoundTrip) {
+  const json tools = json::parse(R"([{"type": "function", "name": "get_weather", "description": "weather for a city",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}])");
+  const std::pair<std::string, int> models[] = {{"m-tools", 1}, {"m-tools-openai", 0}, {"m-tools-gemini", 2}};
+  for (const auto& [model, vendor] : models) {
+    json req = {{"model", model}, {"input", "weather in Paris?"}, {"tools", tools}};
+    auto r = Post("/v1/responses", req.dump(), key_open_);
+    ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+    json j = json::parse(r.body);
+    json call;
+    for (const json& item : j["output"]) {
+      if (item.value("type", "") == "function_call") call = item;
+    }
+    ASSERT_TRUE(call.is_object()) << model << ": " << r.body;
+    EXPECT_EQ(call.value("name", ""), "get_weather") << r.body;
+    EXPECT_EQ(json::parse(call.value("arguments", "null"), nullptr, false), json({{"x", 1}})) << r.body;
+    const std::string call_id = call.value("call_id", "");
+    ASSERT_FALSE(call_id.empty()) << r.body;
+
+    req["input"] = json::array({{{"role", "user"}, {"content", "weather in Paris?"}},
+                                {{"type", "function_call"}, {"call_id", call_id}, {"name", "get_weather"},
+                                 {"arguments", call["arguments"]}},
+                                {{"type", "function_call_output"}, {"call_id", call_id}, {"output", "sunny, 21 C"}}});
+    r = Post("/v1/responses", req.dump(), key_open_);
+    ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+    j = json::parse(r.body);
+    ASSERT_FALSE(j["output"].empty()) << r.body;
+    EXPECT_EQ(j["output"][0].value("type", ""), "message") << model << ": " << r.body;
+    EXPECT_EQ(j["output"][0]["content"][0].value("type", ""), "output_text") << r.body;
+    EXPECT_FALSE(j["output"][0]["content"][0].value("text", "").empty()) << r.body;
+    // The vendor got the tool's result, in its own format.
+    EXPECT_NE(LastVendorBody(vendor).dump().find("sunny, 21 C"), std::string::npos) << model;
+  }
+}
+
+TEST_F(GatewayE2E, ResponsesApiRefusesStatefulRequestsInOpenAIsShape) {
+  json req = {{"model", "m-openai"}, {"input", "and then?"}, {"previous_response_id", "resp_123"}};
+  auto r = Post("/v1/responses", req.dump(), key_open_);
+  EXPECT_EQ(r.status, 400) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "invalid_request_error") << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("previous_response_id"), std::string::npos) << r.body;
+  // Auth applies to the route as to chat.
+  r = Post("/v1/responses", json{{"model", "m-openai"}, {"input", "hi"}}.dump(), "sk-keel-not-a-real-key");
+  EXPECT_EQ(r.status, 401) << r.body;
+  EXPECT_TRUE(json::parse(r.body, nullptr, false)["error"].is_object()) << r.body;
+}
+
+// Gemini SDK users switch by pointing at the gateway: generateContent and streamGenerateContent
+// with a virtual model in the URL, answered from OpenAI and Anthropic upstreams in Gemini's shapes.
+TEST_F(GatewayE2E, GeminiFrontReachesOpenAIAndAnthropicUpstreams) {
+  const json body = {{"contents", {{{"role", "user"}, {"parts", {{{"text", "tell me a story"}}}}}}},
+                     {"systemInstruction", {{"parts", {{{"text", "be brief"}}}}}},
+                     {"generationConfig", {{"maxOutputTokens", 64}}}};
+  const std::vector<std::pair<std::string, std::string>> goog = {{"x-goog-api-key", key_open_}};
+  for (const std::string model : {"m-openai", "m-anthropic"}) {
+    auto r = Send("POST", "/v1beta/models/" + model + ":generateContent", body.dump(), goog);
+    ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j["candidates"].is_array() && !j["candidates"].empty()) << r.body;
+    const json& cand = j["candidates"][0];
+    EXPECT_EQ(cand["content"].value("role", ""), "model") << r.body;
+    const std::string text = cand["content"]["parts"][0].value("text", "");
+    EXPECT_EQ(text.rfind("tell me a story", 0), 0u) << r.body;
+    EXPECT_EQ(cand.value("finishReason", ""), "STOP") << r.body;
+    ASSERT_TRUE(j["usageMetadata"].is_object()) << r.body;
+    EXPECT_GT(j["usageMetadata"].value("promptTokenCount", 0), 0) << r.body;
+    EXPECT_GT(j["usageMetadata"].value("candidatesTokenCount", 0), 0) << r.body;
+    EXPECT_EQ(j.value("modelVersion", ""), model) << r.body;
+    EXPECT_FALSE(r.Header("x-request-id").empty());
+
+    // The key as ?key= works too (the REST examples' way).
+    r = Send("POST", "/v1beta/models/" + model + ":generateContent?key=" + key_open_, body.dump(), {});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["candidates"][0]["content"]["parts"][0].value("text", ""), text);
+
+    // Streamed as SSE chunks, the last one with finishReason and usage.
+    r = Send("POST", "/v1beta/models/" + model + ":streamGenerateContent?alt=sse", body.dump(), goog);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.Header("Content-Type").find("text/event-stream"), std::string::npos);
+    const auto events = ParseSse(r.body);
+    ASSERT_GE(events.size(), 2u) << r.body;
+    for (const auto& [name, data] : events) {
+      json chunk = json::parse(data, nullptr, false);
+      ASSERT_TRUE(chunk.is_object() && chunk["candidates"].is_array()) << data;
+    }
+    const json last = json::parse(events.back().second);
+    EXPECT_EQ(last["candidates"][0].value("finishReason", ""), "STOP") << r.body;
+    EXPECT_GT(last["usageMetadata"].value("candidatesTokenCount", 0), 0) << r.body;
+    EXPECT_EQ(StreamedText(r.body), text) << r.body;
+  }
+  // The system instruction reached the vendor.
+  EXPECT_NE(LastVendorBody(1).dump().find("be brief"), std::string::npos);
+}
+
+TEST_F(GatewayE2E, GeminiFrontCountsTokensListsModelsAndRefusesUnknownKeys) {
+  auto contents = [](const std::string& text) {
+    return json{{"contents", {{{"role", "user"}, {"parts", {{{"text", text}}}}}}}};
+  };
+  const std::vector<std::pair<std::string, std::string>> goog = {{"x-goog-api-key", key_open_}};
+  auto r = Send("POST", "/v1beta/models/m-openai:countTokens", contents("how many tokens").dump(), goog);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["totalTokens"].is_number_integer()) << r.body;
+  const int64_t short_count = j["totalTokens"].get<int64_t>();
+  EXPECT_GT(short_count, 0);
+  std::string longer;
+  for (int i = 0; i < 50; ++i) longer += "how many tokens ";
+  r = Send("POST", "/v1beta/models/m-openai:countTokens", contents(longer).dump(), goog);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(json::parse(r.body)["totalTokens"].get<int64_t>(), short_count + 50) << r.body;
+
+  r = Send("GET", "/v1beta/models", "", goog);
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["models"].is_array()) << r.body;
+  bool listed = false;
+  for (const json& m : j["models"]) listed = listed || m.value("name", "") == "models/m-anthropic";
+  EXPECT_TRUE(listed) << r.body;
+
+  // Unknown and missing keys: 401 in Gemini's error shape, on every Gemini route.
+  for (const std::string target : {"/v1beta/models/m-openai:generateContent", "/v1beta/models/m-openai:countTokens",
+                                   "/v1beta/models/m-openai:streamGenerateContent?alt=sse"}) {
+    for (const std::string& key : {std::string("sk-keel-not-a-real-key"), std::string()}) {
+      std::vector<std::pair<std::string, std::string>> headers;
+      if (!key.empty()) headers.emplace_back("x-goog-api-key", key);
+      r = Send("POST", target, contents("hi").dump(), headers);
+      EXPECT_EQ(r.status, 401) << target << ": " << r.body;
+      j = json::parse(r.body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+      EXPECT_EQ(j["error"].value("code", 0), 401) << r.body;
+      EXPECT_EQ(j["error"].value("status", ""), "UNAUTHENTICATED") << r.body;
+      EXPECT_FALSE(j["error"].value("message", "").empty()) << r.body;
+    }
+  }
+  r = Send("GET", "/v1beta/models?key=sk-keel-not-a-real-key", "", {});
+  EXPECT_EQ(r.status, 401) << r.body;
+  EXPECT_EQ(json::parse(r.body, nullptr, false)["error"].value("status", ""), "UNAUTHENTICATED") << r.body;
+}
+
+// An SDK uploads its whole body before it reads the answer: a body over listen.max_body_bytes
+// gets the 413 after the upload, not a connection reset.
+TEST_F(GatewayE2E, OversizeUploadGetsThe413NotAReset) {
+  test::HttpTestClient c(gateway_port_, 30);
+  const size_t body_bytes = size_t{24} << 20;  // far beyond the socket buffers on loopback
+  ASSERT_TRUE(c.SendRaw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key_a_ +
+                        "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body_bytes) +
+                        "\r\n\r\n"));
+  const std::string piece(64 << 10, ' ');
+  for (size_t sent = 0; sent < body_bytes; sent += piece.size()) {
+    ASSERT_TRUE(c.SendRaw(piece)) << "upload cut off after " << sent << " bytes";
+  }
+  test::HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r)) << "no answer: the connection was reset";
+  EXPECT_EQ(r.status, 413);
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("65536 bytes"), std::string::npos) << r.body;
+  EXPECT_TRUE(c.WaitClosed());
+  EXPECT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_).status, 200);
+}
+
+// response_format json_schema reaches every vendor in its own terms (the fakes answer an instance
+// of the schema), whole and streamed.
+TEST_F(GatewayE2E, StructuredOutputIsJsonOfTheSchemaFromEveryVendor) {
+  const json format = json::parse(R"({"type": "json_schema", "json_schema": {"name": "city", "strict": true,
+      "schema": {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+                 "required": ["city", "population"], "additionalProperties": false}}})");
+  for (const std::string model : {"m-openai", "m-anthropic", "m-gemini"}) {
+    for (const bool stream : {false, true}) {
+      json req = Chat(model, "name a city", stream);
+      req["response_format"] = format;
+      auto r = Post("/v1/chat/completions", req.dump(), key_open_);
+      ASSERT_EQ(r.status, 200) << model << ": " << r.body;
+      const std::string content =
+          stream ? StreamedText(r.body) : json::parse(r.body)["choices"][0]["message"].value("content", "");
+      json answer = json::parse(content, nullptr, false);
+      ASSERT_TRUE(answer.is_object()) << model << (stream ? " streamed" : "") << ": " << content;
+      EXPECT_TRUE(answer["city"].is_string()) << content;
+      EXPECT_TRUE(answer["population"].is_number_integer()) << content;
+    }
+  }
+}
+
+// A field an upstream has no equivalent for is refused naming it, not silently dropped.
+TEST_F(GatewayE2E, LogitBiasToAnAnthropicModelIs400NamingTheField) {
+  json req = Chat("m-anthropic", "hi");
+  req["logit_bias"] = {{"50256", -100}};
+  auto r = Post("/v1/chat/completions", req.dump(), key_open_);
+  EXPECT_EQ(r.status, 400) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "invalid_request_error") << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("logit_bias"), std::string::npos) << r.body;
+  // OpenAI has it: carried.
+  req["model"] = "m-openai";
+  r = Post("/v1/chat/completions", req.dump(), key_open_);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(LastVendorBody(0)["logit_bias"], req["logit_bias"]);
 }
 
 // Runs last (gtest runs tests in order of definition): it takes the policy service down.
