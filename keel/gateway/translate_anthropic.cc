@@ -194,8 +194,7 @@ Result<ChatRequest> ParseAnthropicMessagesRequest(std::string_view text) {
     return Status::InvalidArgument("messages: at most " + std::to_string(kMaxMessages) + " messages");
   for (size_t i = 0; i < msgs->size(); ++i)
     KEEL_RETURN_IF_ERROR(ReadMessage((*msgs)[i], At("messages", i), &req.messages));
-  for (size_t i = 0; i < req.messages.size(); ++i)
-    if (req.messages[i].role == "tool") req.messages[i].name = ToolNameFor(req.messages, i);
+  NameToolMessages(&req.messages);
   KEEL_RETURN_IF_ERROR(ReadTools(body, &req));
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "temperature", "temperature", &req.temperature));
   KEEL_RETURN_IF_ERROR(ReadNumber(body, "top_p", "top_p", &req.top_p));

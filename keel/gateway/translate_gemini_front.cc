@@ -201,6 +201,28 @@ Status ReadSchema(const json& obj, const std::string& path, std::string_view gem
   return Status::Ok();
 }
 
+// ---- parts
+
+// obj's parts into *parts (null when absent): an array of at most kMaxParts.
+Status GetParts(const json& obj, const std::string& path, const json** parts) {
+  *parts = Get(obj, "parts");
+  if (!*parts) return Status::Ok();
+  if (!(*parts)->is_array()) return Status::InvalidArgument(path + ".parts: expected an array");
+  if ((*parts)->size() > internal::kMaxParts)
+    return Status::InvalidArgument(path + ".parts: at most " + std::to_string(internal::kMaxParts) + " parts");
+  return Status::Ok();
+}
+
+// A part's text, when it has one, appended to *text; *has_text is then set.
+Status ReadPartText(const json& p, const std::string& path, std::string* text, bool* has_text) {
+  const json* t = Get(p, "text");
+  if (!t) return Status::Ok();
+  if (!t->is_string()) return Status::InvalidArgument(path + ".text: expected a string");
+  *text += t->get<std::string>();
+  *has_text = true;
+  return Status::Ok();
+}
+
 // ---- contents
 
 struct PendingCall {
@@ -231,11 +253,9 @@ class ContentsReader {
     if (role.empty() || role == "function") role = "user";  // "function": the v1 name for tool results
     if (role != "user" && role != "model")
       return Status::InvalidArgument(path + ".role: expected \"user\" or \"model\"");
-    const json* parts = Get(c, "parts");
+    const json* parts = nullptr;
+    KEEL_RETURN_IF_ERROR(GetParts(c, path, &parts));
     if (!parts) return Status::Ok();  // the SDK records an empty model turn as {role, parts: []}
-    if (!parts->is_array()) return Status::InvalidArgument(path + ".parts: expected an array");
-    if (parts->size() > internal::kMaxParts)
-      return Status::InvalidArgument(path + ".parts: at most " + std::to_string(internal::kMaxParts) + " parts");
     return role == "model" ? ModelTurn(*parts, path) : UserTurn(*parts, path);
   }
 
@@ -258,28 +278,31 @@ class ContentsReader {
     return Status::Ok();
   }
 
-  static Status Text(const json& p, const std::string& path, std::string* text, bool* has_text) {
-    const json* t = Get(p, "text");
-    if (!t) return Status::Ok();
-    if (!t->is_string()) return Status::InvalidArgument(path + ".text: expected a string");
-    *text += t->get<std::string>();
-    *has_text = true;
+  // A turn's parts in order: each one's fields are checked; a thought is skipped; the text of the
+  // others joins *text, then function_fields(part, part's path) reads what else it holds.
+  template <class FunctionFields>
+  static Status ReadTurnParts(const json& parts, const std::string& path, std::string* text, bool* has_text,
+                              FunctionFields&& function_fields) {
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const std::string pp = At(path + ".parts", j);
+      bool thought = false;
+      KEEL_RETURN_IF_ERROR(PartFields(parts[j], pp, &thought));
+      if (thought) continue;
+      KEEL_RETURN_IF_ERROR(ReadPartText(parts[j], pp, text, has_text));
+      KEEL_RETURN_IF_ERROR(function_fields(parts[j], pp));
+    }
     return Status::Ok();
   }
 
   Status ModelTurn(const json& parts, const std::string& path) {
     Message m;
     bool has_text = false;
-    for (size_t j = 0; j < parts.size(); ++j) {
-      const std::string pp = At(path + ".parts", j);
-      bool thought = false;
-      KEEL_RETURN_IF_ERROR(PartFields(parts[j], pp, &thought));
-      if (thought) continue;
-      KEEL_RETURN_IF_ERROR(Text(parts[j], pp, &m.content, &has_text));
-      if (const json* fc = Get(parts[j], "functionCall")) KEEL_RETURN_IF_ERROR(Call(*fc, pp + ".functionCall", &m));
-      if (Get(parts[j], "functionResponse"))
-        return Status::InvalidArgument(pp + ".functionResponse: only in a user turn");
-    }
+    auto function_fields = [&](const json& p, const std::string& pp) -> Status {
+      if (const json* fc = Get(p, "functionCall")) KEEL_RETURN_IF_ERROR(Call(*fc, pp + ".functionCall", &m));
+      if (Get(p, "functionResponse")) return Status::InvalidArgument(pp + ".functionResponse: only in a user turn");
+      return Status::Ok();
+    };
+    KEEL_RETURN_IF_ERROR(ReadTurnParts(parts, path, &m.content, &has_text, function_fields));
     if (!has_text && m.tool_calls.empty()) return Status::Ok();
     // A model turn right after another continues it (a streamed answer kept chunk by chunk).
     if (last_was_model_) {
@@ -316,18 +339,14 @@ class ContentsReader {
     Message user;
     user.role = "user";
     bool has_text = false;
-    for (size_t j = 0; j < parts.size(); ++j) {
-      const std::string pp = At(path + ".parts", j);
-      bool thought = false;
-      KEEL_RETURN_IF_ERROR(PartFields(parts[j], pp, &thought));
-      if (thought) continue;
-      KEEL_RETURN_IF_ERROR(Text(parts[j], pp, &user.content, &has_text));
-      if (Get(parts[j], "functionCall")) return Status::InvalidArgument(pp + ".functionCall: only in a model turn");
-      if (const json* fr = Get(parts[j], "functionResponse"))
-        KEEL_RETURN_IF_ERROR(Response(*fr, pp + ".functionResponse"));
+    auto function_fields = [&](const json& p, const std::string& pp) -> Status {
+      if (Get(p, "functionCall")) return Status::InvalidArgument(pp + ".functionCall: only in a model turn");
+      if (const json* fr = Get(p, "functionResponse")) KEEL_RETURN_IF_ERROR(Response(*fr, pp + ".functionResponse"));
       if (req_->messages.size() > internal::kMaxMessages)
         return Status::InvalidArgument("contents: more than " + std::to_string(internal::kMaxMessages) + " messages");
-    }
+      return Status::Ok();
+    };
+    KEEL_RETURN_IF_ERROR(ReadTurnParts(parts, path, &user.content, &has_text, function_fields));
     // Tool results were pushed as they came: they must follow the calls directly, so the turn's
     // text goes after them.
     if (has_text) req_->messages.push_back(std::move(user));
@@ -375,21 +394,17 @@ Status ReadSystem(const json& si, ChatRequest* req) {
   }
   if (!si.is_object()) return Status::InvalidArgument(path + ": expected an object");
   KEEL_RETURN_IF_ERROR(CheckKnown(si, path, {"role", "parts"}));
-  const json* parts = Get(si, "parts");
+  const json* parts = nullptr;
+  KEEL_RETURN_IF_ERROR(GetParts(si, path, &parts));
   if (!parts) return Status::Ok();
-  if (!parts->is_array()) return Status::InvalidArgument(path + ".parts: expected an array");
-  if (parts->size() > internal::kMaxParts)
-    return Status::InvalidArgument(path + ".parts: at most " + std::to_string(internal::kMaxParts) + " parts");
   for (size_t j = 0; j < parts->size(); ++j) {
     const std::string pp = At(path + ".parts", j);
     const json& p = (*parts)[j];
     if (!p.is_object()) return Status::InvalidArgument(pp + ": expected an object");
     for (auto it = p.begin(); it != p.end(); ++it)
       if (CamelCase(it.key()) != "text") return Unsupported(pp + "." + it.key(), "not supported: system parts are text");
-    const json* t = Get(p, "text");
-    if (!t) continue;
-    if (!t->is_string()) return Status::InvalidArgument(pp + ".text: expected a string");
-    req->system += t->get<std::string>();
+    bool has_text = false;
+    KEEL_RETURN_IF_ERROR(ReadPartText(p, pp, &req->system, &has_text));
   }
   return Status::Ok();
 }

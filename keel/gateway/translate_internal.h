@@ -44,6 +44,24 @@ Status ForEachTool(const json& body, ReadTool&& read) {
   }
   return Status::Ok();
 }
+// Text content as the OpenAI formats send it: a string (kept as *out), or an array of at most
+// kMaxParts objects, each handed in order to read_part(part, path of the part), which appends its
+// text to *out; stops at the first error. Absent or null is the caller's to decide.
+template <class ReadPart>
+Status ReadStringOrParts(const json& v, const std::string& path, std::string* out, ReadPart&& read_part) {
+  if (v.is_string()) {
+    *out = v.get<std::string>();
+    return Status::Ok();
+  }
+  if (!v.is_array()) return Status::InvalidArgument(path + ": expected a string or an array of parts");
+  if (v.size() > kMaxParts) return Status::InvalidArgument(path + ": at most " + std::to_string(kMaxParts) + " parts");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string part_path = At(path, i);
+    if (!v[i].is_object()) return Status::InvalidArgument(part_path + ": expected an object");
+    KEEL_RETURN_IF_ERROR(read_part(v[i], part_path));
+  }
+  return Status::Ok();
+}
 inline constexpr size_t kMaxStop = 64;
 inline constexpr int kMaxJsonDepth = 128;  // dump() recurses; deep input could overflow the stack
 // Every JSON text the gateway reads goes through keel/core/json_reader.h with these bounds.
@@ -92,6 +110,48 @@ Status ReadStop(const json& obj, const char* key, const std::string& path, bool 
 // A JSON value that must be an object (or absent: "{}"); returns its compact text.
 Status ReadObjectText(const json& obj, const char* key, const std::string& path, std::string* out);
 
+// ---- OpenAI's shapes, read alike by Chat Completions (translate_openai.cc) and the Responses
+// front (translate_responses.cc); each takes the field path its format spells.
+
+// A function tool's {name (required), description, parameters (an object; absent: "{}")} in `fn`
+// into *tool. `path` is fn's own: "tools[i].function" (Chat Completions), "tools[i]" (Responses).
+Status ReadFunctionTool(const json& fn, const std::string& path, Tool* tool);
+
+// A function call's obj["arguments"] into *out: a string is kept verbatim, even when it is not
+// valid JSON (the model produced it); an object (some OpenAI-compatible servers send one) as its
+// text. `path` names the field ("...function.arguments").
+Status ReadArgumentsText(const json& obj, const std::string& path, std::string* out);
+
+// body["tool_choice"]: absent or null leaves *out unchanged; "auto", "none" or "required" are kept;
+// an object goes to read_object(object), since each format names the function its own way;
+// anything else is InvalidArgument.
+template <class ReadObject>
+Status ReadToolChoice(const json& body, std::string* out, ReadObject&& read_object) {
+  auto tc = body.find("tool_choice");
+  if (tc == body.end() || tc->is_null()) return Status::Ok();
+  if (tc->is_string()) {
+    *out = tc->get<std::string>();
+    if (*out != "auto" && *out != "none" && *out != "required")
+      return Status::InvalidArgument("tool_choice: expected auto, none, required or an object");
+    return Status::Ok();
+  }
+  if (!tc->is_object()) return Status::InvalidArgument("tool_choice: expected a string or an object");
+  return read_object(*tc);
+}
+
+// Where a format keeps structured output's settings, and which checks its API makes on them.
+struct ResponseFormatSpelling {
+  const char* path;           // the format object's own: "response_format", "text.format"
+  const char* schema_member;  // json_schema's fields sit in this member ("json_schema"), or beside type (nullptr)
+  bool check_name;            // the name must be 1 to 64 letters, digits, '_' or '-' (Chat Completions)
+  bool schema_required;       // a json_schema without a schema is refused (Responses)
+};
+// `format` (present and not null) as {type: text | json_object | json_schema, plus json_schema's
+// name (required), description (checked, not carried), schema, strict} into *out; on an error
+// *out is unchanged and the message names the field by `spelling`.
+Status ReadOpenAIResponseFormat(const json& format, const ResponseFormatSpelling& spelling,
+                                std::optional<ResponseFormat>* out);
+
 // Tool arguments. arguments_json is the object text; OpenAI carries it as a string, Anthropic
 // and Gemini as an object. Text that is empty becomes {}; text that is not a JSON object is
 // wrapped as {"_raw": "<text>"} so it survives (visibly) a format that needs an object.
@@ -106,6 +166,8 @@ std::vector<Message> EffectiveMessages(const ChatRequest& request);
 // The function name a role "tool" message answers: its own name, else the name of the call
 // with its tool_call_id among earlier assistant turns, else the tool_call_id itself.
 std::string ToolNameFor(const std::vector<Message>& messages, size_t tool_index);
+// Gives every role "tool" message in `messages` that name: what each client parser does last.
+void NameToolMessages(std::vector<Message>* messages);
 
 // A fresh random id with `prefix` ("chatcmpl-", "msg_"): for responses whose upstream gave none.
 std::string NewId(const char* prefix);

@@ -1,4 +1,5 @@
 // JSON reading helpers shared by the format translators (see translate_internal.h).
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <random>
@@ -165,6 +166,74 @@ Status ReadObjectText(const json& obj, const char* key, const std::string& path,
   return Status::Ok();
 }
 
+Status ReadFunctionTool(const json& fn, const std::string& path, Tool* tool) {
+  KEEL_RETURN_IF_ERROR(ReadRequiredString(fn, "name", path + ".name", &tool->name));
+  KEEL_RETURN_IF_ERROR(ReadString(fn, "description", path + ".description", &tool->description));
+  return ReadObjectText(fn, "parameters", path + ".parameters", &tool->parameters_json);
+}
+
+Status ReadArgumentsText(const json& obj, const std::string& path, std::string* out) {
+  if (auto a = obj.find("arguments"); a != obj.end() && a->is_object()) {
+    *out = Dump(*a);
+    return Status::Ok();
+  }
+  return ReadString(obj, "arguments", path, out);
+}
+
+namespace {
+
+// OpenAI's rule for json_schema.name.
+bool ValidSchemaName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  return true;
+}
+
+// json_schema's fields, in `fields` (whose path is `path`).
+Status ReadJsonSchemaFields(const json& fields, const std::string& path, const ResponseFormatSpelling& spelling,
+                            ResponseFormat* format) {
+  KEEL_RETURN_IF_ERROR(ReadRequiredString(fields, "name", path + ".name", &format->name));
+  if (spelling.check_name && !ValidSchemaName(format->name))
+    return Status::InvalidArgument(path + ".name: expected 1 to 64 letters, digits, '_' or '-'");
+  if (spelling.schema_required && !Field(fields, "schema")) return Status::InvalidArgument(path + ".schema: required");
+  std::string description;  // validated; ResponseFormat has no place for it (no other format has one)
+  KEEL_RETURN_IF_ERROR(ReadString(fields, "description", path + ".description", &description));
+  KEEL_RETURN_IF_ERROR(ReadObjectText(fields, "schema", path + ".schema", &format->schema_json));
+  return ReadBool(fields, "strict", path + ".strict", &format->strict);
+}
+
+}  // namespace
+
+Status ReadOpenAIResponseFormat(const json& f, const ResponseFormatSpelling& spelling,
+                                std::optional<ResponseFormat>* out) {
+  const std::string path = spelling.path;
+  if (!f.is_object()) return Status::InvalidArgument(path + ": expected an object");
+  std::string type;
+  KEEL_RETURN_IF_ERROR(ReadRequiredString(f, "type", path + ".type", &type));
+  ResponseFormat format;
+  if (type == "text") {
+    format.kind = ResponseFormat::Kind::kText;
+  } else if (type == "json_object") {
+    format.kind = ResponseFormat::Kind::kJsonObject;
+  } else if (type == "json_schema") {
+    format.kind = ResponseFormat::Kind::kJsonSchema;
+    if (!spelling.schema_member) {
+      KEEL_RETURN_IF_ERROR(ReadJsonSchemaFields(f, path, spelling, &format));
+    } else {
+      const std::string member_path = path + "." + spelling.schema_member;
+      const json* js = Field(f, spelling.schema_member);
+      if (!js) return Status::InvalidArgument(member_path + ": required");
+      if (!js->is_object()) return Status::InvalidArgument(member_path + ": expected an object");
+      KEEL_RETURN_IF_ERROR(ReadJsonSchemaFields(*js, member_path, spelling, &format));
+    }
+  } else {
+    return Status::InvalidArgument(path + ".type: expected text, json_object or json_schema");
+  }
+  *out = std::move(format);
+  return Status::Ok();
+}
+
 json ArgumentsObject(const std::string& arguments_json) {
   if (arguments_json.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
   Result<json> j = ParseUntrustedJson(arguments_json, kClientJsonLimits);
@@ -195,6 +264,11 @@ std::string ToolNameFor(const std::vector<Message>& messages, size_t tool_index)
       if (call.id == tool.tool_call_id) return call.name;
   }
   return tool.tool_call_id;
+}
+
+void NameToolMessages(std::vector<Message>* messages) {
+  for (size_t i = 0; i < messages->size(); ++i)
+    if ((*messages)[i].role == "tool") (*messages)[i].name = ToolNameFor(*messages, i);
 }
 
 std::string NewId(const char* prefix) {

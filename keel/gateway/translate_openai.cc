@@ -1,7 +1,5 @@
 // OpenAI Chat Completions and (legacy) Completions: client requests in, upstream requests out,
 // upstream responses in, client responses out.
-#include <cctype>
-
 #include "keel/gateway/translate.h"
 #include "keel/gateway/translate_internal.h"
 
@@ -32,47 +30,14 @@ Status ReadLogitBias(const json& body, std::string* out) {
   return Status::Ok();
 }
 
-// OpenAI's rule for json_schema.name.
-bool ValidSchemaName(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
-  return true;
-}
-
 // response_format: {type: text} | {type: json_object} | {type: json_schema, json_schema: {name,
 // schema, strict, description}}. The description is not carried (no other format has one).
 Status ReadResponseFormat(const json& body, ChatRequest* req) {
   auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return Status::Ok();
-  if (!it->is_object()) return Status::InvalidArgument("response_format: expected an object");
-  std::string type;
-  KEEL_RETURN_IF_ERROR(ReadRequiredString(*it, "type", "response_format.type", &type));
-  ResponseFormat format;
-  if (type == "text") {
-    format.kind = ResponseFormat::Kind::kText;
-  } else if (type == "json_object") {
-    format.kind = ResponseFormat::Kind::kJsonObject;
-  } else if (type == "json_schema") {
-    format.kind = ResponseFormat::Kind::kJsonSchema;
-    auto js = it->find("json_schema");
-    if (js == it->end() || js->is_null()) return Status::InvalidArgument("response_format.json_schema: required");
-    if (!js->is_object()) return Status::InvalidArgument("response_format.json_schema: expected an object");
-    KEEL_RETURN_IF_ERROR(ReadRequiredString(*js, "name", "response_format.json_schema.name", &format.name));
-    if (!ValidSchemaName(format.name))
-      return Status::InvalidArgument(
-          "response_format.json_schema.name: expected 1 to 64 letters, digits, '_' or '-'");
-    std::string description;  // validated, not carried
-    KEEL_RETURN_IF_ERROR(
-        ReadString(*js, "description", "response_format.json_schema.description", &description));
-    KEEL_RETURN_IF_ERROR(
-        ReadObjectText(*js, "schema", "response_format.json_schema.schema", &format.schema_json));
-    KEEL_RETURN_IF_ERROR(ReadBool(*js, "strict", "response_format.json_schema.strict", &format.strict));
-  } else {
-    return Status::InvalidArgument("response_format.type: expected text, json_object or json_schema");
-  }
-  req->response_format = std::move(format);
-  return Status::Ok();
+  return ReadOpenAIResponseFormat(*it, {.path = "response_format", .schema_member = "json_schema",
+                                        .check_name = true, .schema_required = false},
+                                  &req->response_format);
 }
 
 // Fields chat and completions requests share.
@@ -116,17 +81,7 @@ Status ReadCommon(const json& body, ChatRequest* req) {
 Status ReadContent(const json& msg, const std::string& path, std::string* out) {
   auto it = msg.find("content");
   if (it == msg.end() || it->is_null()) return Status::Ok();
-  if (it->is_string()) {
-    *out = it->get<std::string>();
-    return Status::Ok();
-  }
-  if (!it->is_array()) return Status::InvalidArgument(path + ": expected a string or an array of parts");
-  if (it->size() > kMaxParts)
-    return Status::InvalidArgument(path + ": at most " + std::to_string(kMaxParts) + " parts");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& part = (*it)[i];
-    const std::string part_path = At(path, i);
-    if (!part.is_object()) return Status::InvalidArgument(part_path + ": expected an object");
+  return ReadStringOrParts(*it, path, out, [&](const json& part, const std::string& part_path) -> Status {
     std::string type, text;
     KEEL_RETURN_IF_ERROR(ReadString(part, "type", part_path + ".type", &type));
     if (type != "text")
@@ -134,8 +89,8 @@ Status ReadContent(const json& msg, const std::string& path, std::string* out) {
     if (!part.contains("text")) return Status::InvalidArgument(part_path + ".text: required");
     KEEL_RETURN_IF_ERROR(ReadString(part, "text", part_path + ".text", &text));
     *out += text;
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 // Clients must send call ids (tool results refer to them); upstreams that omit one get
@@ -163,11 +118,7 @@ Status ReadToolCalls(const json& msg, const std::string& path, bool require_id,
     if (fn == c.end() || !fn->is_object())
       return Status::InvalidArgument(call_path + ".function: expected an object");
     KEEL_RETURN_IF_ERROR(ReadRequiredString(*fn, "name", call_path + ".function.name", &call.name));
-    // Kept verbatim, even when it is not valid JSON: the model produced it. Some OpenAI-compatible
-    // servers send an object instead of a string.
-    if (auto a = fn->find("arguments"); a != fn->end() && a->is_object()) call.arguments_json = Dump(*a);
-    else KEEL_RETURN_IF_ERROR(
-        ReadString(*fn, "arguments", call_path + ".function.arguments", &call.arguments_json));
+    KEEL_RETURN_IF_ERROR(ReadArgumentsText(*fn, call_path + ".function.arguments", &call.arguments_json));
     out->push_back(std::move(call));
   }
   return Status::Ok();
@@ -206,8 +157,7 @@ Status ReadMessages(const json& body, ChatRequest* req) {
   if (req->messages.empty())
     return Status::InvalidArgument("messages: at least one non-system message is required");
   for (size_t i = 0; i < system.size(); ++i) req->system += (i ? "\n" : "") + system[i];
-  for (size_t i = 0; i < req->messages.size(); ++i)
-    if (req->messages[i].role == "tool") req->messages[i].name = ToolNameFor(req->messages, i);
+  NameToolMessages(&req->messages);
   return Status::Ok();
 }
 
@@ -219,25 +169,15 @@ Status ReadTools(const json& body, ChatRequest* req) {
     auto fn = t.find("function");
     if (fn == t.end() || !fn->is_object()) return Status::InvalidArgument(path + ".function: expected an object");
     Tool tool;
-    KEEL_RETURN_IF_ERROR(ReadRequiredString(*fn, "name", path + ".function.name", &tool.name));
-    KEEL_RETURN_IF_ERROR(ReadString(*fn, "description", path + ".function.description", &tool.description));
-    KEEL_RETURN_IF_ERROR(ReadObjectText(*fn, "parameters", path + ".function.parameters", &tool.parameters_json));
+    KEEL_RETURN_IF_ERROR(ReadFunctionTool(*fn, path + ".function", &tool));
     req->tools.push_back(std::move(tool));
     return Status::Ok();
   }));
-  auto tc = body.find("tool_choice");
-  if (tc == body.end() || tc->is_null()) return Status::Ok();
-  if (tc->is_string()) {
-    req->tool_choice = tc->get<std::string>();
-    if (req->tool_choice != "auto" && req->tool_choice != "none" && req->tool_choice != "required")
-      return Status::InvalidArgument("tool_choice: expected auto, none, required or an object");
-    return Status::Ok();
-  }
-  if (!tc->is_object()) return Status::InvalidArgument("tool_choice: expected a string or an object");
-  auto fn = tc->find("function");
-  if (fn == tc->end() || !fn->is_object())
-    return Status::InvalidArgument("tool_choice.function: expected an object");
-  return ReadRequiredString(*fn, "name", "tool_choice.function.name", &req->tool_choice);
+  return ReadToolChoice(body, &req->tool_choice, [&](const json& tc) -> Status {
+    auto fn = tc.find("function");
+    if (fn == tc.end() || !fn->is_object()) return Status::InvalidArgument("tool_choice.function: expected an object");
+    return ReadRequiredString(*fn, "name", "tool_choice.function.name", &req->tool_choice);
+  });
 }
 
 // Sampling fields both OpenAI upstream bodies carry. top_k too: `keel serve` (and vLLM, llama.cpp)

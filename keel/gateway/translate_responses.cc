@@ -35,17 +35,7 @@ Status ReadTextParts(const json& obj, const char* key, const std::string& path, 
   if (it == obj.end() || it->is_null()) {
     return required ? Status::InvalidArgument(path + ": required") : Status::Ok();
   }
-  if (it->is_string()) {
-    *out = it->get<std::string>();
-    return Status::Ok();
-  }
-  if (!it->is_array()) return Status::InvalidArgument(path + ": expected a string or an array of parts");
-  if (it->size() > kMaxParts)
-    return Status::InvalidArgument(path + ": at most " + std::to_string(kMaxParts) + " parts");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& part = (*it)[i];
-    const std::string part_path = At(path, i);
-    if (!part.is_object()) return Status::InvalidArgument(part_path + ": expected an object");
+  return ReadStringOrParts(*it, path, out, [&](const json& part, const std::string& part_path) -> Status {
     std::string type;
     KEEL_RETURN_IF_ERROR(ReadRequiredString(part, "type", part_path + ".type", &type));
     const char* text_key = type == "refusal" ? "refusal" : "text";
@@ -57,8 +47,8 @@ Status ReadTextParts(const json& obj, const char* key, const std::string& path, 
     std::string text;
     KEEL_RETURN_IF_ERROR(ReadString(part, text_key, part_path + "." + text_key, &text));
     *out += text;
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 Status ReadMessageItem(const json& item, const std::string& path, ChatRequest* req,
@@ -82,9 +72,7 @@ Status ReadFunctionCallItem(const json& item, const std::string& path, ChatReque
   ToolCall call;
   KEEL_RETURN_IF_ERROR(ReadRequiredString(item, "call_id", path + ".call_id", &call.id));
   KEEL_RETURN_IF_ERROR(ReadRequiredString(item, "name", path + ".name", &call.name));
-  // Kept verbatim, even when it is not valid JSON: the model produced it.
-  if (auto a = item.find("arguments"); a != item.end() && a->is_object()) call.arguments_json = Dump(*a);
-  else KEEL_RETURN_IF_ERROR(ReadString(item, "arguments", path + ".arguments", &call.arguments_json));
+  KEEL_RETURN_IF_ERROR(ReadArgumentsText(item, path + ".arguments", &call.arguments_json));
   if (req->messages.empty() || req->messages.back().role != "assistant") {
     Message turn;
     turn.role = "assistant";
@@ -144,8 +132,7 @@ Status ReadInput(const json& body, ChatRequest* req, std::vector<std::string>* s
   }
   if (req->messages.empty())
     return Status::InvalidArgument("input: at least one user, assistant or function call item is required");
-  for (size_t i = 0; i < req->messages.size(); ++i)
-    if (req->messages[i].role == "tool") req->messages[i].name = ToolNameFor(req->messages, i);
+  NameToolMessages(&req->messages);
   return Status::Ok();
 }
 
@@ -157,58 +144,32 @@ Status ReadTools(const json& body, ChatRequest* req) {
       return Status::InvalidArgument(path + ".type: " + Quote(type) +
                                      " is not supported (only function tools: the gateway runs no built-in tools)");
     Tool tool;
-    KEEL_RETURN_IF_ERROR(ReadRequiredString(t, "name", path + ".name", &tool.name));
-    KEEL_RETURN_IF_ERROR(ReadString(t, "description", path + ".description", &tool.description));
-    KEEL_RETURN_IF_ERROR(ReadObjectText(t, "parameters", path + ".parameters", &tool.parameters_json));
+    KEEL_RETURN_IF_ERROR(ReadFunctionTool(t, path, &tool));
     bool strict = false;  // validated; the internal form has no place for it
     KEEL_RETURN_IF_ERROR(ReadBool(t, "strict", path + ".strict", &strict));
     req->tools.push_back(std::move(tool));
     return Status::Ok();
   }));
-  auto tc = body.find("tool_choice");
-  if (tc == body.end() || tc->is_null()) return Status::Ok();
-  if (tc->is_string()) {
-    req->tool_choice = tc->get<std::string>();
-    if (req->tool_choice != "auto" && req->tool_choice != "none" && req->tool_choice != "required")
-      return Status::InvalidArgument("tool_choice: expected auto, none, required or an object");
-    return Status::Ok();
-  }
-  if (!tc->is_object()) return Status::InvalidArgument("tool_choice: expected a string or an object");
-  std::string type;
-  KEEL_RETURN_IF_ERROR(ReadRequiredString(*tc, "type", "tool_choice.type", &type));
-  if (type != "function")
-    return Status::InvalidArgument("tool_choice.type: " + Quote(type) + " is not supported (only function)");
-  return ReadRequiredString(*tc, "name", "tool_choice.name", &req->tool_choice);
+  return ReadToolChoice(body, &req->tool_choice, [&](const json& tc) -> Status {
+    std::string type;
+    KEEL_RETURN_IF_ERROR(ReadRequiredString(tc, "type", "tool_choice.type", &type));
+    if (type != "function")
+      return Status::InvalidArgument("tool_choice.type: " + Quote(type) + " is not supported (only function)");
+    return ReadRequiredString(tc, "name", "tool_choice.name", &req->tool_choice);
+  });
 }
 
-// text.format -> response_format. verbosity is accepted and not carried.
+// text.format -> response_format: json_schema's fields sit beside type. verbosity is accepted and
+// not carried.
 Status ReadTextFormat(const json& body, ChatRequest* req) {
   auto text = body.find("text");
   if (text == body.end() || text->is_null()) return Status::Ok();
   if (!text->is_object()) return Status::InvalidArgument("text: expected an object");
   auto f = text->find("format");
   if (f == text->end() || f->is_null()) return Status::Ok();
-  if (!f->is_object()) return Status::InvalidArgument("text.format: expected an object");
-  std::string type;
-  KEEL_RETURN_IF_ERROR(ReadRequiredString(*f, "type", "text.format.type", &type));
-  ResponseFormat format;
-  if (type == "text") {
-    format.kind = ResponseFormat::Kind::kText;
-  } else if (type == "json_object") {
-    format.kind = ResponseFormat::Kind::kJsonObject;
-  } else if (type == "json_schema") {
-    format.kind = ResponseFormat::Kind::kJsonSchema;
-    KEEL_RETURN_IF_ERROR(ReadRequiredString(*f, "name", "text.format.name", &format.name));
-    if (!Present(*f, "schema")) return Status::InvalidArgument("text.format.schema: required");
-    KEEL_RETURN_IF_ERROR(ReadObjectText(*f, "schema", "text.format.schema", &format.schema_json));
-    KEEL_RETURN_IF_ERROR(ReadBool(*f, "strict", "text.format.strict", &format.strict));
-    std::string description;  // validated; ResponseFormat has no place for it
-    KEEL_RETURN_IF_ERROR(ReadString(*f, "description", "text.format.description", &description));
-  } else {
-    return Status::InvalidArgument("text.format.type: expected text, json_object or json_schema");
-  }
-  req->response_format = std::move(format);
-  return Status::Ok();
+  return ReadOpenAIResponseFormat(*f, {.path = "text.format", .schema_member = nullptr, .check_name = false,
+                                       .schema_required = true},
+                                  &req->response_format);
 }
 
 // Fields the gateway cannot honour (no stored state, no log-probabilities) are refused rather than

@@ -674,5 +674,53 @@ TEST(GeminiStream, JsonArrayWithoutAltSse) {
   EXPECT_EQ(err[0]["error"]["status"], "UNAVAILABLE");
 }
 
+// Parts read the same way in user turns, model turns and the system instruction: exact messages.
+TEST(GeminiRequest, PartErrorsAreWordForWordInEveryTurn) {
+  auto turn = [](const char* role, Json parts) {
+    return Json{{"contents", {{{"role", role}, {"parts", std::move(parts)}}}}};
+  };
+  auto system = [](Json parts) { return Json{{"contents", {UserText("q")}}, {"systemInstruction", {{"parts", std::move(parts)}}}}; };
+  const std::vector<std::pair<Json, std::string>> cases = {
+      {turn("user", {{{"text", 5}}}), "contents[0].parts[0].text: expected a string"},
+      {turn("model", {{{"text", "a"}}, {{"text", false}}}), "contents[0].parts[1].text: expected a string"},
+      {system({{{"text", "a"}}, {{"text", 5}}}), "systemInstruction.parts[1].text: expected a string"},
+      {turn("user", "x"), "contents[0].parts: expected an array"},
+      {turn("model", Json::object()), "contents[0].parts: expected an array"},
+      {system("x"), "systemInstruction.parts: expected an array"},
+      {system({"x"}), "systemInstruction.parts[0]: expected an object"},
+      {turn("user", {"x"}), "contents[0].parts[0]: expected an object"},
+      {turn("model", {{{"text", "a"}, {"thought", "yes"}}}), "contents[0].parts[0].thought: expected true or false"},
+      {turn("user", {{{"functionCall", {{"name", "f"}}}}}), "contents[0].parts[0].functionCall: only in a model turn"},
+      {turn("model", {{{"functionResponse", {{"name", "f"}}}}}),
+       "contents[0].parts[0].functionResponse: only in a user turn"},
+  };
+  for (const auto& [body, message] : cases) {
+    Result<ChatRequest> r = ParseGeminiClientRequest(body.dump(), "m", false);
+    ASSERT_FALSE(r.ok()) << body.dump();
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), message) << body.dump();
+  }
+  Json too_many = Json::array();
+  for (size_t i = 0; i <= 10000; ++i) too_many.push_back({{"text", "a"}});
+  const std::vector<std::pair<Json, std::string>> too_many_cases = {
+      {turn("user", too_many), "contents[0].parts: at most 10000 parts"},
+      {system(too_many), "systemInstruction.parts: at most 10000 parts"},
+  };
+  for (const auto& [body, message] : too_many_cases) {
+    Result<ChatRequest> r = ParseGeminiClientRequest(body.dump(), "m", false);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message(), message);
+  }
+  // Thought parts are skipped; text joins in order, in turns and in the system instruction.
+  const Json user_parts = {{{"text", "a"}}, {{"text", "b"}, {"thought", true}}, {{"text", "c"}}};
+  const Json system_parts = {{{"text", "s1"}}, {{"text", "s2"}}};
+  Json body = turn("user", user_parts);
+  body["systemInstruction"] = {{"parts", system_parts}};
+  ChatRequest r = Parse(body);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].content, "ac");
+  EXPECT_EQ(r.system, "s1s2");
+}
+
 }  // namespace
 }  // namespace keel::gateway

@@ -674,5 +674,56 @@ TEST(ResponsesStream, InvalidUtf8IsReplacedNotThrown) {
   EXPECT_EQ(Accumulate(frames), done);
 }
 
+// The readers the Responses front shares with OpenAI chat give the Responses paths, word for word
+// (text.format's fields sit beside its type; tools and calls are flat).
+TEST(ResponsesParse, SharedReadersGiveResponsesPathsExactly) {
+  auto with = [](const std::string& fields) { return R"({"model":"m","input":"x",)" + fields + "}"; };
+  std::string many_parts = R"({"type":"input_text","text":"a"})";
+  for (int i = 0; i < 10000; ++i) many_parts += R"(,{"type":"input_text","text":"a"})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {with(R"("text":{"format":"json"})"), "text.format: expected an object"},
+      {with(R"("text":{"format":{}})"), "text.format.type: required"},
+      {with(R"("text":{"format":{"type":"xml"}})"), "text.format.type: expected text, json_object or json_schema"},
+      {with(R"("text":{"format":{"type":"json_schema","name":5}})"), "text.format.name: expected a string"},
+      {with(R"("text":{"format":{"type":"json_schema","name":"n"}})"), "text.format.schema: required"},
+      {with(R"("text":{"format":{"type":"json_schema","name":"n","schema":"{}"}})"),
+       "text.format.schema: expected a JSON object"},
+      {with(R"("text":{"format":{"type":"json_schema","name":"n","schema":{},"strict":1}})"),
+       "text.format.strict: expected true or false"},
+      {with(R"("text":{"format":{"type":"json_schema","name":"n","schema":{},"description":[]}})"),
+       "text.format.description: expected a string"},
+      {with(R"("tool_choice":"any")"), "tool_choice: expected auto, none, required or an object"},
+      {with(R"("tool_choice":["f"])"), "tool_choice: expected a string or an object"},
+      {with(R"("tool_choice":{"type":"file_search"})"), "tool_choice.type: file_search is not supported (only function)"},
+      {with(R"("tool_choice":{"type":"function"})"), "tool_choice.name: required"},
+      {with(R"("tools":[{"type":"function","name":"f","description":5}])"), "tools[0].description: expected a string"},
+      {with(R"("tools":[{"type":"function","name":"f","parameters":[]}])"), "tools[0].parameters: expected a JSON object"},
+      {with(R"("tools":[{"type":"function","name":"f","strict":"yes"}])"), "tools[0].strict: expected true or false"},
+      {R"({"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":5}]})",
+       "input[0].arguments: expected a string"},
+      {R"({"model":"m","input":[{"role":"user","content":5}]})", "input[0].content: expected a string or an array of parts"},
+      {R"({"model":"m","input":[{"role":"user","content":["x"]}]})", "input[0].content[0]: expected an object"},
+      {R"({"model":"m","input":[{"type":"function_call_output","call_id":"c","output":[{"type":"input_text"}]}]})",
+       "input[0].output[0].text: required"},
+      {R"({"model":"m","input":[{"role":"user","content":[)" + many_parts + "]}]}", "input[0].content: at most 10000 parts"},
+  };
+  for (const auto& [body, message] : cases) {
+    SCOPED_TRACE(body);
+    auto r = ParseResponsesRequest(body);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), message);
+  }
+  // The Responses API has no name rule of its own here; the name is carried as sent.
+  ChatRequest named = MustParse(with(R"("text":{"format":{"type":"json_schema","name":"a.b","schema":{}}})"));
+  ASSERT_TRUE(named.response_format.has_value());
+  EXPECT_EQ(named.response_format->name, "a.b");
+  ChatRequest args = MustParse(R"({"model":"m","input":[{"type":"function_call","call_id":"c","name":"f",)"
+                               R"("arguments":{"a":[1]}},{"type":"function_call_output","call_id":"c","output":"r"}]})");
+  ASSERT_FALSE(args.messages.empty());
+  ASSERT_EQ(args.messages[0].tool_calls.size(), 1u);
+  EXPECT_EQ(args.messages[0].tool_calls[0].arguments_json, R"({"a":[1]})");
+}
+
 }  // namespace
 }  // namespace keel::gateway

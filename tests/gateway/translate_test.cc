@@ -1118,5 +1118,82 @@ TEST(TranslateStopSequence, AnthropicUpstreamToAnthropicClient) {
   EXPECT_TRUE(l["stop_sequence"].is_null());
 }
 
+// ---------------------------------------------------------------------------------------------
+// The readers OpenAI chat shares with the Responses front (response format, tool_choice, function
+// tools, call arguments) give OpenAI chat's field paths, word for word.
+
+TEST(TranslateBadInput, SharedReadersGiveChatCompletionsPathsExactly) {
+  auto openai = [](const std::string& fields) {
+    return R"({"model":"m","messages":[{"role":"user","content":"hi"}],)" + fields + "}";
+  };
+  auto call = [](const std::string& function) {
+    return R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":)" +
+           function + "}]}]}";
+  };
+  std::string many_parts = R"({"type":"text","text":"a"})";
+  for (int i = 0; i < 10000; ++i) many_parts += R"(,{"type":"text","text":"a"})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {openai(R"("response_format":"json")"), "response_format: expected an object"},
+      {openai(R"("response_format":{"type":5})"), "response_format.type: expected a string"},
+      {openai(R"("response_format":{"type":"xml"})"), "response_format.type: expected text, json_object or json_schema"},
+      {openai(R"("response_format":{"type":"json_schema"})"), "response_format.json_schema: required"},
+      {openai(R"("response_format":{"type":"json_schema","json_schema":"s"})"),
+       "response_format.json_schema: expected an object"},
+      {openai(R"("response_format":{"type":"json_schema","json_schema":{"name":""}})"),
+       "response_format.json_schema.name: must not be empty"},
+      {openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"a.b"}})"),
+       "response_format.json_schema.name: expected 1 to 64 letters, digits, '_' or '-'"},
+      {openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"s","description":5}})"),
+       "response_format.json_schema.description: expected a string"},
+      {openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"s","schema":[]}})"),
+       "response_format.json_schema.schema: expected a JSON object"},
+      {openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"s","strict":"yes"}})"),
+       "response_format.json_schema.strict: expected true or false"},
+      {openai(R"("tool_choice":"any")"), "tool_choice: expected auto, none, required or an object"},
+      {openai(R"("tool_choice":5)"), "tool_choice: expected a string or an object"},
+      {openai(R"("tool_choice":{"type":"function","function":"f"})"), "tool_choice.function: expected an object"},
+      {openai(R"("tool_choice":{"type":"function","function":{}})"), "tool_choice.function.name: required"},
+      {openai(R"("tools":[{"type":"function"}])"), "tools[0].function: expected an object"},
+      {openai(R"("tools":[{"type":"function","function":{"description":"d"}}])"), "tools[0].function.name: required"},
+      {openai(R"("tools":[{"type":"function","function":{"name":"f","description":5}}])"),
+       "tools[0].function.description: expected a string"},
+      {openai(R"("tools":[{"type":"function","function":{"name":"f","parameters":"{}"}}])"),
+       "tools[0].function.parameters: expected a JSON object"},
+      {call(R"({"name":"f","arguments":5})"), "messages[0].tool_calls[0].function.arguments: expected a string"},
+      {R"({"model":"m","messages":[{"role":"user","content":5}]})",
+       "messages[0].content: expected a string or an array of parts"},
+      {R"({"model":"m","messages":[{"role":"user","content":["hi"]}]})", "messages[0].content[0]: expected an object"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]})", "messages[0].content[0].text: required"},
+      {R"({"model":"m","messages":[{"role":"user","content":[)" + many_parts + "]}]}",
+       "messages[0].content: at most 10000 parts"},
+  };
+  for (const auto& [body, message] : cases) {
+    auto r = ParseClientRequest(kOpenAI, body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << body;
+    EXPECT_EQ(r.status().message(), message) << body;
+  }
+  // What they accept: a schema may be left out (OpenAI's is optional); arguments sent as an
+  // object are kept as its text; string tool_choice values pass as they are.
+  auto r = ParseClientRequest(kOpenAI, openai(R"("response_format":{"type":"json_schema","json_schema":{"name":"s"}})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->response_format.has_value());
+  EXPECT_EQ(r->response_format->kind, ResponseFormat::Kind::kJsonSchema);
+  EXPECT_EQ(r->response_format->schema_json, "{}");
+  EXPECT_FALSE(r->response_format->strict);
+  r = ParseClientRequest(kOpenAI, R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},)"
+                                  R"({"type":"text","text":"b"}]}]})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->messages[0].content, "ab");
+  r = ParseClientRequest(kOpenAI, call(R"({"name":"f","arguments":{"a":1}})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->messages[0].tool_calls[0].arguments_json, R"({"a":1})");
+  for (const char* choice : {"auto", "none", "required"}) {
+    r = ParseClientRequest(kOpenAI, openai(std::string(R"("tool_choice":")") + choice + "\""));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->tool_choice, choice);
+  }
+}
+
 }  // namespace
 }  // namespace keel::gateway
