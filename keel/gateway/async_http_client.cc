@@ -143,9 +143,13 @@ class Conn {
   // True when an idle connection cannot be reused: the peer closed it, or sent something
   // unasked (a late byte, a TLS alert).
   virtual bool Stale() = 0;
-  // Response bytes that can be read now without waiting (buffered + in the socket).
+  // Response bytes that can be read now without waiting: the buffered ones, or when none are
+  // buffered, those in the socket (a lower bound; callers only ask whether any are there).
   virtual size_t Available() = 0;
 
+  // Beast reads at most max(512, free capacity) per recv: without room reserved, a streamed
+  // answer arrives 512 bytes per system call (and per Relay pass).
+  Conn() { buffer.reserve(16384); }
   beast::flat_buffer buffer;  // bytes read past the parser's needs (none after a full response)
 };
 
@@ -181,6 +185,7 @@ class ConnOf final : public Conn {
   size_t Available() override {
     // Under TLS, socket bytes may be a partial record that cannot be decrypted yet.
     if constexpr (std::is_same_v<Stream, TlsStream>) return buffer.size();
+    if (buffer.size() > 0) return buffer.size();  // no ioctl when the answer is already known
     error_code ec;
     const size_t in_socket = beast::get_lowest_layer(stream).socket().available(ec);
     return buffer.size() + (ec ? 0 : in_socket);
@@ -263,6 +268,7 @@ class HttpClient::Impl::Stream final : public ResponseStream {
   size_t BytesReady() const override { return done_ || !error_.ok() || !conn_ ? 0 : conn_->Available(); }
   // Read without the strand check (the caller is on a strand).
   Task<Status> ReadHere(std::string* out);
+  void ParseBuffered(std::string* out);
   Task<void> ReadInto(std::string* out, Status* st) { *st = co_await ReadHere(out); }
 
   std::shared_ptr<Impl> client_;
@@ -326,12 +332,38 @@ Task<Status> HttpClient::Impl::Stream::ReadHere(std::string* out) {
       conn_.reset();
       co_return error_;
     }
+    ParseBuffered(out);
     if (p.is_done()) {
       Finish();
       co_return Status::Ok();  // possibly with the last bytes; the next Read returns 0 bytes
     }
-    if (got > 0) co_return Status::Ok();
+    if (out->size() > old) co_return Status::Ok();
   }
+}
+
+// A read returns after one piece of progress (one chunk); a burst of small chunks (one per SSE
+// event from most vendors) would then cost one trip through the io_context per chunk. This takes
+// whatever else is already buffered, stopping where the buffered bytes end (a partial chunk
+// header: the parser's need_more) -- it never waits (the parser's eager mode would: its read waits
+// for the next chunk header). A parse error is left for the next read to report.
+void HttpClient::Impl::Stream::ParseBuffered(std::string* out) {
+  Parser& p = *parser_;
+  beast::flat_buffer& buffer = conn_->buffer;
+  if (p.is_done() || buffer.size() == 0) return;
+  // The body bytes in the buffer are fewer than the buffered bytes: room for all at once.
+  size_t end = out->size();
+  out->resize(end + buffer.size());
+  while (!p.is_done() && buffer.size() > 0) {
+    p.get().body().data = out->data() + end;
+    p.get().body().size = out->size() - end;
+    error_code ec;
+    const size_t used = p.put(buffer.data(), ec);
+    buffer.consume(used);
+    end = out->size() - p.get().body().size;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec || used == 0) break;
+  }
+  out->resize(end);
 }
 
 Task<Result<std::unique_ptr<Conn>>> HttpClient::Impl::Connect(const Url& u) {

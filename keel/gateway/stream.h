@@ -45,6 +45,13 @@ class SseParser {
   Status ProcessLine(std::string_view line, std::vector<Event>* out);
 };
 
+// Appends `s` as a JSON string literal, quotes included, byte for byte what nlohmann's
+// dump(-1, ' ', false, error_handler_t::replace) writes for it -- so encoders can write their
+// events directly instead of building a json value per event: '"', '\\' and control characters
+// escaped (\b \t \n \f \r, the rest as \u00xx), other valid UTF-8 as is, invalid UTF-8
+// replaced with U+FFFD exactly as nlohmann replaces it. Thread-safe.
+void AppendJsonString(std::string_view s, std::string* out);
+
 // Upstream stream -> StreamEvents. Not thread-safe; one per upstream response.
 //
 // Event order: kStart first (when the upstream names an id/model), then text and tool events in

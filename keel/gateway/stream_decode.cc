@@ -4,10 +4,12 @@
 // Every decoder is an SseParser plus a handler per SSE event. State is bounded: per-tool-call
 // bookkeeping is capped at kMaxToolCalls / kMaxBlocks, and one event at max_event_bytes.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -172,12 +174,12 @@ class SseDecoder : public StreamDecoder {
     out->push_back(std::move(e));
   }
 
-  void EmitStart(std::string id, std::string model, std::vector<StreamEvent>* out) {
+  void EmitStart(const std::string& id, const std::string& model, std::vector<StreamEvent>* out) {
     if (start_sent_) return;
     start_sent_ = true;
     StreamEvent e = Ev(StreamEvent::Kind::kStart);
-    e.id = std::move(id);
-    e.model = std::move(model);
+    e.id = id;
+    e.model = model;
     out->push_back(std::move(e));
   }
 
@@ -198,6 +200,163 @@ class SseDecoder : public StreamDecoder {
 
 // ---- OpenAI chat.completion.chunk (and text_completion chunks)
 
+// The fast path for the OpenAI chunks that make up nearly every stream: nlohmann's SAX parser
+// (the same lexer, so the same acceptance of text, numbers and UTF-8) reads the fields the decoder
+// uses straight into reused strings, with no DOM and no separate limits pass. It declines --
+// Read returns false and the caller parses the event into a DOM as before -- whenever the event is
+// not plainly of that shape: malformed or over the limits (the DOM path then words the error), not
+// an object, an "error" member, tool calls, or a repeated key among the fields read (a DOM keeps
+// the last; declining keeps that rule in one place). So what it accepts decodes exactly as the
+// DOM path would decode it. Not thread-safe; one per decoder.
+class OpenAIChunkReader {
+ public:
+  struct Choice {
+    int64_t index = 0;
+    std::string text, content, finish;  // "" when absent or not a string
+  };
+  std::string id, model;
+  bool has_usage = false;
+  int64_t prompt_tokens = -1, completion_tokens = -1;
+  std::vector<Choice> choices;  // the first `choice_count` are this event's
+  size_t choice_count = 0;
+
+  bool Read(std::string_view data) {
+    id.clear();
+    model.clear();
+    has_usage = false;
+    prompt_tokens = completion_tokens = -1;
+    choice_count = 0;
+    depth_ = 0;
+    values_ = 0;
+    slot_ = Slot::kRoot;
+    return nlohmann::json::sax_parse(data.data(), data.data() + data.size(), this) && depth_ == 0;
+  }
+
+  // nlohmann SAX interface. Returning false stops the parse (the caller declines).
+  using Sax = nlohmann::json;
+  bool null() { return Value() && slot_ != Slot::kRoot; }
+  bool boolean(bool) { return Value() && slot_ != Slot::kRoot && slot_ != Slot::kError; }
+  bool number_integer(Sax::number_integer_t v) { return Number(v, true); }
+  bool number_unsigned(Sax::number_unsigned_t v) { return Number(static_cast<int64_t>(v), true); }  // wraps, as Int()
+  bool number_float(Sax::number_float_t d, const Sax::string_t&) {
+    const bool in_range = d >= -9e18 && d <= 9e18;  // as Int(): out of range reads as missing
+    return Number(in_range ? static_cast<int64_t>(d) : 0, in_range);
+  }
+  bool string(Sax::string_t& v) {
+    if (!Value()) return false;
+    switch (slot_) {
+      case Slot::kId: id = v; break;
+      case Slot::kModel: model = v; break;
+      case Slot::kText: Cur().text = v; break;
+      case Slot::kContent: Cur().content = v; break;
+      case Slot::kFinish: Cur().finish = v; break;
+      case Slot::kRoot: case Slot::kError: return false;
+      default: break;
+    }
+    return true;
+  }
+  bool binary(Sax::binary_t&) { return false; }
+  bool start_object(std::size_t) {
+    if (!Value() || ++depth_ > kMaxDepth) return false;
+    Ctx c = Ctx::kSkip;
+    switch (slot_) {
+      case Slot::kRoot: c = Ctx::kTop; break;
+      case Slot::kChoice:
+        if (choice_count == choices.size()) choices.emplace_back();
+        choices[choice_count++] = Choice();
+        c = Ctx::kChoice;
+        break;
+      case Slot::kUsage: has_usage = true; c = Ctx::kUsage; break;
+      case Slot::kDelta: c = Ctx::kDelta; break;
+      case Slot::kError: return false;
+      default: break;
+    }
+    return Push(c);
+  }
+  bool start_array(std::size_t) {
+    if (!Value() || ++depth_ > kMaxDepth) return false;
+    if (slot_ == Slot::kRoot || slot_ == Slot::kError || slot_ == Slot::kToolCalls) return false;
+    return Push(slot_ == Slot::kChoices ? Ctx::kChoices : Ctx::kSkip);
+  }
+  bool end_object() { return Pop(); }
+  bool end_array() { return Pop(); }
+  bool key(Sax::string_t& k) {
+    if (++values_ > kMaxValues) return false;
+    slot_ = Slot::kOther;
+    unsigned bit = 0;
+    switch (stack_[depth_ - 1]) {
+      case Ctx::kTop:
+        if (k == "id") slot_ = Slot::kId, bit = 1;
+        else if (k == "model") slot_ = Slot::kModel, bit = 2;
+        else if (k == "choices") slot_ = Slot::kChoices, bit = 4;
+        else if (k == "usage") slot_ = Slot::kUsage, bit = 8;
+        else if (k == "error") slot_ = Slot::kError;
+        break;
+      case Ctx::kChoice:
+        if (k == "index") slot_ = Slot::kIndex, bit = 1;
+        else if (k == "text") slot_ = Slot::kText, bit = 2;
+        else if (k == "delta") slot_ = Slot::kDelta, bit = 4;
+        else if (k == "finish_reason") slot_ = Slot::kFinish, bit = 8;
+        break;
+      case Ctx::kDelta:
+        if (k == "content") slot_ = Slot::kContent, bit = 1;
+        else if (k == "tool_calls") slot_ = Slot::kToolCalls, bit = 2;
+        break;
+      case Ctx::kUsage:
+        if (k == "prompt_tokens") slot_ = Slot::kPrompt, bit = 1;
+        else if (k == "completion_tokens") slot_ = Slot::kCompletion, bit = 2;
+        break;
+      default: break;
+    }
+    if (seen_[depth_ - 1] & bit) return false;  // a repeated key: the DOM path decides
+    seen_[depth_ - 1] |= bit;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+ private:
+  // Where the next value lands.
+  enum class Slot : uint8_t {
+    kRoot, kOther, kId, kModel, kChoices, kChoice, kUsage, kError, kIndex, kText, kDelta, kFinish,
+    kContent, kToolCalls, kPrompt, kCompletion
+  };
+  enum class Ctx : uint8_t { kTop, kChoices, kChoice, kDelta, kUsage, kSkip };
+  static constexpr int kMaxDepth = JsonLimits{}.max_depth;
+  static constexpr size_t kMaxValues = JsonLimits{}.max_values;
+
+  Choice& Cur() { return choices[choice_count - 1]; }
+  bool Value() { return ++values_ <= kMaxValues; }
+  bool Number(int64_t v, bool present) {
+    if (!Value()) return false;
+    switch (slot_) {
+      case Slot::kIndex: Cur().index = present ? v : 0; break;  // Int(c, "index", 0)
+      case Slot::kPrompt: prompt_tokens = present ? v : -1; break;
+      case Slot::kCompletion: completion_tokens = present ? v : -1; break;
+      case Slot::kRoot: case Slot::kError: return false;
+      default: break;
+    }
+    return true;
+  }
+  bool Push(Ctx c) {
+    stack_[depth_ - 1] = c;
+    seen_[depth_ - 1] = 0;
+    slot_ = c == Ctx::kChoices ? Slot::kChoice : Slot::kOther;
+    return true;
+  }
+  bool Pop() {
+    if (depth_ == 0) return false;
+    --depth_;
+    slot_ = depth_ > 0 && stack_[depth_ - 1] == Ctx::kChoices ? Slot::kChoice : Slot::kOther;
+    return true;
+  }
+
+  int depth_ = 0;
+  size_t values_ = 0;
+  Slot slot_ = Slot::kRoot;
+  Ctx stack_[kMaxDepth];
+  unsigned seen_[kMaxDepth];
+};
+
 class OpenAIDecoder final : public SseDecoder {
  public:
   explicit OpenAIDecoder(size_t max_event_bytes) : SseDecoder("openai", max_event_bytes) {}
@@ -211,6 +370,7 @@ class OpenAIDecoder final : public SseDecoder {
       ended_ = closed_ = true;
       return Status::Ok();
     }
+    if (ev.event.empty() && reader_.Read(ev.data)) return HandleRead(out);
     Json j;
     KEEL_RETURN_IF_ERROR(ParseObject(ev, &j));
     if (const Json* err = Field(j, "error")) return OpenAIError(*err);
@@ -237,6 +397,23 @@ class OpenAIDecoder final : public SseDecoder {
     std::string name;
     std::string pending_args;  // arguments that arrived before the name
   };
+
+  // The events of a chunk OpenAIChunkReader accepted, in the order Handle's DOM path emits them.
+  Status HandleRead(std::vector<StreamEvent>* out) {
+    EmitStart(reader_.id, reader_.model, out);
+    for (size_t i = 0; i < reader_.choice_count; ++i) {
+      OpenAIChunkReader::Choice& c = reader_.choices[i];
+      if (c.index != 0) continue;
+      if (!c.text.empty()) out->push_back(TextEv(c.text));
+      if (!c.content.empty()) out->push_back(TextEv(c.content));
+      if (!c.finish.empty()) {
+        FlushPending(out);
+        EmitFinish(ParseFinishReason(WireFormat::kOpenAIChat, c.finish), out);
+      }
+    }
+    if (reader_.has_usage) out->push_back(UsageEv(reader_.prompt_tokens, reader_.completion_tokens));
+    return Status::Ok();
+  }
 
   Status OpenAIError(const Json& err) {
     std::string message = Str(err, "message");
@@ -320,6 +497,7 @@ class OpenAIDecoder final : public SseDecoder {
 
   std::map<int64_t, Call> calls_;  // vendor index -> call
   int next_ordinal_ = 0;
+  OpenAIChunkReader reader_;
 };
 
 // ---- Anthropic Messages events

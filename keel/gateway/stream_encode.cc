@@ -88,7 +88,7 @@ class OpenAIEncoder final : public StreamEncoder {
       case K::kTextDelta:
         if (ev.text.empty()) break;
         EnsureHeader(out);
-        Chunk(chat_ ? Json{{"content", ev.text}} : Json(ev.text), nullptr, out);
+        TextChunk(ev.text, out);
         break;
       case K::kToolCallStart:
         if (chat_) StartTool(ev.tool_index, ev.tool_call.id, ev.tool_call.name, out);
@@ -128,25 +128,40 @@ class OpenAIEncoder final : public StreamEncoder {
     if (id_.empty()) id_ = ClientId(Prefix(), "");
     if (header_sent_) return;
     header_sent_ = true;
-    if (chat_) Chunk(Json{{"role", "assistant"}, {"content", ""}}, nullptr, out);
+    if (chat_) RawChunk(R"({"role":"assistant","content":""})", nullptr, out);
   }
 
-  // `delta` is the chat delta object or the completions text; `finish` null while streaming.
-  void Chunk(Json delta, const char* finish, std::string* out) {
-    Json choice = Json::object();
-    choice["index"] = 0;
-    if (chat_) {
-      choice["delta"] = std::move(delta);
-    } else {
-      choice["text"] = std::move(delta);
-    }
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish ? Json(finish) : Json(nullptr);
-    Json j = Envelope();
-    j["choices"] = Json::array({std::move(choice)});
-    if (include_usage_) j["usage"] = nullptr;
-    AppendSse(out, "", Dump(j));
+  // Chunks are written directly (the bytes nlohmann's dump of the same ordered object would
+  // give): the envelope up to the choice's delta is the same for every chunk of the stream.
+  void TextChunk(const std::string& text, std::string* out) {
+    scratch_.clear();
+    if (chat_) scratch_.append(R"({"content":)");
+    AppendJsonString(text, &scratch_);
+    if (chat_) scratch_.push_back('}');
+    RawChunk(scratch_, nullptr, out);
   }
+
+  // `delta`: the chat delta object or the completions text, as JSON text; `finish` null while
+  // streaming. The JSON holds no raw line break (dump escapes them), so it is one data line.
+  void RawChunk(std::string_view delta, const char* finish, std::string* out) {
+    if (prefix_.empty()) {
+      prefix_.append(R"(data: {"id":)");
+      AppendJsonString(id_, &prefix_);
+      prefix_.append(chat_ ? R"(,"object":"chat.completion.chunk","created":)" : R"(,"object":"text_completion","created":)");
+      prefix_.append(std::to_string(created_)).append(R"(,"model":)");
+      AppendJsonString(model_, &prefix_);
+      prefix_.append(chat_ ? R"(,"choices":[{"index":0,"delta":)" : R"(,"choices":[{"index":0,"text":)");
+    }
+    out->append(prefix_).append(delta).append(R"(,"logprobs":null,"finish_reason":)");
+    if (finish) {
+      AppendJsonString(finish, out);
+    } else {
+      out->append("null");
+    }
+    out->append(include_usage_ ? R"(}],"usage":null})" "\n\n" : "}]}\n\n");
+  }
+
+  void Chunk(const Json& delta, const char* finish, std::string* out) { RawChunk(Dump(delta), finish, out); }
 
   Json Envelope() const {
     return Json{{"id", id_},
@@ -188,7 +203,7 @@ class OpenAIEncoder final : public StreamEncoder {
     EnsureHeader(out);
     finish_sent_ = true;
     const char* name = FinishReasonName(WireFormat::kOpenAIChat, EffectiveFinish(reason, saw_tools_));
-    Chunk(chat_ ? Json::object() : Json(""), name, out);
+    RawChunk(chat_ ? "{}" : R"("")", name, out);
   }
 
   // Unknown counts are written as 0: a client that asked for usage expects the object.
@@ -205,7 +220,9 @@ class OpenAIEncoder final : public StreamEncoder {
   const std::string model_;
   const bool include_usage_;
   const int64_t created_;
-  std::string id_;
+  std::string id_;     // fixed once a chunk was written
+  std::string prefix_;  // "data: " and each chunk's JSON up to the delta; built at the first chunk
+  std::string scratch_;
   bool header_sent_ = false;
   bool finish_sent_ = false;
   bool done_ = false;
