@@ -124,7 +124,7 @@ std::pair<const char*, const char*> OpenAIErrorType(ErrorKind kind) {
     case ErrorKind::kInvalidRequest: return {"invalid_request_error", nullptr};
     case ErrorKind::kAuthentication: return {"authentication_error", "invalid_api_key"};
     case ErrorKind::kPermission: return {"permission_error", nullptr};
-    case ErrorKind::kNotFound: return {"not_found_error", "model_not_found"};
+    case ErrorKind::kNotFound: return {"invalid_request_error", "model_not_found"};  // as OpenAI answers a 404
     case ErrorKind::kRequestTooLarge: return {"invalid_request_error", "request_too_large"};
     case ErrorKind::kRateLimit: return {"rate_limit_error", "rate_limit_exceeded"};
     case ErrorKind::kApi: return {"server_error", nullptr};

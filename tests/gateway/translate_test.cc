@@ -143,6 +143,11 @@ TEST(TranslateErrors, BodiesHaveEachFormatsShape) {
   EXPECT_EQ(J(BuildErrorBody(kAnthropic, {400, ErrorKind::kInvalidRequest, "x"}))["error"]["type"],
             "invalid_request_error");
   EXPECT_EQ(J(BuildErrorBody(kGemini, {404, ErrorKind::kNotFound, "x"}))["error"]["status"], "NOT_FOUND");
+  // OpenAI answers an unknown model with type invalid_request_error, code model_not_found.
+  json missing = J(BuildErrorBody(kOpenAI, {404, ErrorKind::kNotFound, "x"}));
+  EXPECT_EQ(missing["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(missing["error"]["code"], "model_not_found");
+  EXPECT_EQ(J(BuildErrorBody(kAnthropic, {404, ErrorKind::kNotFound, "x"}))["error"]["type"], "not_found_error");
   EXPECT_EQ(J(BuildErrorBody(kOpenAI, {401, ErrorKind::kAuthentication, "x"}))["error"]["code"], "invalid_api_key");
   EXPECT_EQ(J(BuildErrorBody(kOpenAI, {500, ErrorKind::kApi, "x"}))["error"]["type"], "server_error");
 }
