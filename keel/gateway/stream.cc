@@ -10,8 +10,8 @@ namespace keel::gateway {
 
 namespace {
 constexpr std::string_view kBom = "\xEF\xBB\xBF";
-// Length of the well-formed UTF-8 sequence at s[i] (Unicode Table 3-7: no overlongs, surrogates
-// or code points past U+10FFFF -- what nlohmann's decoder accepts), 0 when it is not one.
+}  // namespace
+
 size_t Utf8SequenceLength(std::string_view s, size_t i) {
   const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char c = b(i);
@@ -28,8 +28,6 @@ size_t Utf8SequenceLength(std::string_view s, size_t i) {
   if (c == 0xF4) return cont(1, 0x80, 0x8F) && cont(2) && cont(3) ? 4 : 0;
   return 0;
 }
-
-}  // namespace
 
 void AppendJsonString(std::string_view s, std::string* out) {
   static constexpr char kHex[] = "0123456789abcdef";

@@ -51,6 +51,9 @@ class SseParser {
 // escaped (\b \t \n \f \r, the rest as \u00xx), other valid UTF-8 as is, invalid UTF-8
 // replaced with U+FFFD exactly as nlohmann replaces it. Thread-safe.
 void AppendJsonString(std::string_view s, std::string* out);
+// Length of the well-formed UTF-8 sequence that starts at s[i] (Unicode's Table 3-7: no overlong
+// forms, surrogates or code points past U+10FFFF -- what nlohmann accepts), 0 when there is none.
+size_t Utf8SequenceLength(std::string_view s, size_t i);
 
 // Upstream stream -> StreamEvents. Not thread-safe; one per upstream response.
 //

@@ -1,5 +1,5 @@
-// The OpenAI decoder reads plain chunks with a SAX fast path and falls back to a DOM for anything
-// else. A named SSE event (other than "error") always takes the DOM path with the same meaning, so
+// The OpenAI decoder reads plain chunks with a fast path (its own scanner, else nlohmann's SAX
+// parser) and falls back to a DOM for anything else. A named SSE event (other than "error") always takes the DOM path with the same meaning, so
 // decoding a chunk with and without an "event:" line must give the same events and status: this
 // compares the two on generated chunks, ordinary and hostile (repeated keys, wrong types, huge and
 // fractional numbers, nulls, nesting, escapes, tool calls, error members, malformed text).
@@ -162,6 +162,29 @@ TEST(OpenAIChunkFastPath, SameAsDomPathOnGeneratedChunks) {
     }
   }
   EXPECT_GT(declined_or_failed, 100);  // the generator does reach the failure paths
+}
+
+// Byte-level damage to chunks: every text the fast path's own scanner accepts must be JSON that
+// the DOM path reads the same way, and everything else must fail or decline the same way.
+TEST(OpenAIChunkFastPath, SameAsDomPathOnMutatedChunks) {
+  ChunkGen gen(23);
+  std::mt19937 rng(24);
+  static const char kBytes[] = "{}[]\",:\\ \t\n0123456789-+.eEtrufalsn/u\x7f\x80\xbf\xc3\xe2\xf0\xff";
+  for (int n = 0; n < 30000; ++n) {
+    std::string c = gen.Chunk();
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits && !c.empty(); ++e) {
+      const size_t at = rng() % c.size();
+      switch (rng() % 3) {
+        case 0: c.erase(at, 1); break;
+        case 1: c.insert(at, 1, kBytes[rng() % (sizeof(kBytes) - 1)]); break;
+        default: c[at] = kBytes[rng() % (sizeof(kBytes) - 1)];
+      }
+    }
+    if (c.find_first_of("\r\n") != std::string::npos) continue;  // one SSE data line only
+    ASSERT_EQ(Decode(WireFormat::kOpenAIChat, {c}, ""), Decode(WireFormat::kOpenAIChat, {c}, "chunk"))
+        << testing::PrintToString(c);
+  }
 }
 
 TEST(OpenAIChunkFastPath, DeepAndWideEventsKeepTheirBounds) {
