@@ -860,7 +860,8 @@ std::unique_ptr<StreamDecoder> MakeStreamDecoder(WireFormat upstream, size_t max
     case WireFormat::kAnthropicMessages: return std::make_unique<AnthropicDecoder>(max_event_bytes);
     case WireFormat::kGemini: return std::make_unique<GeminiDecoder>(max_event_bytes);
     case WireFormat::kOpenAIChat:
-    case WireFormat::kOpenAICompletions: break;
+    case WireFormat::kOpenAICompletions:
+    case WireFormat::kOpenAIResponses: break;  // a front only: no upstream speaks it to the gateway
   }
   return std::make_unique<OpenAIDecoder>(max_event_bytes);
 }

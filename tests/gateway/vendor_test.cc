@@ -21,8 +21,19 @@ std::string Header(const ClientRequest& r, std::string_view name) {
 ChatRequest Hello() {
   ChatRequest r;
   r.model = "virtual";
-  r.messages.push_back(Message{.role = "user", .content = "hello"});
+  Message m;
+  m.role = "user";
+  m.content = "hello";
+  r.messages.push_back(m);
   return r;
+}
+
+UpstreamConfig Upstream(const std::string& base_url, const std::string& api_key) {
+  UpstreamConfig up;
+  up.name = "u";
+  up.base_url = base_url;
+  up.api_key = api_key;
+  return up;
 }
 
 const VendorAdapter& Vendor(std::string_view name) {
@@ -42,7 +53,7 @@ TEST(VendorTest, RegistryNamesEveryVendorAndRefusesUnknownOnes) {
 }
 
 TEST(VendorTest, EachVendorGetsItsUrlAndAuth) {
-  UpstreamConfig up{.name = "u", .base_url = "http://127.0.0.1:9", .api_key = "k1"};
+  const UpstreamConfig up = Upstream("http://127.0.0.1:9", "k1");
   ChatRequest req = Hello();
 
   auto openai = Vendor("openai").BuildChat(up, req, "gpt-x", 4096);
@@ -69,14 +80,14 @@ TEST(VendorTest, EachVendorGetsItsUrlAndAuth) {
   EXPECT_EQ(Header(*gemini, "Accept"), "text/event-stream");
 
   // `keel serve` without a key gets no Authorization header at all.
-  UpstreamConfig keel{.name = "k", .base_url = "http://127.0.0.1:9"};
+  const UpstreamConfig keel = Upstream("http://127.0.0.1:9", "");
   auto local = Vendor("keel").BuildChat(keel, Hello(), "m", 4096);
   ASSERT_TRUE(local.ok());
   EXPECT_EQ(Header(*local, "Authorization"), "<absent>");
 }
 
 TEST(VendorTest, OpenAIAndKeelServeRefuseWhatTheyLack) {
-  UpstreamConfig up{.name = "u", .base_url = "http://127.0.0.1:9"};
+  const UpstreamConfig up = Upstream("http://127.0.0.1:9", "");
   ChatRequest top_k = Hello();
   top_k.top_k = 40;
   auto refused = Vendor("openai").BuildChat(up, top_k, "gpt-x", 0);
@@ -101,14 +112,15 @@ TEST(VendorTest, OpenAIAndKeelServeRefuseWhatTheyLack) {
   EXPECT_NE(keel_penalty.status().message().find("frequency_penalty"), std::string::npos);
 
   ChatRequest structured = Hello();
-  structured.response_format = ResponseFormat{.kind = ResponseFormat::Kind::kJsonObject};
+  structured.response_format.emplace();
+  structured.response_format->kind = ResponseFormat::Kind::kJsonObject;
   EXPECT_TRUE(Vendor("openai").BuildChat(up, structured, "gpt-x", 0).ok());
   auto keel_structured = Vendor("keel").BuildChat(up, structured, "m", 0);
   EXPECT_NE(keel_structured.status().message().find("response_format"), std::string::npos);
 }
 
 TEST(VendorTest, OnlyOpenAIShapedVendorsHaveEmbeddings) {
-  UpstreamConfig up{.name = "u", .base_url = "http://h:1", .api_key = "k"};
+  const UpstreamConfig up = Upstream("http://h:1", "k");
   auto openai = Vendor("openai").BuildEmbeddings(up, R"({"model":"e","input":"x"})");
   ASSERT_TRUE(openai.ok());
   EXPECT_EQ(openai->url, "http://h:1/v1/embeddings");
