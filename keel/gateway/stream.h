@@ -98,7 +98,8 @@ class StreamEncoder {
   // can only be reported inside the stream), then ends the stream.
   virtual void EncodeError(const GatewayError& error, std::string* out) = 0;
 };
-// Never null; kGemini (not a client format) gets the OpenAI chat encoder. The Anthropic encoder
+// Never null; kGemini gets gemini_front.h's SSE encoder and kOpenAIResponses responses.h's (with
+// an empty request: the Responses front passes the real one, see front.h). The Anthropic encoder
 // writes stop_reason "stop_sequence" with the sequence when kFinish (a kStop) carries one.
 // `client_model` is the model name echoed to the client; `include_usage` = OpenAI's
 // stream_options.include_usage (Anthropic always carries usage in message_start/message_delta).

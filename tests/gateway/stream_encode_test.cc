@@ -460,9 +460,18 @@ TEST(StreamEncoder, InvalidUtf8IsReplacedNotThrown) {
   }
 }
 
-TEST(StreamEncoder, GeminiClientFallsBackToOpenAIChat) {
-  const std::string body = EncodeAll(WireFormat::kGemini, {Text("x"), E(Kind::kDone)}, false);
-  ValidateOpenAI(body, true, false, "my-model");
+// Every client format gets its own encoder from the one factory (Gemini clients used to get
+// OpenAI chunks from it).
+TEST(StreamEncoder, GeminiAndResponsesClientsGetTheirOwnEncoders) {
+  auto gemini = Frames(EncodeAll(WireFormat::kGemini, {Text("x"), E(Kind::kDone)}, false));
+  ASSERT_FALSE(gemini.empty());
+  Json first = Json::parse(gemini.front().data);
+  EXPECT_EQ(first["candidates"][0]["content"]["parts"][0]["text"], "x");
+  EXPECT_EQ(Json::parse(gemini.back().data)["candidates"][0]["finishReason"], "STOP");
+  auto responses = Frames(EncodeAll(WireFormat::kOpenAIResponses, {Text("x"), E(Kind::kDone)}, false));
+  ASSERT_FALSE(responses.empty());
+  EXPECT_EQ(responses.front().event, "response.created");
+  EXPECT_EQ(Json::parse(responses.back().data)["response"]["output"][0]["content"][0]["text"], "x");
 }
 
 // ---- real-shaped upstream streams -> every client format
