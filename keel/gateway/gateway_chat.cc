@@ -58,8 +58,6 @@ GatewayError TransportError(const Upstream& up, const Status& s) {
           "upstream " + up.config.name + ": " + s.message()};
 }
 
-// What one attempt at one target came to.
-enum class Attempt { kAnswered, kNextTarget, kGiveUp };
 
 }  // namespace
 
@@ -187,8 +185,7 @@ Task<bool> Gateway::Impl::Relay(Exchange& x) {
   GatewayError last_error{502, ErrorKind::kBadGateway, "no upstream answered"};
   ChatRequest upstream_request = x.request;
   upstream_request.stream_include_usage = true;  // ask for usage so the ledger gets the vendor's count
-  Attempt attempt = Attempt::kNextTarget;
-  for (size_t i = 0; i < x.vm->targets.size() && attempt == Attempt::kNextTarget; ++i) {
+  for (size_t i = 0; i < x.vm->targets.size(); ++i) {
     const RouteTarget& target = x.vm->targets[i];
     if (i > 0) fallbacks->Get().Inc();
     Upstream& up = upstreams.at(target.upstream);
@@ -198,165 +195,176 @@ Task<bool> Gateway::Impl::Relay(Exchange& x) {
       last_error = {400, ErrorKind::kInvalidRequest, built.status().message()};
       break;
     }
-    const auto sent = Clock::now();
-    HttpClient& client = *up.client;
-    if (!x.request.stream) {
-      auto r = co_await client.Fetch(std::move(built).value());
-      if (!r.ok()) {
-        upstream_requests->WithLabels({up.config.name, "error"}).Inc();
-        last_error = TransportError(up, r.status());
-        attempt = RetryableStatus(r.status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
-        continue;
-      }
-      upstream_seconds->WithLabels({up.config.name}).Observe(SecondsSince(sent));
-      if (r->status != 200) {
-        upstream_requests->WithLabels({up.config.name, std::to_string(r->status)}).Inc();
-        last_error = ClientFacingError(up, r->status, r->body);
-        attempt = Retryable(r->status) ? Attempt::kNextTarget : Attempt::kGiveUp;
-        continue;
-      }
-      auto answer = up.vendor->ParseChat(r->body);
-      if (!answer.ok()) {
-        upstream_requests->WithLabels({up.config.name, "garbage"}).Inc();
-        last_error = {502, ErrorKind::kBadGateway,
-                      "upstream " + up.config.name + " sent an unreadable answer: " + answer.status().message()};
-        continue;
-      }
-      upstream_requests->WithLabels({up.config.name, "200"}).Inc();
-      ChatResponse& whole = answer.value();
-      const int64_t whole_in = whole.usage.input_tokens >= 0 ? whole.usage.input_tokens : x.input_tokens;
-      int64_t whole_out = whole.usage.output_tokens;
-      if (whole_out < 0) {
-        whole_out = x.counter->Count(whole.content);
-        for (const ToolCall& c : whole.tool_calls) {
-          whole_out += x.counter->Count(c.name) + x.counter->Count(c.arguments_json);
-        }
-      }
-      whole.usage = {whole_in, whole_out};
-      Settle(x, target, whole_in, whole_out);
-      std::string body = x.front.BuildAnswer(whole, x.request, x.client_model);
-      co_await x.resp.Send(200, "application/json", std::move(body), x.headers);
-      co_return true;
+    Attempt attempt = Attempt::kGiveUp;  // named, not tested inside co_await (GCC 12, see HandleChat)
+    if (x.request.stream) {
+      attempt = co_await RelayStream(x, target, up, std::move(built).value(), &last_error);
+    } else {
+      attempt = co_await RelayWhole(x, target, up, std::move(built).value(), &last_error);
     }
-
-    // Streaming.
-    auto opened = co_await client.Open(std::move(built).value());
-    if (!opened.ok()) {
-      upstream_requests->WithLabels({up.config.name, "error"}).Inc();
-      last_error = TransportError(up, opened.status());
-      attempt = RetryableStatus(opened.status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
-      continue;
-    }
-    upstream_seconds->WithLabels({up.config.name}).Observe(SecondsSince(sent));
-    std::unique_ptr<ResponseStream> stream = std::move(opened).value();
-    if (stream->status() != 200) {
-      // The vendor's error, in full (bounded), so the client gets it in its own format.
-      std::string err;
-      for (int n = 0; n < 64 && err.size() < (64 << 10); ++n) {
-        const size_t before = err.size();
-        if (!(co_await stream->Read(&err)).ok() || err.size() == before) break;
-      }
-      upstream_requests->WithLabels({up.config.name, std::to_string(stream->status())}).Inc();
-      last_error = ClientFacingError(up, stream->status(), err);
-      attempt = Retryable(stream->status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
-      continue;
-    }
-    auto decoder = up.vendor->MakeDecoder();
-    auto encoder = x.front.MakeEncoder(x.request, x.client_model);
-    std::vector<StreamEvent> events;
-    std::string out, chunk, generated;
-    Usage vendor_usage;
-    bool started = false;  // headers sent to the client: no fallback from here on
-    bool client_gone = false;
-    Status failure = Status::Ok();
-    // The client's format may need input tokens at the start (Anthropic's message_start).
-    StreamEvent input_usage;
-    input_usage.kind = StreamEvent::Kind::kUsage;
-    input_usage.usage = {x.input_tokens, -1};
-    encoder->Encode(input_usage, &out);
-    for (bool done = false; !done;) {
-      chunk.clear();
-      Status rs = co_await stream->Read(&chunk);
-      events.clear();
-      if (!rs.ok()) {
-        failure = rs;
-        break;
-      }
-      if (chunk.empty()) {
-        failure = decoder->Finish(&events);
-        done = true;
-      } else {
-        failure = decoder->Feed(chunk, &events);
-      }
-      for (const StreamEvent& ev : events) {
-        if (ev.kind == StreamEvent::Kind::kTextDelta) generated += ev.text;
-        if (ev.kind == StreamEvent::Kind::kToolCallDelta || ev.kind == StreamEvent::Kind::kToolCallStart) {
-          generated += ev.tool_call.name;
-          generated += ev.text;
-        }
-        if (ev.kind == StreamEvent::Kind::kUsage) {
-          if (ev.usage.input_tokens >= 0) vendor_usage.input_tokens = ev.usage.input_tokens;
-          if (ev.usage.output_tokens >= 0) vendor_usage.output_tokens = ev.usage.output_tokens;
-        }
-        encoder->Encode(ev, &out);
-      }
-      if (!failure.ok()) break;
-      // After the first chunk (sent at once, for time to first token): when more of the
-      // upstream's burst is already here, take it before writing so a burst goes out in one
-      // write (no waiting: BytesReady only counts bytes that have arrived).
-      if (started && !done && out.size() < (64 << 10) && stream->BytesReady() > 0) continue;
-      if (!out.empty()) {
-        if (!started) {
-          started = true;
-          if (!co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers)) {
-            client_gone = true;
-            break;
-          }
-        }
-        if (!co_await x.resp.WriteChunk(out)) {
-          client_gone = true;
-          break;
-        }
-        out.clear();
-      }
-    }
-    if (!failure.ok() && !started) {
-      // Nothing reached the client yet: this target failed like any other. An error event the
-      // vendor sent in its stream keeps its kind (overloaded, rate limited...).
-      upstream_requests->WithLabels({up.config.name, "broken_stream"}).Inc();
-      if (const GatewayError* vendor_error = decoder->upstream_error()) {
-        last_error = *vendor_error;
-        last_error.message = "upstream " + up.config.name + ": " + vendor_error->message;
-        attempt = Retryable(vendor_error->status) ? Attempt::kNextTarget : Attempt::kGiveUp;
-      } else {
-        last_error = {502, ErrorKind::kBadGateway, "upstream " + up.config.name + ": " + failure.message()};
-      }
-      continue;
-    }
-    upstream_requests->WithLabels({up.config.name, failure.ok() ? "200" : "broken_stream"}).Inc();
-    if (!client_gone) {
-      if (!failure.ok()) {
-        out.clear();
-        const GatewayError* vendor_error = decoder->upstream_error();
-        GatewayError e = vendor_error ? *vendor_error
-                                      : GatewayError{502, ErrorKind::kBadGateway, failure.message()};
-        e.message = "upstream " + up.config.name + ": " + e.message;
-        encoder->EncodeError(e, &out);
-        Log().warn("gateway: {} stream from {} broke after it started: {}", x.request_id, up.config.name,
-                   failure.message());
-      }
-      if (!started) started = co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers);
-      if (started && !out.empty()) co_await x.resp.WriteChunk(out);
-      if (started) co_await x.resp.EndStream();
-    }
-    const int64_t in = vendor_usage.input_tokens >= 0 ? vendor_usage.input_tokens : x.input_tokens;
-    const int64_t outn = vendor_usage.output_tokens >= 0 ? vendor_usage.output_tokens : x.counter->Count(generated);
-    Settle(x, target, in, outn);
-    co_return true;
+    if (attempt == Attempt::kAnswered) co_return true;
+    if (attempt == Attempt::kGiveUp) break;
   }
   governance->Release(x.reservation);
   co_await Fail(x, last_error);
   co_return false;
+}
+
+// One target, answered whole.
+Task<Attempt> Gateway::Impl::RelayWhole(Exchange& x, const RouteTarget& target, Upstream& up,
+                                        ClientRequest request, GatewayError* last_error) {
+  const auto sent = Clock::now();
+  auto r = co_await up.client->Fetch(std::move(request));
+  if (!r.ok()) {
+    upstream_requests->WithLabels({up.config.name, "error"}).Inc();
+    *last_error = TransportError(up, r.status());
+    co_return RetryableStatus(r.status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
+  }
+  upstream_seconds->WithLabels({up.config.name}).Observe(SecondsSince(sent));
+  if (r->status != 200) {
+    upstream_requests->WithLabels({up.config.name, std::to_string(r->status)}).Inc();
+    *last_error = ClientFacingError(up, r->status, r->body);
+    co_return Retryable(r->status) ? Attempt::kNextTarget : Attempt::kGiveUp;
+  }
+  auto answer = up.vendor->ParseChat(r->body);
+  if (!answer.ok()) {
+    upstream_requests->WithLabels({up.config.name, "garbage"}).Inc();
+    *last_error = {502, ErrorKind::kBadGateway,
+                  "upstream " + up.config.name + " sent an unreadable answer: " + answer.status().message()};
+    co_return Attempt::kNextTarget;
+  }
+  upstream_requests->WithLabels({up.config.name, "200"}).Inc();
+  ChatResponse& whole = answer.value();
+  const int64_t whole_in = whole.usage.input_tokens >= 0 ? whole.usage.input_tokens : x.input_tokens;
+  int64_t whole_out = whole.usage.output_tokens;
+  if (whole_out < 0) {
+    whole_out = x.counter->Count(whole.content);
+    for (const ToolCall& c : whole.tool_calls) {
+      whole_out += x.counter->Count(c.name) + x.counter->Count(c.arguments_json);
+    }
+  }
+  whole.usage = {whole_in, whole_out};
+  Settle(x, target, whole_in, whole_out);
+  std::string body = x.front.BuildAnswer(whole, x.request, x.client_model);
+  co_await x.resp.Send(200, "application/json", std::move(body), x.headers);
+  co_return Attempt::kAnswered;
+}
+
+// One target, streamed: nothing reaches the client until the upstream's first events are
+// decoded, so a failure before that still moves on to the next target.
+Task<Attempt> Gateway::Impl::RelayStream(Exchange& x, const RouteTarget& target, Upstream& up,
+                                         ClientRequest request, GatewayError* last_error) {
+  const auto sent = Clock::now();
+  auto opened = co_await up.client->Open(std::move(request));
+  if (!opened.ok()) {
+    upstream_requests->WithLabels({up.config.name, "error"}).Inc();
+    *last_error = TransportError(up, opened.status());
+    co_return RetryableStatus(opened.status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
+  }
+  upstream_seconds->WithLabels({up.config.name}).Observe(SecondsSince(sent));
+  std::unique_ptr<ResponseStream> stream = std::move(opened).value();
+  if (stream->status() != 200) {
+    // The vendor's error, in full (bounded), so the client gets it in its own format.
+    std::string err;
+    for (int n = 0; n < 64 && err.size() < (64 << 10); ++n) {
+      const size_t before = err.size();
+      if (!(co_await stream->Read(&err)).ok() || err.size() == before) break;
+    }
+    upstream_requests->WithLabels({up.config.name, std::to_string(stream->status())}).Inc();
+    *last_error = ClientFacingError(up, stream->status(), err);
+    co_return Retryable(stream->status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
+  }
+  auto decoder = up.vendor->MakeDecoder();
+  auto encoder = x.front.MakeEncoder(x.request, x.client_model);
+  std::vector<StreamEvent> events;
+  std::string out, chunk, generated;
+  Usage vendor_usage;
+  bool started = false;  // headers sent to the client: no fallback from here on
+  bool client_gone = false;
+  Status failure = Status::Ok();
+  // The client's format may need input tokens at the start (Anthropic's message_start).
+  StreamEvent input_usage;
+  input_usage.kind = StreamEvent::Kind::kUsage;
+  input_usage.usage = {x.input_tokens, -1};
+  encoder->Encode(input_usage, &out);
+  for (bool done = false; !done;) {
+    chunk.clear();
+    Status rs = co_await stream->Read(&chunk);
+    events.clear();
+    if (!rs.ok()) {
+      failure = rs;
+      break;
+    }
+    if (chunk.empty()) {
+      failure = decoder->Finish(&events);
+      done = true;
+    } else {
+      failure = decoder->Feed(chunk, &events);
+    }
+    for (const StreamEvent& ev : events) {
+      if (ev.kind == StreamEvent::Kind::kTextDelta) generated += ev.text;
+      if (ev.kind == StreamEvent::Kind::kToolCallDelta || ev.kind == StreamEvent::Kind::kToolCallStart) {
+        generated += ev.tool_call.name;
+        generated += ev.text;
+      }
+      if (ev.kind == StreamEvent::Kind::kUsage) {
+        if (ev.usage.input_tokens >= 0) vendor_usage.input_tokens = ev.usage.input_tokens;
+        if (ev.usage.output_tokens >= 0) vendor_usage.output_tokens = ev.usage.output_tokens;
+      }
+      encoder->Encode(ev, &out);
+    }
+    if (!failure.ok()) break;
+    // After the first chunk (sent at once, for time to first token): when more of the
+    // upstream's burst is already here, take it before writing so a burst goes out in one
+    // write (no waiting: BytesReady only counts bytes that have arrived).
+    if (started && !done && out.size() < (64 << 10) && stream->BytesReady() > 0) continue;
+    if (!out.empty()) {
+      if (!started) {
+        started = true;
+        if (!co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers)) {
+          client_gone = true;
+          break;
+        }
+      }
+      if (!co_await x.resp.WriteChunk(out)) {
+        client_gone = true;
+        break;
+      }
+      out.clear();
+    }
+  }
+  if (!failure.ok() && !started) {
+    // Nothing reached the client yet: this target failed like any other. An error event the
+    // vendor sent in its stream keeps its kind (overloaded, rate limited...).
+    upstream_requests->WithLabels({up.config.name, "broken_stream"}).Inc();
+    if (const GatewayError* vendor_error = decoder->upstream_error()) {
+      *last_error = *vendor_error;
+      last_error->message = "upstream " + up.config.name + ": " + vendor_error->message;
+      co_return Retryable(vendor_error->status) ? Attempt::kNextTarget : Attempt::kGiveUp;
+    } else {
+      *last_error = {502, ErrorKind::kBadGateway, "upstream " + up.config.name + ": " + failure.message()};
+    }
+    co_return Attempt::kNextTarget;
+  }
+  upstream_requests->WithLabels({up.config.name, failure.ok() ? "200" : "broken_stream"}).Inc();
+  if (!client_gone) {
+    if (!failure.ok()) {
+      out.clear();
+      const GatewayError* vendor_error = decoder->upstream_error();
+      GatewayError e = vendor_error ? *vendor_error
+                                    : GatewayError{502, ErrorKind::kBadGateway, failure.message()};
+      e.message = "upstream " + up.config.name + ": " + e.message;
+      encoder->EncodeError(e, &out);
+      Log().warn("gateway: {} stream from {} broke after it started: {}", x.request_id, up.config.name,
+                 failure.message());
+    }
+    if (!started) started = co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers);
+    if (started && !out.empty()) co_await x.resp.WriteChunk(out);
+    if (started) co_await x.resp.EndStream();
+  }
+  const int64_t in = vendor_usage.input_tokens >= 0 ? vendor_usage.input_tokens : x.input_tokens;
+  const int64_t outn = vendor_usage.output_tokens >= 0 ? vendor_usage.output_tokens : x.counter->Count(generated);
+  Settle(x, target, in, outn);
+  co_return Attempt::kAnswered;
 }
 
 }  // namespace keel::gateway

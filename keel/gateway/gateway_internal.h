@@ -58,6 +58,9 @@ struct Exchange {
   Reservation reservation;
 };
 
+// What one attempt at one target came to.
+enum class Attempt { kAnswered, kNextTarget, kGiveUp };
+
 struct Upstream {
   UpstreamConfig config;
   const VendorAdapter* vendor = nullptr;
@@ -111,6 +114,10 @@ struct Gateway::Impl {
   Task<bool> Route(Exchange& x);
   Task<bool> Reserve(Exchange& x);
   Task<bool> Relay(Exchange& x);
+  Task<Attempt> RelayWhole(Exchange& x, const RouteTarget& target, Upstream& up, ClientRequest request,
+                           GatewayError* last_error);
+  Task<Attempt> RelayStream(Exchange& x, const RouteTarget& target, Upstream& up, ClientRequest request,
+                            GatewayError* last_error);
 
   // gateway_endpoints.cc: the other API routes (they reuse the filters they need).
   Task<void> HandleEmbeddings(Exchange& x);
