@@ -1,6 +1,4 @@
 // The chat filter chain (order and fail-open/closed choices: gateway_internal.h).
-#include <ctime>
-
 #include "keel/core/log.h"
 #include "keel/gateway/gateway_internal.h"
 #include "keel/gateway/gemini_front.h"
@@ -44,8 +42,6 @@ std::string PromptText(const ChatRequest& r) {
   return Lower(text);
 }
 
-bool Retryable(int http_status) { return http_status == 429 || http_status == 408 || http_status >= 500; }
-
 // Whether an upstream failure (no answer at all) should move on to the next target.
 bool RetryableStatus(const Status& s) {
   return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kCorruption ||
@@ -60,6 +56,8 @@ GatewayError TransportError(const Upstream& up, const Status& s) {
 
 
 }  // namespace
+
+bool Retryable(int http_status) { return http_status == 429 || http_status == 408 || http_status >= 500; }
 
 // An upstream's error as the client should see it. The vendor rejecting the gateway's own
 // credentials is the gateway's problem, not the client's: 502, not the vendor's 401/403.
@@ -169,8 +167,13 @@ Task<bool> Gateway::Impl::Reserve(Exchange& x) {
   for (const RouteTarget& t : x.vm->targets) {
     cost = std::max(cost, CostOf(x.auth.decision->prices, t.model, x.input_tokens, max_out));
   }
+  const bool reserved = co_await ReserveBudget(x, x.input_tokens + max_out, cost);
+  co_return reserved;
+}
+
+Task<bool> Gateway::Impl::ReserveBudget(Exchange& x, int64_t tokens, double cost) {
   Governance::Denial denial;
-  if (Status s = governance->Reserve(x.auth, x.input_tokens + max_out, cost, &x.reservation, &denial); !s.ok()) {
+  if (Status s = governance->Reserve(x.auth, tokens, cost, &x.reservation, &denial); !s.ok()) {
     // SDKs retry 429s by default: tell them when the budget's window rolls over, and not to retry
     // sooner than that (or at all, for a budget without a window) -- their backoff is seconds.
     const HttpHeaderList extra = BudgetDenialHeaders(denial);
@@ -306,10 +309,7 @@ Task<Attempt> Gateway::Impl::RelayStream(Exchange& x, const RouteTarget& target,
         generated += ev.tool_call.name;
         generated += ev.text;
       }
-      if (ev.kind == StreamEvent::Kind::kUsage) {
-        if (ev.usage.input_tokens >= 0) vendor_usage.input_tokens = ev.usage.input_tokens;
-        if (ev.usage.output_tokens >= 0) vendor_usage.output_tokens = ev.usage.output_tokens;
-      }
+      if (ev.kind == StreamEvent::Kind::kUsage) MergeUsage(ev.usage, &vendor_usage);
       encoder->Encode(ev, &out);
     }
     if (!failure.ok()) break;

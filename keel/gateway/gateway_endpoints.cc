@@ -159,13 +159,7 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
     }
   }
   const double reserve_cost = CostOf(decision.prices, x.vm->targets.front().model, input_tokens, 0);
-  Governance::Denial denial;
-  if (Status s = governance->Reserve(x.auth, input_tokens, reserve_cost, &x.reservation, &denial); !s.ok()) {
-    const HttpHeaderList extra = BudgetDenialHeaders(denial);
-    const GatewayError e{429, ErrorKind::kRateLimit, s.message()};
-    co_await Fail(x, e, extra);
-    co_return;
-  }
+  if (const bool reserved = co_await ReserveBudget(x, input_tokens, reserve_cost); !reserved) co_return;
   GatewayError last_error{400, ErrorKind::kInvalidRequest,
                           "no upstream of model \"" + x.model + "\" serves embeddings"};
   for (const RouteTarget& target : x.vm->targets) {
@@ -180,7 +174,7 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
     }
     if (got->status != 200) {
       last_error = ClientFacingError(up, got->status, got->body);
-      if (got->status == 429 || got->status == 408 || got->status >= 500) continue;
+      if (Retryable(got->status)) continue;
       break;
     }
     // Upstream answers are larger than requests (thousands of vectors) but still bounded.

@@ -114,6 +114,9 @@ struct Gateway::Impl {
   Task<bool> Route(Exchange& x);
   Task<bool> Reserve(Exchange& x);
   Task<bool> Relay(Exchange& x);
+  // Reserves `tokens`/`cost` against the key's budgets; answers 429 (with retry-after and
+  // x-should-retry) and returns false when one is exhausted.
+  Task<bool> ReserveBudget(Exchange& x, int64_t tokens, double cost);
   Task<Attempt> RelayWhole(Exchange& x, const RouteTarget& target, Upstream& up, ClientRequest request,
                            GatewayError* last_error);
   Task<Attempt> RelayStream(Exchange& x, const RouteTarget& target, Upstream& up, ClientRequest request,
@@ -138,6 +141,8 @@ int64_t UnixMillis();
 // within seconds by default, which only helps when the window rolls over within their wait
 // (60 s) and the request fits an empty budget.
 HttpHeaderList BudgetDenialHeaders(const Governance::Denial& denial);
+// Whether an upstream's HTTP status should move on to the next target (429, 408, 5xx).
+bool Retryable(int http_status);
 // An upstream's error as the client should see it (the vendor refusing the gateway's own
 // credentials is a 502, not the vendor's 401/403).
 GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body);

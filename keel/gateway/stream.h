@@ -81,6 +81,10 @@ class StreamDecoder {
   // implies, since the real one was 200). Null otherwise -- e.g. for malformed JSON (Corruption).
   virtual const GatewayError* upstream_error() const { return nullptr; }
 };
+// Folds one kUsage event into running totals: the latest non-negative value of each field wins
+// (every vendor reports running totals; -1 means "not in this event").
+void MergeUsage(const Usage& in, Usage* total);
+
 // Never null. kOpenAICompletions decodes legacy completions chunks (choices[].text) with the
 // OpenAI decoder. `max_event_bytes` bounds one SSE event (the decoder's only unbounded input).
 std::unique_ptr<StreamDecoder> MakeStreamDecoder(WireFormat upstream);

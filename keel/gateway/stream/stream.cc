@@ -152,4 +152,9 @@ Status SseParser::ProcessLine(std::string_view line, std::vector<Event>* out) {
 
 bool SseParser::HasPartialEvent() const { return !buffer_.empty() || current_has_fields_; }
 
+void MergeUsage(const Usage& in, Usage* total) {
+  if (in.input_tokens >= 0) total->input_tokens = in.input_tokens;
+  if (in.output_tokens >= 0) total->output_tokens = in.output_tokens;
+}
+
 }  // namespace keel::gateway

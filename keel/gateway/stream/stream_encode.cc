@@ -61,12 +61,6 @@ std::string ClientId(const std::string& prefix, const std::string& upstream_id) 
   return prefix + upstream_id;
 }
 
-// Running totals: the latest non-negative value of each field wins.
-void MergeUsage(const Usage& in, Usage* u) {
-  if (in.input_tokens >= 0) u->input_tokens = in.input_tokens;
-  if (in.output_tokens >= 0) u->output_tokens = in.output_tokens;
-}
-
 FinishReason EffectiveFinish(FinishReason given, bool saw_tools) {
   if (given != FinishReason::kNone) return given;
   return saw_tools ? FinishReason::kToolCalls : FinishReason::kStop;

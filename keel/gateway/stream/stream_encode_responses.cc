@@ -65,8 +65,7 @@ class ResponsesEncoder final : public StreamEncoder {
         if (finish_ == FinishReason::kNone) finish_ = ev.finish;
         break;
       case K::kUsage:
-        if (ev.usage.input_tokens >= 0) usage_.input_tokens = ev.usage.input_tokens;
-        if (ev.usage.output_tokens >= 0) usage_.output_tokens = ev.usage.output_tokens;
+        MergeUsage(ev.usage, &usage_);
         break;
       case K::kDone: {
         EnsureStarted(out);
