@@ -2,6 +2,7 @@
 // is in gateway_chat.cc, the other API routes in gateway_endpoints.cc (see gateway_internal.h).
 #include "keel/gateway/gateway.h"
 
+#include <optional>
 #include <random>
 
 #include <boost/asio/co_spawn.hpp>
@@ -52,6 +53,70 @@ bool IsGeminiPath(std::string_view path) {
   return StartsWith(path, "/v1/models/") && path.find(':') != std::string_view::npos;
 }
 
+
+// What a request's method and path ask for, decided before any work is done for it.
+enum class RouteKind { kChat, kCountTokens, kEmbeddings, kModels, kGeminiModels, kWrongMethod, kUnknown };
+struct RouteMatch {
+  RouteKind kind = RouteKind::kUnknown;
+  WireFormat format = WireFormat::kOpenAIChat;  // the front that reads it and answers errors
+  std::string route = "other";                  // the metrics label
+  std::string allow = "POST";                   // for kWrongMethod
+  std::string path_model;                       // Gemini: the model named by the URL
+  bool stream_by_path = false;                  // Gemini :streamGenerateContent
+  bool sse = true;                              // Gemini: ?alt=sse (else a JSON-array stream)
+  std::optional<GatewayError> refused;          // a Gemini path that cannot be served
+};
+
+RouteMatch MatchRoute(const HttpRequest& req) {
+  const std::string& path = req.path;
+  const bool post = req.method == "POST", get = req.method == "GET";
+  RouteMatch m;
+  // `ok` is the method the route takes; any other gets 405 naming `allow`.
+  auto route = [&m](RouteKind kind, bool ok, std::string label) {
+    m.kind = ok ? kind : RouteKind::kWrongMethod;
+    m.route = std::move(label);
+    return m;
+  };
+  for (const ChatRoute& r : kChatRoutes) {
+    if (path == r.path) {
+      m.format = r.format;
+      return route(RouteKind::kChat, post, path);
+    }
+  }
+  if (path == "/v1/messages/count_tokens") {
+    m.format = WireFormat::kAnthropicMessages;
+    return route(RouteKind::kCountTokens, post, path);
+  }
+  if (path == "/v1/embeddings") return route(RouteKind::kEmbeddings, post, path);
+  if (IsGeminiPath(path)) {
+    m.format = WireFormat::kGemini;
+    if (path.find(':') == std::string::npos) {
+      m.allow = "GET";
+      return route(RouteKind::kGeminiModels, get, path.size() > 15 ? "/v1beta/models/{id}" : "/v1beta/models");
+    }
+    auto parsed = ParseGeminiPath(req.target);
+    if (!parsed.ok()) {
+      const bool bad = parsed.status().code() == StatusCode::kInvalidArgument;
+      m.refused = GatewayError{bad ? 400 : 404, bad ? ErrorKind::kInvalidRequest : ErrorKind::kNotFound,
+                               parsed.status().message()};
+      return m;
+    }
+    m.path_model = parsed->model;
+    m.stream_by_path = parsed->method == GeminiRoute::Method::kStream;
+    m.sse = parsed->sse;
+    if (parsed->method == GeminiRoute::Method::kCountTokens) {
+      return route(RouteKind::kCountTokens, post, "/v1beta/models/{m}:countTokens");
+    }
+    return route(RouteKind::kChat, post,
+                 m.stream_by_path ? "/v1beta/models/{m}:streamGenerateContent" : "/v1beta/models/{m}:generateContent");
+  }
+  if (path == "/v1/models" || StartsWith(path, "/v1/models/")) {
+    m.allow = "GET";
+    if (req.headers.Has("anthropic-version")) m.format = WireFormat::kAnthropicMessages;
+    return route(RouteKind::kModels, get, path == "/v1/models" ? path : "/v1/models/{id}");
+  }
+  return m;  // kUnknown, "other"
+}
 }  // namespace
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -131,91 +196,37 @@ Task<void> Gateway::Impl::Handle(const HttpRequest& req, AsyncResponder& resp) {
     co_return;
   }
 
-  // Which front reads this route, and what the route is.
-  enum class Kind { kChat, kCountTokens, kEmbeddings, kModels, kGeminiModels, kWrongMethod, kUnknown };
-  Kind kind = Kind::kUnknown;
-  WireFormat format = WireFormat::kOpenAIChat;
-  std::string route = req.path;
-  std::string allow = "POST";
-  std::string path_model;
-  bool stream_by_path = false, sse = true;
-  const bool post = req.method == "POST", get = req.method == "GET";
-  for (const ChatRoute& r : kChatRoutes) {
-    if (req.path == r.path) {
-      format = r.format;
-      kind = post ? Kind::kChat : Kind::kWrongMethod;
-    }
+  RouteMatch m = MatchRoute(req);
+  if (m.refused) {
+    Exchange refused(req, resp, FrontFor(m.format), m.route);
+    co_await Fail(refused, *m.refused);
+    co_return;
   }
-  if (req.path == "/v1/messages/count_tokens") {
-    format = WireFormat::kAnthropicMessages;
-    kind = post ? Kind::kCountTokens : Kind::kWrongMethod;
-  } else if (req.path == "/v1/embeddings") {
-    kind = post ? Kind::kEmbeddings : Kind::kWrongMethod;
-  } else if (req.path == "/v1/models" || StartsWith(req.path, "/v1/models/")) {
-    if (StartsWith(req.path, "/v1/models/")) route = "/v1/models/{id}";
-    if (IsGeminiPath(req.path)) {
-      kind = Kind::kUnknown;  // handled below
-    } else {
-      kind = get ? Kind::kModels : Kind::kWrongMethod;
-      allow = "GET";
-      if (req.headers.Has("anthropic-version")) format = WireFormat::kAnthropicMessages;
-    }
-  }
-  if (IsGeminiPath(req.path)) {
-    format = WireFormat::kGemini;
-    if (req.path.find(':') == std::string::npos) {
-      route = req.path.size() > 15 ? "/v1beta/models/{id}" : "/v1beta/models";
-      kind = get ? Kind::kGeminiModels : Kind::kWrongMethod;
-      allow = "GET";
-    } else {
-      auto parsed = ParseGeminiPath(req.target);
-      if (parsed.ok()) {
-        path_model = parsed->model;
-        stream_by_path = parsed->method == GeminiRoute::Method::kStream;
-        sse = parsed->sse;
-        route = parsed->method == GeminiRoute::Method::kCountTokens ? "/v1beta/models/{m}:countTokens"
-                : stream_by_path                                     ? "/v1beta/models/{m}:streamGenerateContent"
-                                                                     : "/v1beta/models/{m}:generateContent";
-        kind = !post ? Kind::kWrongMethod
-               : parsed->method == GeminiRoute::Method::kCountTokens ? Kind::kCountTokens
-                                                                    : Kind::kChat;
-      } else {
-        route = "other";
-        Exchange refused(req, resp, FrontFor(format), route);
-        const bool bad = parsed.status().code() == StatusCode::kInvalidArgument;
-        const GatewayError e{bad ? 400 : 404, bad ? ErrorKind::kInvalidRequest : ErrorKind::kNotFound,
-                             parsed.status().message()};
-        co_await Fail(refused, e);
-        co_return;
-      }
-    }
-  }
-  if (kind == Kind::kUnknown) route = "other";
-  const ClientFront& front = format == WireFormat::kGemini ? GeminiFrontFor(sse) : FrontFor(format);
-  Exchange x(req, resp, front, route);
-  x.path_model = std::move(path_model);
-  x.stream_by_path = stream_by_path;
+  const ClientFront& front = m.format == WireFormat::kGemini ? GeminiFrontFor(m.sse) : FrontFor(m.format);
+  Exchange x(req, resp, front, m.route);
+  x.path_model = std::move(m.path_model);
+  x.stream_by_path = m.stream_by_path;
   x.request_id = NextRequestId();
   // OpenAI's SDKs read x-request-id, Anthropic's request-id.
   x.headers = {{"x-request-id", x.request_id}, {"request-id", x.request_id}};
   // An if-chain, not a switch: GCC 12 mishandles co_await inside switch cases.
   const std::string_view path(req.path);
-  if (kind == Kind::kChat) {
+  if (m.kind == RouteKind::kChat) {
     co_await HandleChat(x);
-  } else if (kind == Kind::kCountTokens) {
+  } else if (m.kind == RouteKind::kCountTokens) {
     co_await HandleCountTokens(x);
-  } else if (kind == Kind::kEmbeddings) {
+  } else if (m.kind == RouteKind::kEmbeddings) {
     co_await HandleEmbeddings(x);
-  } else if (kind == Kind::kModels) {
+  } else if (m.kind == RouteKind::kModels) {
     const std::string_view id = path.size() > 11 ? path.substr(11) : std::string_view();  // after "/v1/models/"
     co_await HandleModels(x, id);
-  } else if (kind == Kind::kGeminiModels) {
+  } else if (m.kind == RouteKind::kGeminiModels) {
     const size_t slash = path.find("/models/");
     const std::string_view id = slash == std::string_view::npos ? std::string_view() : path.substr(slash + 8);
     co_await HandleGeminiModels(x, id);
-  } else if (kind == Kind::kWrongMethod) {
+  } else if (m.kind == RouteKind::kWrongMethod) {
     const GatewayError e{405, ErrorKind::kInvalidRequest, "method " + req.method + " not allowed on " + req.path};
-    const HttpHeaderList extra = {{"Allow", allow}};
+    const HttpHeaderList extra = {{"Allow", m.allow}};
     co_await Fail(x, e, extra);
   } else {
     const GatewayError e{404, ErrorKind::kNotFound, "no route for " + req.path};
