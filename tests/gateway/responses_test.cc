@@ -1,8 +1,8 @@
-// The OpenAI Responses API front (keel/gateway/responses.h): request parsing (every field, every
+// The OpenAI Responses API front (keel/gateway/vendors/responses/responses.h): request parsing (every field, every
 // refusal), the Response object's exact shape, and the SSE stream -- its event sequence and
 // sequence numbers, and that replaying it the way the openai SDK's ResponseAccumulator does gives
 // the Response that response.completed carries, which equals the non-streaming one.
-#include "keel/gateway/responses.h"
+#include "keel/gateway/vendors/responses/responses.h"
 
 #include <gtest/gtest.h>
 

@@ -17,7 +17,7 @@
 #include "keel/gateway/stream.h"
 
 #include "keel/gateway/gemini_front.h"
-#include "keel/gateway/responses.h"
+#include "keel/gateway/vendors/responses/responses.h"
 #include "keel/gateway/translate.h"
 
 namespace keel::gateway {

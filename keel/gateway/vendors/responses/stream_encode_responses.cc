@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "keel/gateway/responses.h"
-#include "keel/gateway/responses_internal.h"
+#include "keel/gateway/vendors/responses/responses.h"
+#include "keel/gateway/vendors/responses/responses_internal.h"
 #include "keel/gateway/translate.h"
 
 namespace keel::gateway {

@@ -2,8 +2,8 @@
 // responses.h), plus the object pieces the stream encoder shares (responses_internal.h).
 #include <algorithm>
 
-#include "keel/gateway/responses.h"
-#include "keel/gateway/responses_internal.h"
+#include "keel/gateway/vendors/responses/responses.h"
+#include "keel/gateway/vendors/responses/responses_internal.h"
 #include "keel/gateway/translate_internal.h"
 
 namespace keel::gateway {
