@@ -276,7 +276,7 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayConfig config) {
   so.tls_cert_file = p->config.tls_cert_file;
   so.tls_key_file = p->config.tls_key_file;
   so.error_body = [](int status, std::string_view message) {  // before routing: OpenAI's shape
-    return BuildErrorBody(WireFormat::kOpenAIChat, GatewayError{status, ErrorKindForStatus(status), std::string(message)});
+    return FrontFor(WireFormat::kOpenAIChat).ErrorBody(GatewayError{status, ErrorKindForStatus(status), std::string(message)});
   };
   p->server = std::make_unique<AsyncHttpServer>(
       so, [p](const HttpRequest& req, AsyncResponder& resp) -> Task<void> { return p->Handle(req, resp); });

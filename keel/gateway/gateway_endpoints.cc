@@ -103,7 +103,7 @@ Task<void> Gateway::Impl::HandleCountTokens(Exchange& x) {
     Result<json> object = ParseUntrustedJson(x.http.body, JsonLimits{.max_depth = 128, .require_object = true}, &why);
     if (object.ok()) {
       if (!object->contains("max_tokens")) (*object)["max_tokens"] = 1;
-      parsed = ParseClientRequest(WireFormat::kAnthropicMessages, Dump(*object));
+      parsed = FrontFor(WireFormat::kAnthropicMessages).Parse(Dump(*object), "", false);
     } else {
       parsed = Status::InvalidArgument("request body: " + object.status().message());
     }

@@ -9,7 +9,7 @@
 //
 // Errors: parsers return InvalidArgument naming the field ("generationConfig.candidateCount: ...")
 // -> 400, and ParseGeminiPath NotFound for a path that is not one of the routes above -> 404; the
-// body for either is BuildErrorBody(WireFormat::kGemini, ...) ({"error":{code,message,status}}).
+// body for either is BuildGeminiErrorBody (vendors/gemini/gemini.h) ({"error":{code,message,status}}).
 #pragma once
 
 #include <cstdint>

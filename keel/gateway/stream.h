@@ -85,10 +85,10 @@ class StreamDecoder {
 // (every vendor reports running totals; -1 means "not in this event").
 void MergeUsage(const Usage& in, Usage* total);
 
-// Never null. kOpenAICompletions decodes legacy completions chunks (choices[].text) with the
-// OpenAI decoder. `max_event_bytes` bounds one SSE event (the decoder's only unbounded input).
-std::unique_ptr<StreamDecoder> MakeStreamDecoder(WireFormat upstream);
-std::unique_ptr<StreamDecoder> MakeStreamDecoder(WireFormat upstream, size_t max_event_bytes);
+// Each upstream format's decoder is made by its vendor (VendorAdapter::MakeDecoder in vendor.h, or
+// the Make*StreamDecoder function in keel/gateway/vendors/<name>/<name>.h); `max_event_bytes`
+// bounds one SSE event (a decoder's only unbounded input).
+inline constexpr size_t kDefaultMaxEventBytes = size_t{1} << 20;
 
 // StreamEvents -> client SSE bytes. Accepts any event order (no kStart, kDone without kFinish,
 // text after tools, nothing at all) and always writes a well-formed client stream ending at kDone
@@ -102,12 +102,9 @@ class StreamEncoder {
   // can only be reported inside the stream), then ends the stream.
   virtual void EncodeError(const GatewayError& error, std::string* out) = 0;
 };
-// Never null; kGemini gets gemini_front.h's SSE encoder and kOpenAIResponses responses.h's (with
-// an empty request: the Responses front passes the real one, see front.h). The Anthropic encoder
-// writes stop_reason "stop_sequence" with the sequence when kFinish (a kStop) carries one.
-// `client_model` is the model name echoed to the client; `include_usage` = OpenAI's
-// stream_options.include_usage (Anthropic always carries usage in message_start/message_delta).
-std::unique_ptr<StreamEncoder> MakeStreamEncoder(WireFormat client, const std::string& client_model,
-                                                 bool include_usage);
+// Each client format's encoder is made by its front (ClientFront::MakeEncoder in front.h). The
+// Anthropic encoder writes stop_reason "stop_sequence" with the sequence when kFinish (a kStop)
+// carries one; the OpenAI encoder writes usage only when the client asked for it
+// (stream_options.include_usage; Anthropic always carries usage in message_start/message_delta).
 
 }  // namespace keel::gateway

@@ -1,6 +1,6 @@
-// Internal to the translate*.cc files: JSON helpers that validate while they read, shared
-// bounds, tool-argument conversion, and the per-format builders the dispatchers in translate.cc
-// call. Not part of the gateway's API.
+// Internal to the formats' translate*.cc files (keel/gateway/vendors/<name>/) and their adapters:
+// JSON helpers that validate while they read, shared bounds, tool-argument conversion. Not part
+// of the gateway's API.
 #pragma once
 
 #include <cstdint>
@@ -180,23 +180,5 @@ int64_t NowSeconds();
 // "<field>: not supported by <format> upstreams" (the client asked for something the chosen
 // upstream cannot do; answering without it would be answering a different question).
 Status Unsupported(const std::string& field, WireFormat upstream);
-
-// ---- per format (translate_openai.cc, translate_anthropic.cc, translate_gemini.cc)
-// Each fails only through Unsupported.
-Result<std::string> BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model);
-Result<std::string> BuildOpenAICompletionsRequest(const ChatRequest& request, const std::string& model);
-Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std::string& model,
-                                          int64_t default_max_tokens);
-Result<std::string> BuildGeminiRequest(const ChatRequest& request);
-
-Result<ChatResponse> ParseOpenAIChatResponse(const json& body);
-Result<ChatResponse> ParseOpenAICompletionsResponse(const json& body);
-Result<ChatResponse> ParseAnthropicResponse(const json& body);
-Result<ChatResponse> ParseGeminiResponse(const json& body);
-
-std::string BuildOpenAIChatResponse(const ChatResponse& response, const std::string& model);
-std::string BuildOpenAICompletionsResponse(const ChatResponse& response, const std::string& model);
-std::string BuildAnthropicResponse(const ChatResponse& response, const std::string& model);
-std::string BuildGeminiResponse(const ChatResponse& response, const std::string& model);
 
 }  // namespace keel::gateway::internal

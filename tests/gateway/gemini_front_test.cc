@@ -10,10 +10,13 @@
 #include <vector>
 
 #include "keel/gateway/stream.h"
+#include "tests/gateway/stream_by_format.h"
 #include "keel/gateway/translate.h"
 
 namespace keel::gateway {
 namespace {
+
+using stream_by_format::MakeStreamDecoder;
 
 using Json = nlohmann::json;
 using Kind = StreamEvent::Kind;
@@ -404,7 +407,7 @@ TEST(GeminiRequest, ErrorBodyIsGeminiShaped) {
   Result<ChatRequest> r = ParseGeminiClientRequest(R"({"contents":[],"x":1})", "m", false);
   ASSERT_FALSE(r.ok());
   const Json body = Json::parse(
-      BuildErrorBody(WireFormat::kGemini, {400, ErrorKind::kInvalidRequest, r.status().message()}));
+      FrontFor(WireFormat::kGemini).ErrorBody({400, ErrorKind::kInvalidRequest, r.status().message()}));
   EXPECT_EQ(body["error"]["code"], 400);
   EXPECT_EQ(body["error"]["status"], "INVALID_ARGUMENT");
   EXPECT_EQ(body["error"]["message"], r.status().message());

@@ -2,6 +2,7 @@
 // with the gateway's own decoders and compared to what went in -- for hand-built event sequences
 // in awkward orders and for real-shaped upstream streams of every vendor (all format pairs).
 #include "keel/gateway/stream.h"
+#include "tests/gateway/stream_by_format.h"
 
 #include <gtest/gtest.h>
 
@@ -14,6 +15,9 @@
 
 namespace keel::gateway {
 namespace {
+
+using stream_by_format::MakeStreamDecoder;
+using stream_by_format::MakeStreamEncoder;
 
 using Json = nlohmann::json;
 using Kind = StreamEvent::Kind;

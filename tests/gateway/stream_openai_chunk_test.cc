@@ -10,9 +10,12 @@
 #include <gtest/gtest.h>
 
 #include "keel/gateway/stream.h"
+#include "tests/gateway/stream_by_format.h"
 
 namespace keel::gateway {
 namespace {
+
+using stream_by_format::MakeStreamDecoder;
 
 std::string Show(const StreamEvent& e) {
   return std::to_string(static_cast<int>(e.kind)) + "|" + e.id + "|" + e.model + "|" + e.text + "|" +

@@ -1,6 +1,7 @@
 // SseParser and the upstream stream decoders: framing rules, real-shaped vendor streams fed at
 // every chunk boundary, truncation, malformed JSON, in-stream errors and size bounds.
 #include "keel/gateway/stream.h"
+#include "tests/gateway/stream_by_format.h"
 
 #include <gtest/gtest.h>
 
@@ -10,6 +11,8 @@
 
 namespace keel::gateway {
 namespace {
+
+using stream_by_format::MakeStreamDecoder;
 
 using Kind = StreamEvent::Kind;
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "keel/gateway/front.h"
 #include "keel/gateway/gateway.h"
 
 namespace keel::gateway {
@@ -50,6 +51,42 @@ TEST(VendorTest, RegistryNamesEveryVendorAndRefusesUnknownOnes) {
   EXPECT_NE(missing.status().message().find("anthropic, gemini, keel, openai"), std::string::npos);
   EXPECT_EQ(Vendor(VendorNameFor(WireFormat::kGemini)).format(), WireFormat::kGemini);
   EXPECT_EQ(Vendor(VendorNameFor(WireFormat::kAnthropicMessages)).format(), WireFormat::kAnthropicMessages);
+}
+
+// The registries are filled by each vendor folder's Register* call (vendors/vendor.cc, front.cc):
+// exactly these names and formats, each adapter and front answering for the format it is found by.
+TEST(VendorTest, RegistriesHoldEveryFolderAndFormatsRoundTrip) {
+  const std::pair<const char*, WireFormat> vendors[] = {{"anthropic", WireFormat::kAnthropicMessages},
+                                                        {"gemini", WireFormat::kGemini},
+                                                        {"keel", WireFormat::kOpenAIChat},
+                                                        {"openai", WireFormat::kOpenAIChat}};
+  std::vector<std::string> names;
+  for (const auto& [name, format] : vendors) {
+    names.push_back(name);
+    const VendorAdapter& v = Vendor(name);
+    EXPECT_EQ(v.format(), format) << name;
+    EXPECT_NE(v.MakeDecoder(), nullptr) << name;
+    EXPECT_EQ(v.ParseFinishReason(""), FinishReason::kNone) << name;
+  }
+  EXPECT_EQ(VendorNames(), names);
+  // The first adapter a folder registers for a format is that format's default.
+  EXPECT_EQ(VendorNameFor(WireFormat::kOpenAIChat), "openai");
+  EXPECT_EQ(VendorNameFor(WireFormat::kAnthropicMessages), "anthropic");
+  EXPECT_EQ(VendorNameFor(WireFormat::kGemini), "gemini");
+  EXPECT_EQ(VendorNameFor(WireFormat::kOpenAICompletions), "openai");  // no adapter of its own
+
+  const std::vector<WireFormat> fronts = {WireFormat::kOpenAIChat, WireFormat::kOpenAICompletions,
+                                          WireFormat::kAnthropicMessages, WireFormat::kGemini,
+                                          WireFormat::kOpenAIResponses};
+  EXPECT_EQ(FrontFormats(), fronts);
+  for (WireFormat f : fronts) {
+    EXPECT_EQ(FrontFor(f).format(), f) << WireFormatName(f);
+    EXPECT_NE(FrontFor(f).MakeEncoder(Hello(), "m"), nullptr) << WireFormatName(f);
+  }
+  EXPECT_EQ(GeminiFrontFor(true).format(), WireFormat::kGemini);
+  EXPECT_EQ(GeminiFrontFor(false).format(), WireFormat::kGemini);
+  EXPECT_STREQ(GeminiFrontFor(true).StreamContentType(), "text/event-stream");
+  EXPECT_STREQ(GeminiFrontFor(false).StreamContentType(), "application/json");
 }
 
 TEST(VendorTest, EachVendorGetsItsUrlAndAuth) {

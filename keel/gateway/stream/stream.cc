@@ -1,5 +1,5 @@
-// SseParser: incremental text/event-stream framing; AppendJsonString. Decoders live in
-// stream_decode.cc, encoders in stream_encode.cc.
+// SseParser: incremental text/event-stream framing; AppendJsonString; MergeUsage. Each format's
+// decoder and encoder live in its folder under keel/gateway/vendors/.
 #include "keel/gateway/stream.h"
 
 #include <string>

@@ -1,7 +1,7 @@
 // Anthropic Messages: client requests in, upstream requests out, upstream responses in, client
 // responses out.
-#include "keel/gateway/translate.h"
 #include "keel/gateway/translate_internal.h"
+#include "keel/gateway/vendors/anthropic/anthropic.h"
 
 namespace keel::gateway {
 
@@ -209,8 +209,6 @@ Result<ChatRequest> ParseAnthropicMessagesRequest(std::string_view text) {
   return req;
 }
 
-namespace internal {
-
 Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std::string& model,
                                           int64_t default_max_tokens) {
   constexpr WireFormat kSelf = WireFormat::kAnthropicMessages;
@@ -278,7 +276,8 @@ Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std:
   return Dump(body);
 }
 
-Result<ChatResponse> ParseAnthropicResponse(const json& body) {
+Result<ChatResponse> ParseAnthropicResponse(std::string_view text) {
+  KEEL_ASSIGN_OR_RETURN(json body, ParseUpstreamObject(text));
   if (StringOr(body, "type") == "error") {
     std::string message = "unknown error";
     if (auto e = body.find("error"); e != body.end() && e->is_object())
@@ -309,7 +308,7 @@ Result<ChatResponse> ParseAnthropicResponse(const json& body) {
   }
   std::string stop;
   ReadString(body, "stop_reason", "stop_reason", &stop).ok();
-  out.finish = ParseFinishReason(WireFormat::kAnthropicMessages, stop);
+  out.finish = ParseAnthropicFinishReason(stop);
   if (stop == "stop_sequence") ReadString(body, "stop_sequence", "stop_sequence", &out.stop_sequence).ok();
   if (auto u = body.find("usage"); u != body.end() && u->is_object()) {
     // Cached prompt tokens are reported apart from input_tokens; the prompt is their sum.
@@ -335,7 +334,7 @@ std::string BuildAnthropicResponse(const ChatResponse& response, const std::stri
   // A stop sequence is reported only when the upstream said which one matched.
   const bool by_sequence = response.finish == FinishReason::kStop && !response.stop_sequence.empty();
   const char* stop =
-      by_sequence ? "stop_sequence" : FinishReasonName(WireFormat::kAnthropicMessages, response.finish);
+      by_sequence ? "stop_sequence" : AnthropicFinishReasonName(response.finish);
   json body = {{"id", PrefixedId(response.id, "msg_")},
                {"type", "message"},
                {"role", "assistant"},
@@ -349,5 +348,4 @@ std::string BuildAnthropicResponse(const ChatResponse& response, const std::stri
   return Dump(body);
 }
 
-}  // namespace internal
 }  // namespace keel::gateway

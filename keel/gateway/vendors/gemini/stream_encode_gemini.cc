@@ -6,7 +6,6 @@
 // arguments, and usage may arrive after the finish.
 #include <algorithm>
 #include <map>
-#include <random>
 #include <string>
 #include <utility>
 
@@ -14,28 +13,18 @@
 
 #include "keel/core/json_reader.h"
 #include "keel/gateway/gemini_front.h"
-#include "keel/gateway/translate.h"
+#include "keel/gateway/stream_internal.h"
+#include "keel/gateway/vendors/gemini/gemini.h"
 
 namespace keel::gateway {
 
 namespace {
 
-using Json = nlohmann::ordered_json;  // ordered: fields in the order Gemini writes them
+using namespace stream_internal;  // NOLINT: Json (ordered: fields in Gemini's order), Dump, RandomHex
 
-constexpr size_t kMaxToolCalls = 1024;
 // Arguments are held until the end; a stream whose calls exceed this is failed, not truncated.
 constexpr size_t kMaxBufferedArgumentBytes = size_t{16} << 20;
 constexpr JsonLimits kArgumentLimits{.max_depth = 128, .max_values = size_t{1} << 20, .require_object = true};
-
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-std::string RandomId() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s(24, '0');
-  for (char& c : s) c = kHex[rng() & 15];
-  return s;
-}
 
 // Arguments text as the object Gemini's functionCall.args must be: {} when empty, the text
 // wrapped as {"_raw": text} when it is not a JSON object (as translate.h does for requests).
@@ -87,7 +76,7 @@ class GeminiEncoder final : public StreamEncoder {
 
   void EncodeError(const GatewayError& error, std::string* out) override {
     if (done_) return;
-    Frame(BuildErrorBody(WireFormat::kGemini, error), out);
+    Frame(BuildGeminiErrorBody(error), out);
     End(out);
   }
 
@@ -113,9 +102,9 @@ class GeminiEncoder final : public StreamEncoder {
     // Gemini's last chunk holds an empty text part when it has nothing else; clients that keep
     // chunks as history (the SDK's chats) need every chunk to have a non-empty parts list.
     if (parts.empty()) parts.push_back({{"text", ""}});
-    // A turn that called functions ends with STOP in Gemini's terms (FinishReasonName maps it).
+    // A turn that called functions ends with STOP in Gemini's terms (GeminiFinishReasonName maps it).
     const FinishReason finish = finish_ == FinishReason::kNone ? FinishReason::kStop : finish_;
-    Chunk(std::move(parts), FinishReasonName(WireFormat::kGemini, finish), out);
+    Chunk(std::move(parts), GeminiFinishReasonName(finish), out);
     End(out);
   }
 
@@ -134,7 +123,7 @@ class GeminiEncoder final : public StreamEncoder {
       j["usageMetadata"] = {{"promptTokenCount", in}, {"totalTokenCount", in}};
     }
     j["modelVersion"] = model_;
-    if (id_.empty()) id_ = RandomId();
+    if (id_.empty()) id_ = RandomHex(24);
     j["responseId"] = id_;
     Frame(Dump(j), out);
   }

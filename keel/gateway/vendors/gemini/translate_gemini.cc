@@ -1,9 +1,12 @@
-// Google Gemini generateContent: upstream requests out, upstream responses in (and a Gemini-shaped
-// client response, for tests and fake upstreams). Gemini is never a client format.
-#include "keel/gateway/translate.h"
+// Google Gemini generateContent: upstream requests out, upstream responses in, and the
+// GenerateContentResponse the Gemini front answers with.
+#include "keel/gateway/gemini_front.h"
 #include "keel/gateway/translate_internal.h"
+#include "keel/gateway/vendors/gemini/gemini.h"
 
-namespace keel::gateway::internal {
+namespace keel::gateway {
+
+using namespace internal;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
 
@@ -125,7 +128,8 @@ Result<std::string> BuildGeminiRequest(const ChatRequest& request) {
   return Dump(body);
 }
 
-Result<ChatResponse> ParseGeminiResponse(const json& body) {
+Result<ChatResponse> ParseGeminiResponse(std::string_view text) {
+  KEEL_ASSIGN_OR_RETURN(json body, ParseUpstreamObject(text));
   if (auto e = body.find("error"); e != body.end() && e->is_object())
     return Status::Corruption("upstream response: error: " + StringOr(*e, "message", "unknown error"));
   ChatResponse out;
@@ -171,20 +175,20 @@ Result<ChatResponse> ParseGeminiResponse(const json& body) {
       }
     }
   }
-  out.finish = ParseFinishReason(WireFormat::kGemini, StringOr(cand, "finishReason"));
+  out.finish = ParseGeminiFinishReason(StringOr(cand, "finishReason"));
   // Gemini ends a tool-calling turn with STOP; the calls are what say it was one.
   if (!out.tool_calls.empty() && (out.finish == FinishReason::kStop || out.finish == FinishReason::kNone))
     out.finish = FinishReason::kToolCalls;
   return out;
 }
 
-std::string BuildGeminiResponse(const ChatResponse& response, const std::string& model) {
+std::string BuildGeminiClientResponse(const ChatResponse& response, const std::string& model) {
   json parts = json::array();
   if (!response.content.empty() || response.tool_calls.empty()) parts.push_back({{"text", response.content}});
   for (const ToolCall& c : response.tool_calls)
     parts.push_back({{"functionCall", {{"name", c.name}, {"args", ArgumentsObject(c.arguments_json)}}}});
   json body = {{"candidates", json::array({{{"content", {{"role", "model"}, {"parts", std::move(parts)}}},
-                                            {"finishReason", FinishReasonName(WireFormat::kGemini, response.finish)},
+                                            {"finishReason", GeminiFinishReasonName(response.finish)},
                                             {"index", 0}}})},
                {"modelVersion", model},
                {"responseId", response.id.empty() ? NewId("") : response.id}};
@@ -196,4 +200,4 @@ std::string BuildGeminiResponse(const ChatResponse& response, const std::string&
   return Dump(body);
 }
 
-}  // namespace keel::gateway::internal
+}  // namespace keel::gateway

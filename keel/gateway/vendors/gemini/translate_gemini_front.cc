@@ -652,10 +652,6 @@ Result<ChatRequest> ParseGeminiCountTokensRequest(std::string_view body, std::st
   return req;
 }
 
-std::string BuildGeminiClientResponse(const ChatResponse& response, const std::string& client_model) {
-  return internal::BuildGeminiResponse(response, client_model);
-}
-
 std::string BuildGeminiCountTokensResponse(int64_t total_tokens) {
   const int64_t n = std::max<int64_t>(total_tokens, 0);
   return internal::Dump(

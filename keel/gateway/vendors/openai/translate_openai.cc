@@ -1,7 +1,7 @@
 // OpenAI Chat Completions and (legacy) Completions: client requests in, upstream requests out,
 // upstream responses in, client responses out.
-#include "keel/gateway/translate.h"
 #include "keel/gateway/translate_internal.h"
+#include "keel/gateway/vendors/openai/openai.h"
 
 namespace keel::gateway {
 
@@ -240,8 +240,8 @@ void WriteUsage(const Usage& usage, json* body) {
   (*body)["usage"] = {{"prompt_tokens", in}, {"completion_tokens", out}, {"total_tokens", in + out}};
 }
 
-json FinishJson(WireFormat format, FinishReason finish) {
-  const char* name = FinishReasonName(format, finish);
+json FinishJson(FinishReason finish) {
+  const char* name = OpenAIFinishReasonName(finish);
   return *name ? json(name) : json(nullptr);
 }
 
@@ -298,8 +298,6 @@ Result<ChatRequest> ParseOpenAICompletionsRequest(std::string_view text) {
   return req;
 }
 
-namespace internal {
-
 Result<std::string> BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model) {
   json body = {{"model", model}};
   json messages = json::array();
@@ -352,7 +350,8 @@ Result<std::string> BuildOpenAICompletionsRequest(const ChatRequest& request, co
   return Dump(body);
 }
 
-Result<ChatResponse> ParseOpenAIChatResponse(const json& body) {
+Result<ChatResponse> ParseOpenAIChatResponse(std::string_view text) {
+  KEEL_ASSIGN_OR_RETURN(json body, ParseUpstreamObject(text));
   ChatResponse out;
   KEEL_ASSIGN_OR_RETURN(const json* choice, FirstChoice(body, &out));
   auto msg = choice->find("message");
@@ -366,18 +365,19 @@ Result<ChatResponse> ParseOpenAIChatResponse(const json& body) {
   if (!s.ok()) return Status::Corruption("upstream response: " + s.message());
   std::string finish;
   ReadString(*choice, "finish_reason", "finish_reason", &finish).ok();
-  out.finish = ParseFinishReason(WireFormat::kOpenAIChat, finish);
+  out.finish = ParseOpenAIFinishReason(finish);
   return out;
 }
 
-Result<ChatResponse> ParseOpenAICompletionsResponse(const json& body) {
+Result<ChatResponse> ParseOpenAICompletionsResponse(std::string_view text) {
+  KEEL_ASSIGN_OR_RETURN(json body, ParseUpstreamObject(text));
   ChatResponse out;
   KEEL_ASSIGN_OR_RETURN(const json* choice, FirstChoice(body, &out));
   Status s = ReadString(*choice, "text", "choices[0].text", &out.content);
   if (!s.ok()) return Status::Corruption("upstream response: " + s.message());
   std::string finish;
   ReadString(*choice, "finish_reason", "finish_reason", &finish).ok();
-  out.finish = ParseFinishReason(WireFormat::kOpenAICompletions, finish);
+  out.finish = ParseOpenAIFinishReason(finish);
   return out;
 }
 
@@ -394,7 +394,7 @@ std::string BuildOpenAIChatResponse(const ChatResponse& response, const std::str
                {"choices", json::array({{{"index", 0},
                                          {"message", std::move(message)},
                                          {"logprobs", nullptr},
-                                         {"finish_reason", FinishJson(WireFormat::kOpenAIChat, response.finish)}}})}};
+                                         {"finish_reason", FinishJson(response.finish)}}})}};
   WriteUsage(response.usage, &body);
   return Dump(body);
 }
@@ -408,10 +408,9 @@ std::string BuildOpenAICompletionsResponse(const ChatResponse& response, const s
                                          {"index", 0},
                                          {"logprobs", nullptr},
                                          {"finish_reason",
-                                          FinishJson(WireFormat::kOpenAICompletions, response.finish)}}})}};
+                                          FinishJson(response.finish)}}})}};
   WriteUsage(response.usage, &body);
   return Dump(body);
 }
 
-}  // namespace internal
 }  // namespace keel::gateway

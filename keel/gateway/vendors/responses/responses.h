@@ -2,7 +2,7 @@
 // the gateway's ChatRequest, and a ChatResponse (or a stream of StreamEvents) becomes a Responses
 // object (or its SSE event stream) that the official SDKs read, `response.output_text` included.
 // Pure functions and one encoder class; no I/O. Error bodies for this front are OpenAI's:
-// BuildErrorBody(WireFormat::kOpenAIChat, ...) in translate.h.
+// BuildOpenAIErrorBody in vendors/openai/openai.h.
 //
 // The gateway is stateless and text-only, so what would need stored state or non-text content is
 // refused with InvalidArgument naming the field: previous_response_id, conversation,
@@ -55,5 +55,10 @@ std::string BuildResponsesResponse(const ChatResponse& response, const ChatReque
 // .done events and the final Response. Not thread-safe; one per client response.
 std::unique_ptr<StreamEncoder> MakeResponsesStreamEncoder(const ChatRequest& request,
                                                           const std::string& client_model);
+
+// Registration (vendors/front.cc): the kOpenAIResponses front. No upstream speaks this format to
+// the gateway, so there is no vendor adapter.
+class FrontRegistry;
+void RegisterResponsesFronts(FrontRegistry* registry);
 
 }  // namespace keel::gateway

@@ -13,6 +13,7 @@
 #include "keel/gateway/vendors/responses/responses.h"
 #include "keel/gateway/vendors/responses/responses_internal.h"
 #include "keel/gateway/translate.h"
+#include "keel/gateway/vendors/openai/openai.h"
 
 namespace keel::gateway {
 
@@ -87,7 +88,7 @@ class ResponsesEncoder final : public StreamEncoder {
   void EncodeError(const GatewayError& error, std::string* out) override {
     if (done_) return;
     EnsureStarted(out);
-    Json body = Json::parse(BuildErrorBody(WireFormat::kOpenAIChat, error), nullptr, /*allow_exceptions=*/false);
+    Json body = Json::parse(BuildOpenAIErrorBody(error), nullptr, /*allow_exceptions=*/false);
     Json err = body.is_object() && body.contains("error") ? body["error"] : Json::object();
     Json e = Begin("error");
     e["code"] = err.contains("code") ? err["code"] : Json(nullptr);
