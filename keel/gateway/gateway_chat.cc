@@ -186,13 +186,11 @@ Task<bool> Gateway::Impl::ReserveBudget(Exchange& x, int64_t tokens, double cost
 
 Task<bool> Gateway::Impl::Relay(Exchange& x) {
   GatewayError last_error{502, ErrorKind::kBadGateway, "no upstream answered"};
-  ChatRequest upstream_request = x.request;
-  upstream_request.stream_include_usage = true;  // ask for usage so the ledger gets the vendor's count
   for (size_t i = 0; i < x.vm->targets.size(); ++i) {
     const RouteTarget& target = x.vm->targets[i];
     if (i > 0) fallbacks->Get().Inc();
     Upstream& up = upstreams.at(target.upstream);
-    auto built = up.vendor->BuildChat(up.config, upstream_request, target.model, config.default_max_tokens);
+    auto built = up.vendor->BuildChat(up.config, x.request, target.model, config.default_max_tokens);
     if (!built.ok()) {
       // A field this upstream cannot honour: the client's error, answered as such (no fallback).
       last_error = {400, ErrorKind::kInvalidRequest, built.status().message()};
