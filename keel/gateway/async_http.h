@@ -59,11 +59,15 @@ class AsyncResponder {
   virtual ~AsyncResponder() = default;
   virtual Task<bool> Send(int status, std::string_view content_type, std::string body,
                           const HttpHeaderList& extra = {}) = 0;
-  virtual Task<bool> BeginStream(int status, std::string_view content_type,
-                                 const HttpHeaderList& extra = {}) = 0;
+  // Sends the status and headers, and `first` (when not empty) as the first chunk in the same
+  // write: a proxy that starts its answer when the first bytes are ready saves one write per
+  // stream. False when the client is gone or the write timed out.
+  virtual Task<bool> BeginStream(int status, std::string_view content_type, const HttpHeaderList& extra = {},
+                                 std::string_view first = {}) = 0;
   // One chunk; false when the client is gone or the write timed out.
   virtual Task<bool> WriteChunk(std::string_view data) = 0;
-  virtual Task<bool> EndStream() = 0;
+  // Ends the body, sending `last` (when not empty) as its final chunk in the same write.
+  virtual Task<bool> EndStream(std::string_view last = {}) = 0;
   virtual int status() const = 0;
 };
 

@@ -310,20 +310,20 @@ Task<Attempt> Gateway::Impl::RelayStream(Exchange& x, const RouteTarget& target,
       if (ev.kind == StreamEvent::Kind::kUsage) MergeUsage(ev.usage, &vendor_usage);
       encoder->Encode(ev, &out);
     }
-    if (!failure.ok()) break;
+    if (!failure.ok() || done) break;  // what is left goes out with the end of the body
     // After the first chunk (sent at once, for time to first token): when more of the
     // upstream's burst is already here, take it before writing so a burst goes out in one
     // write (no waiting: BytesReady only counts bytes that have arrived).
-    if (started && !done && out.size() < (64 << 10) && stream->BytesReady() > 0) continue;
+    if (started && out.size() < (64 << 10) && stream->BytesReady() > 0) continue;
     if (!out.empty()) {
+      bool written = false;  // named, not tested inside co_await (GCC 12, see HandleChat)
       if (!started) {
         started = true;
-        if (!co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers)) {
-          client_gone = true;
-          break;
-        }
+        written = co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers, out);
+      } else {
+        written = co_await x.resp.WriteChunk(out);
       }
-      if (!co_await x.resp.WriteChunk(out)) {
+      if (!written) {
         client_gone = true;
         break;
       }
@@ -346,7 +346,7 @@ Task<Attempt> Gateway::Impl::RelayStream(Exchange& x, const RouteTarget& target,
   upstream_requests->WithLabels({up.config.name, failure.ok() ? "200" : "broken_stream"}).Inc();
   if (!client_gone) {
     if (!failure.ok()) {
-      out.clear();
+      // What was decoded before the failure still reaches the client, then the error event.
       const GatewayError* vendor_error = decoder->upstream_error();
       GatewayError e = vendor_error ? *vendor_error
                                     : GatewayError{502, ErrorKind::kBadGateway, failure.message()};
@@ -355,9 +355,13 @@ Task<Attempt> Gateway::Impl::RelayStream(Exchange& x, const RouteTarget& target,
       Log().warn("gateway: {} stream from {} broke after it started: {}", x.request_id, up.config.name,
                  failure.message());
     }
-    if (!started) started = co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers);
-    if (started && !out.empty()) co_await x.resp.WriteChunk(out);
-    if (started) co_await x.resp.EndStream();
+    // The rest of the body and its end in one write (with the headers when nothing was sent).
+    std::string_view last = out;
+    if (!started) {
+      started = co_await x.resp.BeginStream(200, x.front.StreamContentType(), x.headers, out);
+      last = {};
+    }
+    if (started) co_await x.resp.EndStream(last);
   }
   const int64_t in = vendor_usage.input_tokens >= 0 ? vendor_usage.input_tokens : x.input_tokens;
   const int64_t outn = vendor_usage.output_tokens >= 0 ? vendor_usage.output_tokens : x.counter->Count(generated);

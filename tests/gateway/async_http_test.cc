@@ -156,6 +156,16 @@ class AsyncServerTest : public ::testing::Test {
       co_await w.WriteChunk("");  // skipped, must not end the body
       co_await w.WriteChunk("ccc");
       co_await w.EndStream();
+    } else if (req.path == "/merged") {
+      // Headers with the first chunk, and the last chunk with the end of the body.
+      static const HttpHeaderList kNone;  // not inline: GCC 12 coroutine bug
+      co_await w.BeginStream(200, "text/event-stream", kNone, "first");
+      co_await w.WriteChunk("mid");
+      co_await w.EndStream("last");
+    } else if (req.path == "/merged-empty") {
+      static const HttpHeaderList kNone;
+      co_await w.BeginStream(200, "text/plain", kNone, "");
+      co_await w.EndStream("only");
     } else if (req.path == "/gated") {
       // One chunk, then waits for the test to release the rest.
       co_await w.BeginStream(200, "text/plain");
@@ -318,6 +328,27 @@ TEST_F(AsyncServerTest, Http10ClosesUnlessKeepAliveAndStreamsByClose) {
   }
 }
 
+TEST_F(AsyncServerTest, FirstAndLastChunksShareTheHeaderAndEndWrites) {
+  Start();
+  HttpTestClient c(server_->port(), 10);
+  HttpTestResponse r = c.Request("GET", "/merged");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_TRUE(r.chunked);
+  EXPECT_EQ(r.Header("Content-Type"), "text/event-stream");
+  EXPECT_EQ(r.chunks, (std::vector<std::string>{"first", "mid", "last"}));
+  r = c.Request("GET", "/merged-empty");  // same connection: the body ended where it should
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.chunks, (std::vector<std::string>{"only"}));
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+  // HTTP/1.0: no chunk framing, the body ends with the connection.
+  HttpTestClient old(server_->port(), 10);
+  ASSERT_TRUE(old.SendRaw("GET /merged HTTP/1.0\r\n\r\n"));
+  HttpTestResponse r10;
+  ASSERT_TRUE(old.ReadResponse(&r10));
+  EXPECT_FALSE(r10.chunked);
+  EXPECT_EQ(r10.body, "firstmidlast");
+}
+
 TEST_F(AsyncServerTest, ChunkedStreamReadByRawClient) {
   Start();
   HttpTestClient c(server_->port(), 10);
@@ -460,6 +491,14 @@ class AsyncClientTest : public AsyncServerTest {
   }
   IoThreads io_;
 };
+
+TEST_F(AsyncClientTest, ReadsMergedFirstAndLastChunks) {
+  Start();
+  HttpClient client(io_.io());
+  auto s = Fetch(client, {.method = "GET", .url = Url("/merged")});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->body, "firstmidlast");
+}
 
 TEST_F(AsyncClientTest, FetchGetAndPost) {
   Start();

@@ -27,6 +27,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <array>
 #include <thread>
 #include <unordered_set>
 
@@ -146,6 +148,44 @@ struct AsyncHttpServer::Impl {
 // ------------------------------------------------------------------------------------------
 // Responder
 
+// One write's worth of body: `data` as a chunk ("<hex size>\r\n" data "\r\n", nothing when empty)
+// and, when `last`, the last-chunk and empty trailer ("0\r\n\r\n"); unframed data when not
+// chunked (HTTP/1.0). buffers() refers to this object and `data`: both must outlive the write.
+class ChunkFrame {
+ public:
+  ChunkFrame(std::string_view data, bool chunked, bool last) {
+    static constexpr char kCrlf[] = "\r\n";
+    static constexpr char kLast[] = "0\r\n\r\n";
+    if (!chunked) {
+      if (!data.empty()) bufs_[n_++] = asio::const_buffer(data.data(), data.size());
+      return;
+    }
+    if (!data.empty()) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      char digits[16];
+      size_t d = 0;
+      for (size_t v = data.size(); v > 0; v >>= 4) digits[d++] = kHex[v & 15];
+      while (d > 0) size_line_[size_len_++] = digits[--d];
+      size_line_[size_len_++] = '\r';
+      size_line_[size_len_++] = '\n';
+      bufs_[n_++] = asio::const_buffer(size_line_, size_len_);
+      bufs_[n_++] = asio::const_buffer(data.data(), data.size());
+      bufs_[n_++] = asio::const_buffer(kCrlf, 2);
+    }
+    if (last) bufs_[n_++] = asio::const_buffer(kLast, sizeof(kLast) - 1);
+  }
+  ChunkFrame(const ChunkFrame&) = delete;  // bufs_ points into size_line_
+  ChunkFrame& operator=(const ChunkFrame&) = delete;
+  std::span<const asio::const_buffer> buffers() const { return {bufs_.data(), n_}; }
+
+ private:
+  char size_line_[20];
+  size_t size_len_ = 0;
+  std::array<asio::const_buffer, 4> bufs_;
+  size_t n_ = 0;
+};
+
+
 template <class Stream>
 class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
  public:
@@ -183,7 +223,8 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
     co_return !ec;
   }
 
-  Task<bool> BeginStream(int status, std::string_view content_type, const HttpHeaderList& extra) override {
+  Task<bool> BeginStream(int status, std::string_view content_type, const HttpHeaderList& extra,
+                         std::string_view first) override {
     if (status_ != 0) co_return false;
     status_ = status;
     streaming_ = true;
@@ -197,10 +238,12 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
       keep_alive_ = false;  // HTTP/1.0: the body ends when the connection closes
     }
     res.keep_alive(keep_alive_);
-    http::response_serializer<http::empty_body> sr{res};
+    // The header's bytes (start line, fields, blank line) and the first chunk in one gather write.
+    const http::fields::writer header(res.base(), res.version(), res.result_int());
+    ChunkFrame frame(first, chunked_, /*last=*/false);
     error_code ec;
     beast::get_lowest_layer(stream_).expires_after(Seconds(impl_.opt.write_timeout_seconds));
-    co_await http::async_write_header(stream_, sr, Ec(ec));
+    co_await asio::async_write(stream_, beast::buffers_cat(header.get(), frame.buffers()), Ec(ec));
     if (ec) failed_ = true;
     co_return !ec;
   }
@@ -208,29 +251,26 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
   Task<bool> WriteChunk(std::string_view data) override {
     if (!streaming_ || done_ || failed_) co_return false;
     if (data.empty()) co_return true;  // a zero-size chunk would end the body
-    error_code ec;
-    beast::get_lowest_layer(stream_).expires_after(Seconds(impl_.opt.write_timeout_seconds));
-    if (chunked_) {
-      co_await asio::async_write(stream_, http::make_chunk(asio::const_buffer(data.data(), data.size())), Ec(ec));
-    } else {
-      co_await asio::async_write(stream_, asio::const_buffer(data.data(), data.size()), Ec(ec));
-    }
-    if (ec) failed_ = true;
-    co_return !ec;
+    co_return co_await WriteFrame(data, /*last=*/false);
   }
 
-  Task<bool> EndStream() override {
+  Task<bool> EndStream(std::string_view last) override {
     if (!streaming_ || done_ || failed_) co_return false;
     done_ = true;
-    if (!chunked_) co_return true;
-    error_code ec;
-    beast::get_lowest_layer(stream_).expires_after(Seconds(impl_.opt.write_timeout_seconds));
-    co_await asio::async_write(stream_, http::make_chunk_last(), Ec(ec));
-    if (ec) failed_ = true;
-    co_return !ec;
+    if (!chunked_ && last.empty()) co_return true;
+    co_return co_await WriteFrame(last, /*last=*/chunked_);
   }
 
  private:
+  Task<bool> WriteFrame(std::string_view data, bool last) {
+    ChunkFrame frame(data, chunked_, last);
+    error_code ec;
+    beast::get_lowest_layer(stream_).expires_after(Seconds(impl_.opt.write_timeout_seconds));
+    co_await asio::async_write(stream_, frame.buffers(), Ec(ec));
+    if (ec) failed_ = true;
+    co_return !ec;
+  }
+
   template <class Message>
   void Fill(Message& res, int status, std::string_view content_type, const HttpHeaderList& extra) {
     SetStatus(res, status);
@@ -450,7 +490,7 @@ Task<void> AsyncHttpServer::Impl::Handle(ConnCtl& ctl, Responder<Stream>& respon
     if (threw) {
       responder.set_keep_alive(false);  // the body may be incomplete; end it by closing
     } else {
-      co_await responder.EndStream();
+      co_await responder.EndStream({});
     }
   }
   ctl.busy = false;
