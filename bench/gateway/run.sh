@@ -13,7 +13,10 @@
 # RATES ("100 1000"), ROUNDS (1; >1 repeats the whole interleaved sweep), PORT_BASE (18600),
 # NGINX (/usr/sbin/nginx), GW_THREADS (gateway io threads, 1 = its default), NGINX_WORKERS (default GW_THREADS), KEEP_RESULTS
 # (a file to copy the raw JSON lines to), PROFILE (a directory: `perf record -g` of the proxy
-# for every nginx/gateway point, <mode>-<rate>-<target>.data; perturbs the CPU figures).
+# for every nginx/gateway point, <mode>-<rate>-<target>.data; perturbs the CPU figures),
+# PERF_CALLGRAPH (perf's call-graph option, default -g; "--call-graph dwarf,16384" gives callers
+# in this frame-pointer-less build), GW_PRELOAD (a library LD_PRELOADed into the gateway only,
+# e.g. another malloc, to compare allocators in paired runs).
 # Progress goes to stderr, the Markdown to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -117,7 +120,7 @@ cat >"$TMP/gw.json" <<EOF
   "models": [{"name": "$MODEL", "targets": [{"upstream": "fake", "model": "$MODEL"}]}]
 }
 EOF
-"$KEEL" --log-level warn gateway --config "$TMP/gw.json" --port "$GATEWAY_PORT" >"$TMP/gateway.log" 2>&1 &
+${GW_PRELOAD:+env LD_PRELOAD=$GW_PRELOAD} "$KEEL" --log-level warn gateway --config "$TMP/gw.json" --port "$GATEWAY_PORT" >"$TMP/gateway.log" 2>&1 &
 GATEWAY_PID=$!
 PIDS+=("$GATEWAY_PID")
 wait_http "http://127.0.0.1:$GATEWAY_PORT/healthz"
@@ -206,7 +209,7 @@ run_one() {  # mode rate target
   local perf_pid=""
   if [ -n "${PROFILE:-}" ] && [ ${#pids[@]} -gt 0 ]; then
     mkdir -p "$PROFILE"
-    perf record -q -g -F 2999 -p "$(IFS=,; echo "${pids[*]}")" -o "$PROFILE/$mode-$rate-$target.data" \
+    perf record -q ${PERF_CALLGRAPH:--g} -F 2999 -p "$(IFS=,; echo "${pids[*]}")" -o "$PROFILE/$mode-$rate-$target.data" \
       >/dev/null 2>&1 &
     perf_pid=$!
   fi
