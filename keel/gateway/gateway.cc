@@ -14,7 +14,7 @@
 #include "keel/core/log.h"
 #include "keel/core/signal.h"
 #include "keel/gateway/gateway_internal.h"
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 #include "keel/gateway/policy.h"
 #include "keel/gateway/translate.h"
 

@@ -1,7 +1,7 @@
 // The chat filter chain (order and fail-open/closed choices: gateway_internal.h).
 #include "keel/core/log.h"
 #include "keel/gateway/gateway_internal.h"
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 #include "keel/gateway/policy.h"
 #include "keel/gateway/translate.h"
 

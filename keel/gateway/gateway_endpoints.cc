@@ -5,7 +5,7 @@
 
 #include "keel/core/json_reader.h"
 #include "keel/gateway/gateway_internal.h"
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 #include "keel/gateway/policy.h"
 #include "keel/gateway/translate.h"
 

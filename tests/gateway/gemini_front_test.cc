@@ -1,7 +1,7 @@
 // The Gemini front: routes and keys, generateContent bodies into ChatRequest (every field, every
 // refusal), answers and stream chunks in Gemini's shapes, and the stream read back by the
 // gateway's own Gemini decoder.
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 
 #include <gtest/gtest.h>
 

@@ -4,7 +4,7 @@
 
 #include "keel/gateway/front.h"
 #include "keel/gateway/gateway.h"
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 #include "keel/gateway/translate.h"
 #include "keel/gateway/translate_internal.h"
 #include "keel/gateway/vendor.h"

@@ -1,6 +1,6 @@
 // Google Gemini's generateContent API as an upstream vendor ("gemini"), and the registration of
 // the Gemini client front (whose routes, request parsing and encoders are in
-// keel/gateway/gemini_front.h). Pure functions, thread-safe; translate.h states what every
+// keel/gateway/vendors/gemini/gemini_front.h). Pure functions, thread-safe; translate.h states what every
 // format's codec promises.
 #pragma once
 

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/json_reader.h"
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 #include "keel/gateway/stream_internal.h"
 #include "keel/gateway/vendors/gemini/gemini.h"
 

@@ -1,6 +1,6 @@
 // Google Gemini generateContent: upstream requests out, upstream responses in, and the
 // GenerateContentResponse the Gemini front answers with.
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 #include "keel/gateway/translate_internal.h"
 #include "keel/gateway/vendors/gemini/gemini.h"
 

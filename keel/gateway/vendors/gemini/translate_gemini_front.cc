@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/gateway/gemini_front.h"
+#include "keel/gateway/vendors/gemini/gemini_front.h"
 #include "keel/gateway/translate.h"
 #include "keel/gateway/translate_internal.h"
 
