@@ -2,6 +2,7 @@
 // upstream responses in, client responses out.
 #include "keel/gateway/translate_internal.h"
 #include "keel/gateway/vendors/openai/openai.h"
+#include "keel/gateway/vendors/openai/openai_answer.h"
 
 namespace keel::gateway {
 
@@ -233,18 +234,6 @@ Status ReadUsage(const json& body, Usage* usage) {
   return Status::Ok();
 }
 
-void WriteUsage(const Usage& usage, json* body) {
-  if (usage.input_tokens < 0 && usage.output_tokens < 0) return;
-  const int64_t in = std::max<int64_t>(usage.input_tokens, 0);
-  const int64_t out = std::max<int64_t>(usage.output_tokens, 0);
-  (*body)["usage"] = {{"prompt_tokens", in}, {"completion_tokens", out}, {"total_tokens", in + out}};
-}
-
-json FinishJson(FinishReason finish) {
-  const char* name = OpenAIFinishReasonName(finish);
-  return *name ? json(name) : json(nullptr);
-}
-
 // The first choice of an upstream response, with id/model/created/usage read into `out`.
 Result<const json*> FirstChoice(const json& body, ChatResponse* out) {
   if (auto e = body.find("error"); e != body.end() && !e->is_null() && !body.contains("choices")) {
@@ -350,7 +339,7 @@ Result<std::string> BuildOpenAICompletionsRequest(const ChatRequest& request, co
   return Dump(body);
 }
 
-Result<ChatResponse> ParseOpenAIChatResponse(std::string_view text) {
+Result<ChatResponse> internal::ParseOpenAIChatResponseDom(std::string_view text) {
   KEEL_ASSIGN_OR_RETURN(json body, ParseUpstreamObject(text));
   ChatResponse out;
   KEEL_ASSIGN_OR_RETURN(const json* choice, FirstChoice(body, &out));
@@ -369,7 +358,7 @@ Result<ChatResponse> ParseOpenAIChatResponse(std::string_view text) {
   return out;
 }
 
-Result<ChatResponse> ParseOpenAICompletionsResponse(std::string_view text) {
+Result<ChatResponse> internal::ParseOpenAICompletionsResponseDom(std::string_view text) {
   KEEL_ASSIGN_OR_RETURN(json body, ParseUpstreamObject(text));
   ChatResponse out;
   KEEL_ASSIGN_OR_RETURN(const json* choice, FirstChoice(body, &out));
@@ -379,38 +368,6 @@ Result<ChatResponse> ParseOpenAICompletionsResponse(std::string_view text) {
   ReadString(*choice, "finish_reason", "finish_reason", &finish).ok();
   out.finish = ParseOpenAIFinishReason(finish);
   return out;
-}
-
-std::string BuildOpenAIChatResponse(const ChatResponse& response, const std::string& model) {
-  json message = {{"role", "assistant"}, {"content", response.content}};
-  if (!response.tool_calls.empty()) {
-    if (response.content.empty()) message["content"] = nullptr;
-    message["tool_calls"] = ToolCallsJson(response.tool_calls);
-  }
-  json body = {{"id", PrefixedId(response.id, "chatcmpl-")},
-               {"object", "chat.completion"},
-               {"created", response.created ? response.created : NowSeconds()},
-               {"model", model},
-               {"choices", json::array({{{"index", 0},
-                                         {"message", std::move(message)},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason", FinishJson(response.finish)}}})}};
-  WriteUsage(response.usage, &body);
-  return Dump(body);
-}
-
-std::string BuildOpenAICompletionsResponse(const ChatResponse& response, const std::string& model) {
-  json body = {{"id", PrefixedId(response.id, "cmpl-")},
-               {"object", "text_completion"},
-               {"created", response.created ? response.created : NowSeconds()},
-               {"model", model},
-               {"choices", json::array({{{"text", response.content},
-                                         {"index", 0},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason",
-                                          FinishJson(response.finish)}}})}};
-  WriteUsage(response.usage, &body);
-  return Dump(body);
 }
 
 }  // namespace keel::gateway
