@@ -378,6 +378,17 @@ Task<void> AsyncHttpServer::Impl::CloseGracefully(Stream& stream, bool linger) {
   auto& low = beast::get_lowest_layer(stream);
   error_code ec;
   if constexpr (!std::is_same_v<Stream, beast::tcp_stream>) {
+    if (linger) {
+      // As below, but TLS has no half-close: the 413 is already written, so read (and drop) the
+      // rest of the upload through TLS until the client, having read the answer, closes.
+      low.expires_after(std::chrono::seconds(10));
+      char scratch[16384];
+      size_t total = 0;
+      while (!ec && total < kMaxLingerBytes) {
+        total += co_await stream.async_read_some(asio::buffer(scratch), Ec(ec));
+      }
+      ec = {};
+    }
     low.expires_after(std::chrono::milliseconds(500));
     co_await stream.async_shutdown(Ec(ec));
   } else {
