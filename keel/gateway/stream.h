@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/core/json_writer.h"
 #include "keel/core/status.h"
 #include "keel/gateway/chat.h"
 
@@ -45,15 +46,9 @@ class SseParser {
   Status ProcessLine(std::string_view line, std::vector<Event>* out);
 };
 
-// Appends `s` as a JSON string literal, quotes included, byte for byte what nlohmann's
-// dump(-1, ' ', false, error_handler_t::replace) writes for it -- so encoders can write their
-// events directly instead of building a json value per event: '"', '\\' and control characters
-// escaped (\b \t \n \f \r, the rest as \u00xx), other valid UTF-8 as is, invalid UTF-8
-// replaced with U+FFFD exactly as nlohmann replaces it. Thread-safe.
-void AppendJsonString(std::string_view s, std::string* out);
-// Length of the well-formed UTF-8 sequence that starts at s[i] (Unicode's Table 3-7: no overlong
-// forms, surrogates or code points past U+10FFFF -- what nlohmann accepts), 0 when there is none.
-size_t Utf8SequenceLength(std::string_view s, size_t i);
+// The encoders write their events directly (keel/core/json_writer.h), byte-identical to nlohmann.
+using ::keel::AppendJsonString;
+using ::keel::Utf8SequenceLength;
 
 // Upstream stream -> StreamEvents. Not thread-safe; one per upstream response.
 //

@@ -14,6 +14,10 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+#include <limits>
+#include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "keel/gateway/policy_store.h"
 #include "tests/kvstore/redis_process.h"
@@ -123,6 +127,36 @@ TEST(PolicyModelTest, DecisionRoundTrip) {
   EXPECT_EQ(back->policy.deny[0].model_glob, "gpt-*");
   EXPECT_EQ(back->budgets[0].window_end_unix, kMonthEnd);
   EXPECT_EQ(back->principal, d.principal);
+}
+
+// The batch is written without a DOM: it must be the JSON value nlohmann would build (same
+// members and values, doubles exact), for hostile strings and extreme numbers too.
+TEST(PolicyModelTest, UsageBatchIsTheJsonValueADomWouldWrite) {
+  std::mt19937_64 rng(7);
+  const std::vector<std::string> strings = {"", "plain", "q\"uote\\back", std::string("nul\0byte", 8),
+                                            "ctl\x01\x1f\n\t", "utf8 \xc3\xa9\xe2\x82\xac",
+                                            "bad \xff\xfe utf8", "\xed\xa0\x80 surrogate"};
+  const std::vector<double> costs = {0, 0.5, 1e-7, 123456789.123, 1e20, 5e-324, 0.1 + 0.2,
+                                     std::numeric_limits<double>::max()};
+  std::vector<UsageRecord> in;
+  for (int i = 0; i < 400; ++i) {
+    auto pick = [&](const auto& v) { return v[rng() % v.size()]; };
+    in.push_back(UsageRecord{pick(strings) + std::to_string(i), pick(strings), pick(strings), pick(strings),
+                             static_cast<int64_t>(rng() >> 1) * (i % 3 == 0 ? -1 : 1), static_cast<int64_t>(rng() % 100000),
+                             pick(costs), static_cast<int64_t>(rng() >> 20)});
+  }
+  for (size_t n : {size_t{0}, size_t{1}, in.size()}) {
+    const std::vector<UsageRecord> batch(in.begin(), in.begin() + n);
+    nlohmann::json arr = nlohmann::json::array();
+    for (const UsageRecord& r : batch) {
+      arr.push_back({{"request_id", r.request_id}, {"key_id", r.key_id}, {"team", r.team}, {"model", r.model},
+                     {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens}, {"cost", r.cost},
+                     {"unix_ms", r.unix_ms}});
+    }
+    const std::string dom = nlohmann::json{{"records", arr}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    const std::string ours = UsageBatchToJson(batch);
+    EXPECT_EQ(nlohmann::json::parse(ours), nlohmann::json::parse(dom)) << ours.substr(0, 300);
+  }
 }
 
 TEST(PolicyModelTest, UsageRoundTrip) {

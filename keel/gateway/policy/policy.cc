@@ -1,5 +1,7 @@
 #include "keel/gateway/policy.h"
 
+#include "keel/core/json_writer.h"
+
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <sys/random.h>
@@ -7,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -268,13 +271,33 @@ Result<KeyDecision> KeyDecisionFromJson(std::string_view text) {
 }
 
 std::string UsageBatchToJson(const std::vector<UsageRecord>& records) {
-  json arr = json::array();
-  for (const UsageRecord& r : records) {
-    arr.push_back({{"request_id", r.request_id}, {"key_id", r.key_id}, {"team", r.team}, {"model", r.model},
-                   {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens}, {"cost", r.cost},
-                   {"unix_ms", r.unix_ms}});
+  // Written directly: the gateway sends a batch every usage_flush_s from its io thread, and a DOM
+  // per record made each flush a pause of ~6 µs per record for the requests waiting behind it.
+  std::string out;
+  out.reserve(32 + records.size() * 160);
+  out += "{\"records\":[";
+  for (size_t i = 0; i < records.size(); ++i) {
+    const UsageRecord& r = records[i];
+    if (i > 0) out += ',';
+    out += "{\"cost\":";
+    // Shortest text that reads back as the same double; nlohmann writes non-finite values as null.
+    if (std::isfinite(r.cost)) {
+      fmt::format_to(std::back_inserter(out), "{}", r.cost);
+    } else {
+      out += "null";
+    }
+    fmt::format_to(std::back_inserter(out), ",\"input_tokens\":{},\"key_id\":", r.input_tokens);
+    AppendJsonString(r.key_id, &out);
+    out += ",\"model\":";
+    AppendJsonString(r.model, &out);
+    fmt::format_to(std::back_inserter(out), ",\"output_tokens\":{},\"request_id\":", r.output_tokens);
+    AppendJsonString(r.request_id, &out);
+    out += ",\"team\":";
+    AppendJsonString(r.team, &out);
+    fmt::format_to(std::back_inserter(out), ",\"unix_ms\":{}}}", r.unix_ms);
   }
-  return Dump(json{{"records", arr}});
+  out += "]}";
+  return out;
 }
 
 Result<std::vector<UsageRecord>> UsageBatchFromJson(std::string_view text) {

@@ -1,5 +1,5 @@
 // AppendJsonString must write exactly what nlohmann's dump (with error_handler_t::replace) writes
-// for the same string: the stream encoders rely on it to keep client bytes unchanged.
+// for the same string: the gateway's encoders and writers rely on it to keep client bytes unchanged.
 #include <random>
 #include <string>
 #include <vector>
@@ -7,9 +7,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "keel/gateway/stream.h"
+#include "keel/core/json_writer.h"
 
-namespace keel::gateway {
+namespace keel {
 namespace {
 
 std::string Nlohmann(const std::string& s) {
@@ -66,4 +66,4 @@ TEST(AppendJsonString, RandomHostileStrings) {
 }
 
 }  // namespace
-}  // namespace keel::gateway
+}  // namespace keel
