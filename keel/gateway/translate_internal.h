@@ -3,6 +3,9 @@
 // of the gateway's API.
 #pragma once
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -168,6 +171,67 @@ std::vector<Message> EffectiveMessages(const ChatRequest& request);
 std::string ToolNameFor(const std::vector<Message>& messages, size_t tool_index);
 // Gives every role "tool" message in `messages` that name: what each client parser does last.
 void NameToolMessages(std::vector<Message>* messages);
+
+// ---- writing JSON text directly (no DOM), byte for byte as Dump writes the equivalent json
+
+// An integer, as nlohmann writes it.
+inline void AppendJsonNumber(int64_t v, std::string* out) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out->append(buf, r.ptr);
+}
+// A double, as nlohmann writes it: its shortest round-trip form ("0.7", "1.0", "1e-07"), "null"
+// when not finite.
+inline void AppendJsonNumber(double v, std::string* out) {
+  if (!std::isfinite(v)) {
+    *out += "null";
+    return;
+  }
+  char buf[64];
+  const char* end = nlohmann::detail::to_chars(buf, buf + sizeof buf, v);
+  out->append(buf, static_cast<size_t>(end - buf));
+}
+
+// The members of one JSON object, added in any order and written sorted by key -- the order a
+// json (a std::map) dumps them in. Keys are literals that need no escaping; each is added once.
+class SortedMembers {
+ public:
+  // Starts member `key`; its value's JSON text is appended to the returned string next.
+  std::string* Add(std::string_view key) {
+    End();
+    members_.push_back({key, values_.size(), 0});
+    open_ = true;
+    return &values_;
+  }
+  // Appends {"key":value,...} to *out.
+  void AppendTo(std::string* out) {
+    End();
+    std::sort(members_.begin(), members_.end(), [](const Member& a, const Member& b) { return a.key < b.key; });
+    *out += '{';
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (i) *out += ',';
+      *out += '"';
+      *out += members_[i].key;
+      *out += "\":";
+      out->append(values_, members_[i].begin, members_[i].end - members_[i].begin);
+    }
+    *out += '}';
+  }
+  size_t value_bytes() const { return values_.size(); }
+
+ private:
+  struct Member {
+    std::string_view key;
+    size_t begin, end;
+  };
+  void End() {
+    if (open_) members_.back().end = values_.size();
+    open_ = false;
+  }
+  std::vector<Member> members_;
+  std::string values_;
+  bool open_ = false;
+};
 
 // A fresh random id with `prefix` ("chatcmpl-", "msg_"): for responses whose upstream gave none.
 std::string NewId(const char* prefix);

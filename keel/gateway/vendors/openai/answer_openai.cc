@@ -3,7 +3,6 @@
 // and the client answer writers, which write the JSON text directly, byte for byte what dumping
 // the equivalent nlohmann::json (keys sorted, as its std::map holds them) would give.
 #include <algorithm>
-#include <charconv>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -385,12 +384,6 @@ bool ReadAnswer(std::string_view body, bool chat, ChatResponse* out) {
 
 // ---- writers
 
-void AppendInt(int64_t v, std::string* out) {
-  char buf[24];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  out->append(buf, r.ptr);
-}
-
 void AppendFinish(FinishReason finish, std::string* out) {
   const char* name = OpenAIFinishReasonName(finish);
   if (*name) AppendJsonString(name, out);
@@ -403,11 +396,11 @@ void AppendUsage(const Usage& usage, std::string* out) {
   const int64_t in = std::max<int64_t>(usage.input_tokens, 0);
   const int64_t o = std::max<int64_t>(usage.output_tokens, 0);
   *out += ",\"usage\":{\"completion_tokens\":";
-  AppendInt(o, out);
+  AppendJsonNumber(o, out);
   *out += ",\"prompt_tokens\":";
-  AppendInt(in, out);
+  AppendJsonNumber(in, out);
   *out += ",\"total_tokens\":";
-  AppendInt(in + o, out);
+  AppendJsonNumber(in + o, out);
   *out += '}';
 }
 
@@ -415,7 +408,7 @@ void AppendUsage(const Usage& usage, std::string* out) {
 void AppendTail(const ChatResponse& response, const char* id_prefix, const std::string& model, const char* object,
                 std::string* out) {
   *out += ",\"created\":";
-  AppendInt(response.created ? response.created : NowSeconds(), out);
+  AppendJsonNumber(response.created ? response.created : NowSeconds(), out);
   *out += ",\"id\":";
   AppendJsonString(PrefixedId(response.id, id_prefix), out);
   *out += ",\"model\":";
@@ -442,6 +435,21 @@ bool ReadOpenAICompletionsResponseFast(std::string_view body, ChatResponse* out)
   return ReadAnswer(body, false, out);
 }
 
+void AppendOpenAIToolCalls(const std::vector<ToolCall>& calls, std::string* out) {
+  *out += '[';
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const ToolCall& c = calls[i];
+    *out += i ? ",{\"function\":{\"arguments\":" : "{\"function\":{\"arguments\":";
+    AppendJsonString(c.arguments_json.empty() ? std::string_view("{}") : std::string_view(c.arguments_json), out);
+    *out += ",\"name\":";
+    AppendJsonString(c.name, out);
+    *out += "},\"id\":";
+    AppendJsonString(c.id, out);
+    *out += ",\"type\":\"function\"}";
+  }
+  *out += ']';
+}
+
 }  // namespace internal
 
 Result<ChatResponse> ParseOpenAIChatResponse(std::string_view body) {
@@ -466,18 +474,8 @@ std::string BuildOpenAIChatResponse(const ChatResponse& response, const std::str
   else AppendJsonString(response.content, &out);
   out += ",\"role\":\"assistant\"";
   if (!response.tool_calls.empty()) {
-    out += ",\"tool_calls\":[";
-    for (size_t i = 0; i < response.tool_calls.size(); ++i) {
-      const ToolCall& c = response.tool_calls[i];
-      out += i ? ",{\"function\":{\"arguments\":" : "{\"function\":{\"arguments\":";
-      AppendJsonString(c.arguments_json.empty() ? std::string_view("{}") : std::string_view(c.arguments_json), &out);
-      out += ",\"name\":";
-      AppendJsonString(c.name, &out);
-      out += "},\"id\":";
-      AppendJsonString(c.id, &out);
-      out += ",\"type\":\"function\"}";
-    }
-    out += ']';
+    out += ",\"tool_calls\":";
+    AppendOpenAIToolCalls(response.tool_calls, &out);
   }
   out += "}}]";
   AppendTail(response, "chatcmpl-", model, "chat.completion", &out);

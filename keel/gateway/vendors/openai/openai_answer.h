@@ -4,7 +4,9 @@
 // reader stays the single source of error wording. Pure functions, thread-safe.
 #pragma once
 
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "keel/core/status.h"
 #include "keel/gateway/chat.h"
@@ -26,5 +28,9 @@ Result<ChatResponse> ParseOpenAICompletionsResponseDom(std::string_view body);
 // DOM reader refuses, so a caller that falls back to the DOM reader gets its answer or its error.
 bool ReadOpenAIChatResponseFast(std::string_view body, ChatResponse* out);
 bool ReadOpenAICompletionsResponseFast(std::string_view body, ChatResponse* out);
+
+// Tool calls as OpenAI writes them, a JSON array of {"function":{"arguments","name"},"id",
+// "type":"function"} (members sorted, as the DOM wrote them); empty arguments become "{}".
+void AppendOpenAIToolCalls(const std::vector<ToolCall>& calls, std::string* out);
 
 }  // namespace keel::gateway::internal

@@ -1,5 +1,6 @@
 // OpenAI Chat Completions and (legacy) Completions: client requests in, upstream requests out,
 // upstream responses in, client responses out.
+#include "keel/gateway/stream.h"
 #include "keel/gateway/translate_internal.h"
 #include "keel/gateway/vendors/openai/openai.h"
 #include "keel/gateway/vendors/openai/openai_answer.h"
@@ -183,21 +184,49 @@ Status ReadTools(const json& body, ChatRequest* req) {
 
 // Sampling fields both OpenAI upstream bodies carry. top_k too: `keel serve` (and vLLM, llama.cpp)
 // honour it; OpenAI itself answers 400 naming it, which reaches the client as such.
-void WriteCommon(const ChatRequest& request, json* body) {
-  if (request.temperature) (*body)["temperature"] = *request.temperature;
-  if (request.top_p) (*body)["top_p"] = *request.top_p;
-  if (request.top_k) (*body)["top_k"] = *request.top_k;
-  if (request.presence_penalty) (*body)["presence_penalty"] = *request.presence_penalty;
-  if (request.frequency_penalty) (*body)["frequency_penalty"] = *request.frequency_penalty;
-  if (!request.logit_bias_json.empty()) (*body)["logit_bias"] = SchemaObject(request.logit_bias_json);
-  if (request.seed) (*body)["seed"] = *request.seed;
-  if (!request.stop.empty()) (*body)["stop"] = request.stop;
-  if (!request.user.empty()) (*body)["user"] = request.user;
-  if (request.stream) {
-    (*body)["stream"] = true;
-    // Always asked for: the gateway counts tokens even when the client does not want usage.
-    (*body)["stream_options"] = {{"include_usage", true}};
+void WriteCommon(const ChatRequest& request, SortedMembers* body) {
+  if (request.temperature) AppendJsonNumber(*request.temperature, body->Add("temperature"));
+  if (request.top_p) AppendJsonNumber(*request.top_p, body->Add("top_p"));
+  if (request.top_k) AppendJsonNumber(*request.top_k, body->Add("top_k"));
+  if (request.presence_penalty) AppendJsonNumber(*request.presence_penalty, body->Add("presence_penalty"));
+  if (request.frequency_penalty) AppendJsonNumber(*request.frequency_penalty, body->Add("frequency_penalty"));
+  // Re-read and written again (not copied): the text is the client's object, normalised.
+  if (!request.logit_bias_json.empty()) *body->Add("logit_bias") += Dump(SchemaObject(request.logit_bias_json));
+  if (request.seed) AppendJsonNumber(*request.seed, body->Add("seed"));
+  if (!request.stop.empty()) {
+    std::string* out = body->Add("stop");
+    *out += '[';
+    for (size_t i = 0; i < request.stop.size(); ++i) {
+      if (i) *out += ',';
+      AppendJsonString(request.stop[i], out);
+    }
+    *out += ']';
   }
+  if (!request.user.empty()) AppendJsonString(request.user, body->Add("user"));
+  if (request.stream) {
+    *body->Add("stream") += "true";
+    // Always asked for: the gateway counts tokens even when the client does not want usage.
+    *body->Add("stream_options") += "{\"include_usage\":true}";
+  }
+}
+
+// One message of the upstream body: {"content","role","tool_call_id","tool_calls"}, in that
+// (sorted) order.
+void AppendMessage(std::string_view role, const std::string& content, const Message* m, std::string* out) {
+  const bool calls = m && role == "assistant" && !m->tool_calls.empty();
+  *out += "{\"content\":";
+  if (calls && content.empty()) *out += "null";
+  else AppendJsonString(content, out);
+  *out += ",\"role\":";
+  AppendJsonString(role, out);
+  if (calls) {
+    *out += ",\"tool_calls\":";
+    AppendOpenAIToolCalls(m->tool_calls, out);
+  } else if (m && role == "tool") {
+    *out += ",\"tool_call_id\":";
+    AppendJsonString(m->tool_call_id, out);
+  }
+  *out += '}';
 }
 
 json ResponseFormatJson(const ResponseFormat& format) {
@@ -211,17 +240,6 @@ json ResponseFormatJson(const ResponseFormat& format) {
                  {"schema", SchemaObject(format.schema_json)}};
   if (format.strict) schema["strict"] = true;
   return {{"type", "json_schema"}, {"json_schema", std::move(schema)}};
-}
-
-json ToolCallsJson(const std::vector<ToolCall>& calls) {
-  json out = json::array();
-  for (const ToolCall& c : calls) {
-    out.push_back({{"id", c.id},
-                   {"type", "function"},
-                   {"function", {{"name", c.name},
-                                 {"arguments", c.arguments_json.empty() ? "{}" : c.arguments_json}}}});
-  }
-  return out;
 }
 
 Status ReadUsage(const json& body, Usage* usage) {
@@ -287,40 +305,66 @@ Result<ChatRequest> ParseOpenAICompletionsRequest(std::string_view text) {
   return req;
 }
 
+// The body is written directly (members sorted, as Dump of a json wrote them: the tests compare
+// it byte for byte with the DOM builder it replaced); tool schemas, logit_bias and response_format
+// still go through a json, since they are re-read client objects.
 Result<std::string> BuildOpenAIChatRequest(const ChatRequest& request, const std::string& model) {
-  json body = {{"model", model}};
-  json messages = json::array();
-  if (!request.system.empty()) messages.push_back({{"role", "system"}, {"content", request.system}});
-  for (const Message& m : EffectiveMessages(request)) {
-    json msg = {{"role", m.role}, {"content", m.content}};
-    if (m.role == "assistant" && !m.tool_calls.empty()) {
-      if (m.content.empty()) msg["content"] = nullptr;
-      msg["tool_calls"] = ToolCallsJson(m.tool_calls);
-    } else if (m.role == "tool") {
-      msg["tool_call_id"] = m.tool_call_id;
-    }
-    messages.push_back(std::move(msg));
+  SortedMembers body;
+  AppendJsonString(model, body.Add("model"));
+  std::string* messages = body.Add("messages");
+  *messages += '[';
+  if (!request.system.empty()) {
+    AppendMessage("system", request.system, nullptr, messages);
+    *messages += ',';
   }
-  body["messages"] = std::move(messages);
+  if (request.messages.empty() && request.client_format == WireFormat::kOpenAICompletions) {
+    AppendMessage("user", request.prompt, nullptr, messages);  // EffectiveMessages, without the copy
+  } else {
+    for (const Message& m : request.messages) {
+      AppendMessage(m.role, m.content, &m, messages);
+      *messages += ',';
+    }
+    if (messages->back() == ',') messages->pop_back();
+  }
+  *messages += ']';
   if (!request.tools.empty()) {
-    json tools = json::array();
-    for (const Tool& t : request.tools) {
-      json fn = {{"name", t.name}, {"parameters", SchemaObject(t.parameters_json)}};
-      if (!t.description.empty()) fn["description"] = t.description;
-      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    std::string* tools = body.Add("tools");
+    *tools += '[';
+    for (size_t i = 0; i < request.tools.size(); ++i) {
+      const Tool& t = request.tools[i];
+      *tools += i ? ",{\"function\":{" : "{\"function\":{";
+      if (!t.description.empty()) {
+        *tools += "\"description\":";
+        AppendJsonString(t.description, tools);
+        *tools += ',';
+      }
+      *tools += "\"name\":";
+      AppendJsonString(t.name, tools);
+      *tools += ",\"parameters\":";
+      *tools += Dump(SchemaObject(t.parameters_json));
+      *tools += "},\"type\":\"function\"}";
     }
-    body["tools"] = std::move(tools);
+    *tools += ']';
     const std::string& tc = request.tool_choice;
-    if (tc == "auto" || tc == "none" || tc == "required") body["tool_choice"] = tc;
-    else if (!tc.empty()) body["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc}}}};
+    if (tc == "auto" || tc == "none" || tc == "required") {
+      AppendJsonString(tc, body.Add("tool_choice"));
+    } else if (!tc.empty()) {
+      std::string* choice = body.Add("tool_choice");
+      *choice += "{\"function\":{\"name\":";
+      AppendJsonString(tc, choice);
+      *choice += "},\"type\":\"function\"}";
+    }
     // Only with tools: OpenAI refuses parallel_tool_calls in a request without them.
-    if (request.parallel_tool_calls) body["parallel_tool_calls"] = *request.parallel_tool_calls;
+    if (request.parallel_tool_calls) *body.Add("parallel_tool_calls") += *request.parallel_tool_calls ? "true" : "false";
   }
-  if (request.response_format) body["response_format"] = ResponseFormatJson(*request.response_format);
+  if (request.response_format) *body.Add("response_format") += Dump(ResponseFormatJson(*request.response_format));
   // max_completion_tokens: OpenAI's reasoning models reject max_tokens; keel serve reads both.
-  if (request.max_tokens) body["max_completion_tokens"] = *request.max_tokens;
+  if (request.max_tokens) AppendJsonNumber(*request.max_tokens, body.Add("max_completion_tokens"));
   WriteCommon(request, &body);
-  return Dump(body);
+  std::string out;
+  out.reserve(body.value_bytes() + 256);
+  body.AppendTo(&out);
+  return out;
 }
 
 Result<std::string> BuildOpenAICompletionsRequest(const ChatRequest& request, const std::string& model) {
@@ -333,10 +377,15 @@ Result<std::string> BuildOpenAICompletionsRequest(const ChatRequest& request, co
     prompt = request.system;
     for (const Message& m : request.messages) prompt += (prompt.empty() ? "" : "\n") + m.content;
   }
-  json body = {{"model", model}, {"prompt", prompt}};
-  if (request.max_tokens) body["max_tokens"] = *request.max_tokens;
+  SortedMembers body;
+  AppendJsonString(model, body.Add("model"));
+  AppendJsonString(prompt, body.Add("prompt"));
+  if (request.max_tokens) AppendJsonNumber(*request.max_tokens, body.Add("max_tokens"));
   WriteCommon(request, &body);
-  return Dump(body);
+  std::string out;
+  out.reserve(body.value_bytes() + 128);
+  body.AppendTo(&out);
+  return out;
 }
 
 Result<ChatResponse> internal::ParseOpenAIChatResponseDom(std::string_view text) {
