@@ -15,6 +15,7 @@
 #include "keel/gateway/vendors/openai/openai.h"
 #include "keel/gateway/vendors/openai/openai_answer.h"
 #include "tests/core/http_test_client.h"
+#include "tests/gateway/json_mutator.h"
 #include "tests/gateway/openai_dom_reference.h"
 
 namespace keel::gateway {
@@ -150,106 +151,26 @@ TEST(OpenAIAnswerRead, HandWrittenEdges) {
   EXPECT_FALSE(CheckOne(deep, true));
 }
 
-class Mutator {
- public:
-  explicit Mutator(uint32_t seed) : rng_(seed) {}
-
-  std::string Mutate(std::string s) {
-    const int n = 1 + Pick(3);
-    for (int k = 0; k < n; ++k) s = MutateOnce(std::move(s));
-    return s;
-  }
-
- private:
-  size_t Pick(size_t n) { return n ? std::uniform_int_distribution<size_t>(0, n - 1)(rng_) : 0; }
-  template <class T>
-  const T& PickOf(const std::vector<T>& v) { return v[Pick(v.size())]; }
-
-  // A position after '{' or ',' (where a member may start), or anywhere when there is none.
-  size_t MemberStart(const std::string& s) {
-    for (int tries = 0; tries < 20; ++tries) {
-      const size_t i = Pick(s.size());
-      if (s[i] == '{' || s[i] == ',') return i + 1;
-    }
-    return Pick(s.size() + 1);
-  }
-
-  std::string MutateOnce(std::string s) {
-    static const std::vector<std::string> kMembers = {
-        R"("id":"dup",)", R"("id":null,)", R"("id":5,)", R"("model":["x"],)", R"("created":1.5,)",
-        R"("created":-7,)", R"("created":123456789012345678901,)", R"("created":1e400,)",
-        R"("choices":[{"message":{}}],)", R"("choices":[],)", R"("choices":null,)", R"("usage":{"prompt_tokens":1e2},)",
-        R"("usage":{"prompt_tokens":9,"prompt_tokens":8},)", R"("usage":"x",)", R"("prompt_tokens":18446744073709551615,)",
-        R"("completion_tokens":-1,)", R"("completion_tokens":2.5,)", R"("error":{"message":"boom"},)",
-        R"("error":null,)", R"("error":"x",)", R"("content":[{"type":"text","text":"a"}],)", R"("content":null,)",
-        R"("content":"dup",)", R"("content":7,)", R"("tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}],)",
-        R"("tool_calls":null,)", R"("tool_calls":[],)", R"("text":5,)", R"("text":"t",)", R"("text":null,)",
-        R"("finish_reason":7,)", R"("finish_reason":"length",)", R"("message":"str",)", R"("message":{},)",
-        R"("s":"\ud83d\ude00",)", R"("s":"\ud83d",)", R"("s":"\u0000\u001f\u00e9",)", R"("\u0069d":"esc",)",
-        R"("f":-0.0e-5,)", R"("f":1E308,)", R"("f":1e309,)", R"("f":0.1e-99999,)", R"("n":-,)", R"("n":01,)",
-        "\"k\":\"\xff\",", "\"k\":\"\xc0\x80\",", "\"k\":\"\xed\xa0\x80\",", "\"k\":\"\xf4\x90\x80\x80\",",
-        "\"k\":\"a\x01\",", R"("k":tru,)", R"("k":nul,)", R"(,)", R"("k":)", R"("k" "v",)"};
-    static const std::vector<std::string> kValues = {
-        "null", "true", "false", "0", "-1", "1.5", "\"s\"", "[]", "{}", "1e999", "99999999999999999999",
-        "[{\"message\":{\"content\":\"x\"}}]", "{\"content\":\"y\"}", "\"\\u00e9\"", "\"\\ud800\""};
-    static const std::vector<char> kBytes = {'"', '\\', '{', '}', '[', ']', ',', ':', '0', '9', '-', 'e', '.', 'n',
-                                             ' ', '\n', '\x00', '\x01', '\x7f', '\x80', '\xc3', '\xe4', '\xff', 'u'};
-    if (s.empty()) return PickOf(kMembers);
-    switch (Pick(8)) {
-      case 0: s[Pick(s.size())] = PickOf(kBytes); break;
-      case 1: s[Pick(s.size())] = static_cast<char>(Pick(256)); break;
-      case 2: s.resize(Pick(s.size())); break;
-      case 3: s.insert(MemberStart(s), PickOf(kMembers)); break;
-      case 4: {  // swap the value after a key
-        const size_t at = s.find("\":", Pick(s.size()));
-        if (at == std::string::npos) break;
-        size_t end = at + 2;
-        int depth = 0;
-        bool in_str = false;
-        for (; end < s.size(); ++end) {
-          const char c = s[end];
-          if (in_str) {
-            if (c == '\\') ++end;
-            else if (c == '"') in_str = false;
-            continue;
-          }
-          if (c == '"') in_str = true;
-          else if (c == '{' || c == '[') ++depth;
-          else if (c == '}' || c == ']') {
-            if (depth-- == 0) break;
-          } else if (c == ',' && depth == 0) break;
-        }
-        s.replace(at + 2, end - (at + 2), PickOf(kValues));
-        break;
-      }
-      case 5: {  // nesting around a member, shallow or past the limits
-        const size_t d = PickOf(std::vector<size_t>{3, 60, 70, 130});
-        s.insert(MemberStart(s), "\"deep\":" + std::string(d, '[') + std::string(d, ']') + ",");
-        break;
-      }
-      case 6: {  // duplicate a stretch of the text
-        const size_t a = Pick(s.size()), len = Pick(std::min<size_t>(40, s.size() - a) + 1);
-        s.insert(a, s.substr(a, len));
-        break;
-      }
-      case 7: {  // whitespace, or one byte removed
-        const size_t a = Pick(s.size());
-        if (Pick(2)) s.insert(a, PickOf(std::vector<std::string>{" ", "\t", "\r\n", "\f"}));
-        else s.erase(a, 1);
-        break;
-      }
-    }
-    return s;
-  }
-
-  std::mt19937 rng_;
-};
+const std::vector<std::string> kAnswerMembers = {
+    R"("id":"dup",)", R"("id":null,)", R"("id":5,)", R"("model":["x"],)", R"("created":1.5,)",
+    R"("created":-7,)", R"("created":123456789012345678901,)", R"("created":1e400,)",
+    R"("choices":[{"message":{}}],)", R"("choices":[],)", R"("choices":null,)", R"("usage":{"prompt_tokens":1e2},)",
+    R"("usage":{"prompt_tokens":9,"prompt_tokens":8},)", R"("usage":"x",)", R"("prompt_tokens":18446744073709551615,)",
+    R"("completion_tokens":-1,)", R"("completion_tokens":2.5,)", R"("error":{"message":"boom"},)",
+    R"("error":null,)", R"("error":"x",)", R"("content":[{"type":"text","text":"a"}],)", R"("content":null,)",
+    R"("content":"dup",)", R"("content":7,)", R"("tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}],)",
+    R"("tool_calls":null,)", R"("tool_calls":[],)", R"("text":5,)", R"("text":"t",)", R"("text":null,)",
+    R"("finish_reason":7,)", R"("finish_reason":"length",)", R"("message":"str",)", R"("message":{},)",
+    R"("s":"\ud83d\ude00",)", R"("s":"\ud83d",)", R"("s":"\u0000\u001f\u00e9",)", R"("\u0069d":"esc",)",
+    R"("f":-0.0e-5,)", R"("f":1E308,)", R"("f":1e309,)", R"("f":0.1e-99999,)", R"("n":-,)", R"("n":01,)",
+    "\"k\":\"\xff\",", "\"k\":\"\xc0\x80\",", "\"k\":\"\xed\xa0\x80\",", "\"k\":\"\xf4\x90\x80\x80\",",
+    "\"k\":\"a\x01\",", R"("k":tru,)", R"("k":nul,)", R"(,)", R"("k":)", R"("k" "v",)"};
 
 TEST(OpenAIAnswerRead, MutatedAnswersReadAsTheDomReads) {
   std::vector<std::string> seeds_chat = FakeAnswers(true), seeds_completions = FakeAnswers(false);
   ASSERT_FALSE(seeds_chat.empty());
   ASSERT_FALSE(seeds_completions.empty());
-  Mutator m(20261205);
+  mutation::Mutator m(20261205, kAnswerMembers);
   size_t accepted = 0, declined = 0;
   constexpr int kRounds = 30000;
   for (int i = 0; i < kRounds; ++i) {

@@ -29,6 +29,15 @@ Result<ChatResponse> ParseOpenAICompletionsResponseDom(std::string_view body);
 bool ReadOpenAIChatResponseFast(std::string_view body, ChatResponse* out);
 bool ReadOpenAICompletionsResponseFast(std::string_view body, ChatResponse* out);
 
+// The client body's two paths (ParseOpenAIChatRequest tries the fast one first). The fast reader
+// (request_openai.cc) takes the common request -- model, messages of role system, developer, user
+// or assistant with string or null content, max_tokens, max_completion_tokens, temperature,
+// top_p, seed, stream, stream_options, user; every other field the DOM reader knows absent or
+// null, unknown ones ignored -- in the same strict JSON subset, with no repeated key among those,
+// and declines (false; *req unspecified) anything else, every refused body included.
+Result<ChatRequest> ParseOpenAIChatRequestDom(std::string_view body);
+bool ReadOpenAIChatRequestFast(std::string_view body, ChatRequest* req);
+
 // Tool calls as OpenAI writes them, a JSON array of {"function":{"arguments","name"},"id",
 // "type":"function"} (members sorted, as the DOM wrote them); empty arguments become "{}".
 void AppendOpenAIToolCalls(const std::vector<ToolCall>& calls, std::string* out);

@@ -273,6 +273,12 @@ Result<const json*> FirstChoice(const json& body, ChatResponse* out) {
 }  // namespace
 
 Result<ChatRequest> ParseOpenAIChatRequest(std::string_view text) {
+  ChatRequest req;
+  if (ReadOpenAIChatRequestFast(text, &req)) return req;
+  return ParseOpenAIChatRequestDom(text);
+}
+
+Result<ChatRequest> internal::ParseOpenAIChatRequestDom(std::string_view text) {
   KEEL_ASSIGN_OR_RETURN(json body, ParseObject(text, "request body"));
   ChatRequest req;
   req.client_format = WireFormat::kOpenAIChat;
