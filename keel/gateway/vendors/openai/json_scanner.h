@@ -1,5 +1,5 @@
 // Internal to keel/gateway/vendors/openai/: the pull scanner the OpenAI fast readers
-// (answer_openai.cc) read JSON with, and their repeated-key guard. Not thread-safe; one per text.
+// (answer_openai.cc, request_openai.cc) read JSON with, and their repeated-key guard. Not thread-safe; one per text.
 #pragma once
 
 #include <cstdint>
