@@ -367,44 +367,37 @@ Task<bool> AsyncHttpServer::Impl::WriteError(Stream& stream, int version, int st
   co_return !ec;
 }
 
-// Half-closes the sending side; with `linger`, reads (and drops) what the client still sends for
-// a moment so that the error response is not destroyed by a reset.
 // What a closing connection still reads from its client: several times any body the server
 // accepts, so an SDK's oversize upload finishes and it sees the 413.
 constexpr size_t kMaxLingerBytes = size_t{256} << 20;
 
+// Reads and drops what the client is still sending: an SDK uploading an oversize body reads our
+// 413 only after its upload, and closing with unread bytes would reset the connection and lose
+// the answer. Bounded in bytes (kMaxLingerBytes) and time (10 s). `from` is the socket, or the
+// TLS stream over it (TLS has no half-close, so the bytes must be read through it).
+template <class ReadStream>
+Task<void> DrainUpload(ReadStream& from, beast::tcp_stream& low) {
+  low.expires_after(std::chrono::seconds(10));
+  char scratch[16384];
+  size_t total = 0;
+  error_code ec;
+  while (!ec && total < kMaxLingerBytes) total += co_await from.async_read_some(asio::buffer(scratch), Ec(ec));
+}
+
+// Ends the connection without losing the last answer: half-closes the sending side (TLS: sends
+// close_notify) and, with `linger`, first drains the client's upload (DrainUpload).
 template <class Stream>
 Task<void> AsyncHttpServer::Impl::CloseGracefully(Stream& stream, bool linger) {
   auto& low = beast::get_lowest_layer(stream);
   error_code ec;
   if constexpr (!std::is_same_v<Stream, beast::tcp_stream>) {
-    if (linger) {
-      // As below, but TLS has no half-close: the 413 is already written, so read (and drop) the
-      // rest of the upload through TLS until the client, having read the answer, closes.
-      low.expires_after(std::chrono::seconds(10));
-      char scratch[16384];
-      size_t total = 0;
-      while (!ec && total < kMaxLingerBytes) {
-        total += co_await stream.async_read_some(asio::buffer(scratch), Ec(ec));
-      }
-      ec = {};
-    }
+    if (linger) co_await DrainUpload(stream, low);  // the 413 is written; the client closes after reading it
     low.expires_after(std::chrono::milliseconds(500));
     co_await stream.async_shutdown(Ec(ec));
   } else {
     low.socket().shutdown(tcp::socket::shutdown_send, ec);
-    if (linger) {
-      // Read and discard what the client is still sending (an SDK uploading an oversize body
-      // reads our 413 only after its upload; closing with unread bytes would reset the
-      // connection and lose the answer). Bounded in bytes and time: the write side is already
-      // shut, so a client that keeps sending gets cut off there.
-      low.expires_after(std::chrono::seconds(10));
-      char scratch[16384];
-      size_t total = 0;
-      while (!ec && total < kMaxLingerBytes) {
-        total += co_await low.async_read_some(asio::buffer(scratch), Ec(ec));
-      }
-    }
+    // The write side is already shut, so a client that keeps sending is cut off at the bounds.
+    if (linger) co_await DrainUpload(low, low);
   }
   low.socket().close(ec);
 }
