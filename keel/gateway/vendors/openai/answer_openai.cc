@@ -36,67 +36,40 @@ bool IntOrIgnore(Scanner& s, int64_t* out) {
 // ReadUsage: an object's prompt_tokens / completion_tokens; anything else is ignored.
 bool ReadUsage(Scanner& s, Usage* usage) {
   if (s.Peek() != '{') return s.Skip();
-  s.Open('{');
-  if (s.Close()) return true;
   Seen seen;
-  std::string key;
-  do {
-    if (!s.Key(&key)) return false;
-    if (key == "prompt_tokens") {
-      if (!seen.First(1) || !IntOrIgnore(s, &usage->input_tokens)) return false;
-    } else if (key == "completion_tokens") {
-      if (!seen.First(2) || !IntOrIgnore(s, &usage->output_tokens)) return false;
-    } else if (!s.Skip()) {
-      return false;
-    }
-  } while (s.Eat(','));
-  return s.Close();
+  return s.Object([&](const std::string& key) {
+    if (key == "prompt_tokens") return seen.First(1) && IntOrIgnore(s, &usage->input_tokens);
+    if (key == "completion_tokens") return seen.First(2) && IntOrIgnore(s, &usage->output_tokens);
+    return s.Skip();
+  });
+}
+
+// A string or null, which the DOM reader takes as absent.
+bool StringOrNull(Scanner& s, std::string* out) {
+  return s.Peek() == '"' ? s.String(out) : s.Peek() == 'n' && s.Skip();
 }
 
 // choices[0].message: content a string or null, tool_calls absent or null.
 bool ReadMessage(Scanner& s, std::string* content) {
-  if (!s.Open('{')) return false;
-  if (s.Close()) return true;
   Seen seen;
-  std::string key;
-  do {
-    if (!s.Key(&key)) return false;
-    if (key == "content") {
-      if (!seen.First(1)) return false;
-      const char c = s.Peek();
-      if (c == '"' ? !s.String(content) : c != 'n' || !s.Skip()) return false;
-    } else if (key == "tool_calls") {
-      if (!seen.First(2) || s.Peek() != 'n' || !s.Skip()) return false;
-    } else if (!s.Skip()) {
-      return false;
-    }
-  } while (s.Eat(','));
-  return s.Close();
+  return s.Object([&](const std::string& key) {
+    if (key == "content") return seen.First(1) && StringOrNull(s, content);
+    if (key == "tool_calls") return seen.First(2) && s.Peek() == 'n' && s.Skip();
+    return s.Skip();
+  });
 }
 
 // choices[0]: chat's message, completions' text, and finish_reason.
 bool ReadChoice(Scanner& s, bool chat, ChatResponse* out) {
-  if (!s.Open('{')) return false;
   Seen seen;
-  std::string key, finish;
-  if (!s.Close()) {
-    do {
-      if (!s.Key(&key)) return false;
-      if (key == "finish_reason") {
-        if (!seen.First(1) || !StringOrIgnore(s, &finish)) return false;
-      } else if (chat && key == "message") {
-        if (!seen.First(2) || !ReadMessage(s, &out->content)) return false;
-      } else if (!chat && key == "text") {
-        if (!seen.First(2)) return false;
-        const char c = s.Peek();
-        if (c == '"' ? !s.String(&out->content) : c != 'n' || !s.Skip()) return false;
-      } else if (!s.Skip()) {
-        return false;
-      }
-    } while (s.Eat(','));
-    if (!s.Close()) return false;
-  }
-  if (chat && !seen.Has(2)) return false;  // the DOM reader refuses an answer without a message
+  std::string finish;
+  const bool ok = s.Object([&](const std::string& key) {
+    if (key == "finish_reason") return seen.First(1) && StringOrIgnore(s, &finish);
+    if (chat && key == "message") return seen.First(2) && ReadMessage(s, &out->content);
+    if (!chat && key == "text") return seen.First(2) && StringOrNull(s, &out->content);
+    return s.Skip();
+  });
+  if (!ok || (chat && !seen.Has(2))) return false;  // the DOM reader refuses an answer without a message
   out->finish = ParseOpenAIFinishReason(finish);
   return true;
 }
@@ -112,25 +85,17 @@ bool ReadChoices(Scanner& s, bool chat, ChatResponse* out) {
 
 bool ReadAnswer(std::string_view body, bool chat, ChatResponse* out) {
   Scanner s(body, kUpstreamJsonLimits.max_values);
-  if (!s.Open('{')) return false;
   Seen seen;
-  std::string key;
-  if (!s.Close()) {
-    do {
-      if (!s.Key(&key)) return false;
-      bool ok;
-      if (key == "id") ok = seen.First(1) && StringOrIgnore(s, &out->id);
-      else if (key == "model") ok = seen.First(2) && StringOrIgnore(s, &out->model);
-      else if (key == "created") ok = seen.First(4) && IntOrIgnore(s, &out->created);
-      else if (key == "choices") ok = seen.First(8) && ReadChoices(s, chat, out);
-      else if (key == "usage") ok = seen.First(16) && ReadUsage(s, &out->usage);
-      else if (key == "error") ok = s.Peek() == 'n' && s.Skip();  // an error member: the DOM reader words it
-      else ok = s.Skip();
-      if (!ok) return false;
-    } while (s.Eat(','));
-    if (!s.Close()) return false;
-  }
-  return seen.Has(8) && s.AtEnd();
+  const bool ok = s.Object([&](const std::string& key) {
+    if (key == "id") return seen.First(1) && StringOrIgnore(s, &out->id);
+    if (key == "model") return seen.First(2) && StringOrIgnore(s, &out->model);
+    if (key == "created") return seen.First(4) && IntOrIgnore(s, &out->created);
+    if (key == "choices") return seen.First(8) && ReadChoices(s, chat, out);
+    if (key == "usage") return seen.First(16) && ReadUsage(s, &out->usage);
+    if (key == "error") return s.Peek() == 'n' && s.Skip();  // an error member: the DOM reader words it
+    return s.Skip();
+  });
+  return ok && seen.Has(8) && s.AtEnd();
 }
 
 // ---- writers

@@ -1,5 +1,6 @@
 // Internal to keel/gateway/vendors/openai/: the pull scanner the OpenAI fast readers
-// (answer_openai.cc, request_openai.cc) read JSON with, and their repeated-key guard. Not thread-safe; one per text.
+// (answer_openai.cc, request_openai.cc, stream_decode_openai.cc's chunk reader) read JSON with,
+// and their repeated-key guard. Not thread-safe; one per text.
 #pragma once
 
 #include <cstdint>
@@ -145,31 +146,56 @@ class Scanner {
     return true;
   }
 
-  // Any value, validated and dropped.
-  bool Skip() {
+  // An object, member by member: `member(key)` reads that member's value (Skip for one it does
+  // not read) and returns false to stop. False when the next value is not an object, a member
+  // returns false, or the text is malformed.
+  template <class F>
+  bool Object(F&& member) {
+    if (!Open('{')) return false;
+    if (Close()) return true;
+    std::string key;
+    do {
+      if (!Key(&key) || !member(static_cast<const std::string&>(key))) return false;
+    } while (Eat(','));
+    return Close();
+  }
+
+  // One value, walked in document order, telling `h` what it meets -- Begin(bool object) after
+  // '{' or '[', End() after its close, Key(std::string&) for a member's key, String(std::string&),
+  // Number(Num, int64_t) as Number reads it, Null(), Bool(bool) -- for a reader that takes values
+  // wherever they stand (a SAX-style handler). A hook returning false stops the walk (false).
+  template <class H>
+  bool Walk(H& h) {
     const int base = depth_;
     for (;;) {
       const char c = Peek();
       if (c == '{' || c == '[') {
-        if (!Open(c)) return false;
+        if (!Open(c) || !h.Begin(c == '{')) return false;
         if (Eat(c == '{' ? '}' : ']')) {
           --depth_;
+          if (!h.End()) return false;
         } else {
-          if (c == '{' && !Key(&scratch_)) return false;
+          if (c == '{' && !(Key(&scratch_) && h.Key(scratch_))) return false;
           continue;
         }
-      } else if (!Scalar(c)) {
+      } else if (!Scalar(c, h)) {
         return false;
       }
       for (;;) {  // after a value: a comma, or the ends of containers
         if (depth_ == base) return true;
         if (Eat(',')) {
-          if (in_object_[depth_ - 1] && !Key(&scratch_)) return false;
+          if (in_object_[depth_ - 1] && !(Key(&scratch_) && h.Key(scratch_))) return false;
           break;
         }
-        if (!Close()) return false;
+        if (!Close() || !h.End()) return false;
       }
     }
+  }
+
+  // Any value, validated and dropped.
+  bool Skip() {
+    Drop drop;
+    return Walk(drop);
   }
 
  private:
@@ -180,20 +206,34 @@ class Scanner {
   }
   bool Count() { return ++values_ <= max_values_; }
 
-  bool Scalar(char c) {
-    if (c == '"') return String(&scratch_);
+  // Walk's hooks for Skip.
+  struct Drop {
+    bool Begin(bool) { return true; }
+    bool End() { return true; }
+    bool Key(std::string&) { return true; }
+    bool String(std::string&) { return true; }
+    bool Number(Num, int64_t) { return true; }
+    bool Null() { return true; }
+    bool Bool(bool) { return true; }
+  };
+
+  template <class H>
+  bool Scalar(char c, H& h) {
+    if (c == '"') return String(&scratch_) && h.String(scratch_);
     if (c == '-' || (c >= '0' && c <= '9')) {
       Num kind;
       int64_t v;
-      return Number(&kind, &v);
+      return Number(&kind, &v) && h.Number(kind, v);
     }
-    for (std::string_view lit : {std::string_view("null"), std::string_view("true"), std::string_view("false")}) {
-      if (t_.substr(i_, lit.size()) == lit) {
-        i_ += lit.size();
-        return Count();
-      }
-    }
+    if (Literal("null")) return h.Null();
+    if (Literal("true")) return h.Bool(true);
+    if (Literal("false")) return h.Bool(false);
     return false;
+  }
+  bool Literal(std::string_view lit) {
+    if (t_.substr(i_, lit.size()) != lit) return false;
+    i_ += lit.size();
+    return Count();
   }
 
   // At "\u": the escape (a surrogate pair when it is one, as nlohmann requires) as UTF-8.
@@ -246,7 +286,7 @@ class Scanner {
   int depth_ = 0;
   size_t values_ = 0;
   bool in_object_[kMaxDepth];
-  std::string scratch_;  // skipped strings and keys
+  std::string scratch_;  // the strings and keys Walk reads
 };
 
 // Members of one object, read once each: a repeated key among them declines (a DOM keeps the

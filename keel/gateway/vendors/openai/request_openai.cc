@@ -63,19 +63,22 @@ bool Bool(Scanner& s, bool* out) {
 
 bool StreamOptions(Scanner& s, bool* include_usage) {
   if (Null(s)) return true;
-  if (!s.Open('{')) return false;
-  if (s.Close()) return true;
   Seen seen;
-  std::string key;
-  do {
-    if (!s.Key(&key)) return false;
-    if (key == "include_usage") {
-      if (!seen.First(1) || !Bool(s, include_usage)) return false;
-    } else if (!s.Skip()) {
-      return false;
-    }
-  } while (s.Eat(','));
-  return s.Close();
+  return s.Object([&](const std::string& key) {
+    if (key == "include_usage") return seen.First(1) && Bool(s, include_usage);
+    return s.Skip();
+  });
+}
+
+// One message: role and content (a string or null); tool_calls only as null.
+bool ReadMessage(Scanner& s, Message* m) {
+  Seen seen;
+  return s.Object([&](const std::string& key) {
+    if (key == "role") return seen.First(1) && s.Peek() == '"' && s.String(&m->role);
+    if (key == "content") return seen.First(2) && (Null(s) || (s.Peek() == '"' && s.String(&m->content)));
+    if (key == "tool_calls") return Null(s);
+    return s.Skip();
+  });
 }
 
 // messages: text turns of system, developer, user and assistant (no tool calls, no tool results).
@@ -83,23 +86,9 @@ bool Messages(Scanner& s, ChatRequest* req) {
   if (!s.Open('[') || s.Peek() != '{') return false;
   std::string system;
   size_t system_count = 0, count = 0;
-  std::string key;
   do {
-    if (++count > kMaxMessages || !s.Open('{')) return false;
     Message m;
-    Seen seen;
-    if (!s.Close()) {
-      do {
-        if (!s.Key(&key)) return false;
-        bool ok;
-        if (key == "role") ok = seen.First(1) && s.Peek() == '"' && s.String(&m.role);
-        else if (key == "content") ok = seen.First(2) && (Null(s) || (s.Peek() == '"' && s.String(&m.content)));
-        else if (key == "tool_calls") ok = Null(s);
-        else ok = s.Skip();
-        if (!ok) return false;
-      } while (s.Eat(','));
-      if (!s.Close()) return false;
-    }
+    if (++count > kMaxMessages || !ReadMessage(s, &m)) return false;
     if (m.role == "system" || m.role == "developer") {
       if (system_count++) system += '\n';
       system += m.content;
@@ -118,32 +107,29 @@ bool Messages(Scanner& s, ChatRequest* req) {
 
 bool internal::ReadOpenAIChatRequestFast(std::string_view body, ChatRequest* req) {
   Scanner s(body, kClientJsonLimits.max_values);
-  if (!s.Open('{') || s.Close()) return false;  // {} lacks model and messages
   req->client_format = WireFormat::kOpenAIChat;
   std::optional<int64_t> max_tokens, max_completion_tokens;
   Seen seen;
-  std::string key;
-  do {
-    if (!s.Key(&key)) return false;
-    bool ok;
-    if (key == "model") ok = seen.First(1) && s.Peek() == '"' && s.String(&req->model) && !req->model.empty();
-    else if (key == "messages") ok = seen.First(2) && Messages(s, req);
-    else if (key == "max_tokens") ok = seen.First(4) && Int(s, true, &max_tokens);
-    else if (key == "max_completion_tokens") ok = seen.First(8) && Int(s, true, &max_completion_tokens);
-    else if (key == "temperature") ok = seen.First(16) && Double(s, &req->temperature);
-    else if (key == "top_p") ok = seen.First(32) && Double(s, &req->top_p);
-    else if (key == "seed") ok = seen.First(64) && Int(s, false, &req->seed);
-    else if (key == "stream") ok = seen.First(128) && Bool(s, &req->stream);
-    else if (key == "user") ok = seen.First(256) && (Null(s) || (s.Peek() == '"' && s.String(&req->user)));
-    else if (key == "stream_options") ok = seen.First(512) && StreamOptions(s, &req->stream_include_usage);
-    else if (key == "top_k" || key == "presence_penalty" || key == "frequency_penalty" || key == "logit_bias" ||
-             key == "stop" || key == "n" || key == "logprobs" || key == "top_logprobs" || key == "tools" ||
-             key == "tool_choice" || key == "parallel_tool_calls" || key == "response_format" || key == "prompt")
-      ok = Null(s);  // read and checked by the DOM reader only
-    else ok = s.Skip();
-    if (!ok) return false;
-  } while (s.Eat(','));
-  if (!s.Close() || !s.AtEnd() || !seen.Has(1) || !seen.Has(2)) return false;
+  const bool ok = s.Object([&](const std::string& key) {
+    if (key == "model") return seen.First(1) && s.Peek() == '"' && s.String(&req->model) && !req->model.empty();
+    if (key == "messages") return seen.First(2) && Messages(s, req);
+    if (key == "max_tokens") return seen.First(4) && Int(s, true, &max_tokens);
+    if (key == "max_completion_tokens") return seen.First(8) && Int(s, true, &max_completion_tokens);
+    if (key == "temperature") return seen.First(16) && Double(s, &req->temperature);
+    if (key == "top_p") return seen.First(32) && Double(s, &req->top_p);
+    if (key == "seed") return seen.First(64) && Int(s, false, &req->seed);
+    if (key == "stream") return seen.First(128) && Bool(s, &req->stream);
+    if (key == "user") return seen.First(256) && (Null(s) || (s.Peek() == '"' && s.String(&req->user)));
+    if (key == "stream_options") return seen.First(512) && StreamOptions(s, &req->stream_include_usage);
+    if (key == "top_k" || key == "presence_penalty" || key == "frequency_penalty" || key == "logit_bias" ||
+        key == "stop" || key == "n" || key == "logprobs" || key == "top_logprobs" || key == "tools" ||
+        key == "tool_choice" || key == "parallel_tool_calls" || key == "response_format" || key == "prompt") {
+      return Null(s);  // read and checked by the DOM reader only
+    }
+    return s.Skip();
+  });
+  // {} lacks model and messages.
+  if (!ok || !s.AtEnd() || !seen.Has(1) || !seen.Has(2)) return false;
   // max_completion_tokens replaced max_tokens; when both are sent the newer one wins.
   req->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
   return true;

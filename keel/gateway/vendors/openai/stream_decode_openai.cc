@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/gateway/stream_internal.h"
+#include "keel/gateway/vendors/openai/json_scanner.h"
 #include "keel/gateway/vendors/openai/openai.h"
 
 namespace keel::gateway {
@@ -46,7 +47,7 @@ class OpenAIChunkReader {
   bool Read(std::string_view data) {
     Reset();
     if (Scan(data)) return true;
-    // Outside Scan's subset: nlohmann's lexer (it allocates per event, hence Scan first).
+    // Outside the Scanner's subset: nlohmann's lexer (it allocates per event, hence Scan first).
     Reset();
     return nlohmann::json::sax_parse(data.data(), data.data() + data.size(), this) && depth_ == 0;
   }
@@ -154,133 +155,28 @@ class OpenAIChunkReader {
     slot_ = Slot::kRoot;
   }
 
-  // A scanner for the JSON that vendors' chunks are made of, driving the SAX calls above with no
-  // allocation beyond the reused strings. It accepts a strict subset of JSON -- integers of at
-  // most 18 digits (no fraction or exponent), strings of valid UTF-8 with the two-character
-  // escapes (no \u), no control bytes -- and declines anything else (false), so everything it
-  // accepts is JSON that nlohmann reads to the same calls.
+  // Walks the event with json_scanner.h's Scanner, driving the SAX calls above with no
+  // allocation beyond the reused strings. The Scanner accepts a strict subset of JSON that
+  // nlohmann reads to the same calls; a non-integer number declines too (the SAX path converts
+  // it as nlohmann does). False for anything else.
   bool Scan(std::string_view t) {
-    size_t i = 0;
-    const size_t n = t.size();
-    bool in_object[kMaxDepth];
-    int depth = 0;
-    auto ws = [&] {
-      while (i < n && (t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t')) ++i;
-    };
-    for (;;) {
-      // A value is expected here (inside an object: after "key":).
-      ws();
-      if (i >= n) return false;
-      const char c = t[i];
-      if (c == '{' || c == '[') {
-        if (depth == kMaxDepth) return false;
-        if (!(c == '{' ? start_object(0) : start_array(0))) return false;
-        in_object[depth++] = c == '{';
-        ++i;
-        ws();
-        if (i < n && t[i] == (c == '{' ? '}' : ']')) {
-          ++i;
-          if (!(c == '{' ? end_object() : end_array())) return false;
-          --depth;
-        } else if (c == '{') {
-          if (!ScanKey(t, i)) return false;
-          continue;
-        } else {
-          continue;
-        }
-      } else if (c == '"') {
-        if (!ScanString(t, i, &scratch_) || !string(scratch_)) return false;
-      } else if (c == '-' || (c >= '0' && c <= '9')) {
-        const bool neg = c == '-';
-        size_t j = i + neg;
-        const size_t digits_at = j;
-        int64_t v = 0;
-        while (j < n && t[j] >= '0' && t[j] <= '9') v = v * 10 + (t[j++] - '0');
-        const size_t digits = j - digits_at;
-        if (digits == 0 || digits > 18 || (digits > 1 && t[digits_at] == '0')) return false;
-        if (j < n && (t[j] == '.' || t[j] == 'e' || t[j] == 'E')) return false;
-        i = j;
-        if (!(neg ? number_integer(-v) : number_unsigned(static_cast<uint64_t>(v)))) return false;
-      } else if (t.substr(i, 4) == "null") {
-        i += 4;
-        if (!null()) return false;
-      } else if (t.substr(i, 4) == "true") {
-        i += 4;
-        if (!boolean(true)) return false;
-      } else if (t.substr(i, 5) == "false") {
-        i += 5;
-        if (!boolean(false)) return false;
-      } else {
-        return false;
-      }
-      // After a value: a comma, or the end of containers.
-      for (;;) {
-        ws();
-        if (depth == 0) return i == n && depth_ == 0;
-        if (i >= n) return false;
-        if (t[i] == ',') {
-          ++i;
-          if (in_object[depth - 1] && !ScanKey(t, i)) return false;
-          break;
-        }
-        if (t[i] != (in_object[depth - 1] ? '}' : ']')) return false;
-        ++i;
-        if (!(in_object[depth - 1] ? end_object() : end_array())) return false;
-        --depth;
-      }
+    internal::Scanner s(t, kMaxValues);
+    ScanHooks hooks{*this};
+    return s.Walk(hooks) && s.AtEnd() && depth_ == 0;
+  }
+  // Scanner::Walk's hooks: the SAX calls.
+  struct ScanHooks {
+    OpenAIChunkReader& r;
+    bool Begin(bool object) { return object ? r.start_object(0) : r.start_array(0); }
+    bool End() { return r.Pop(); }
+    bool Key(std::string& k) { return r.key(k); }
+    bool String(std::string& v) { return r.string(v); }
+    bool Number(internal::Scanner::Num kind, int64_t v) {
+      return kind == internal::Scanner::Num::kInt && r.Number(v, true);
     }
-  }
-
-  // At a key (after '{' or ','): "key" ws ':'.
-  bool ScanKey(std::string_view t, size_t& i) {
-    while (i < t.size() && (t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t')) ++i;
-    if (i >= t.size() || t[i] != '"' || !ScanString(t, i, &scratch_) || !key(scratch_)) return false;
-    while (i < t.size() && (t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t')) ++i;
-    if (i >= t.size() || t[i] != ':') return false;
-    ++i;
-    return true;
-  }
-
-  // At an opening quote: the unescaped string into *out, i past the closing quote.
-  static bool ScanString(std::string_view t, size_t& i, std::string* out) {
-    out->clear();
-    size_t run = ++i;
-    while (i < t.size()) {
-      const unsigned char c = static_cast<unsigned char>(t[i]);
-      if (c == '"') {
-        out->append(t.data() + run, i - run);
-        ++i;
-        return true;
-      }
-      if (c < 0x20) return false;
-      if (c >= 0x80) {
-        const size_t len = Utf8SequenceLength(t, i);
-        if (len == 0) return false;
-        i += len;
-        continue;
-      }
-      if (c != '\\') {
-        ++i;
-        continue;
-      }
-      out->append(t.data() + run, i - run);
-      if (i + 1 >= t.size()) return false;
-      switch (t[i + 1]) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
-        default: return false;  // \u and invalid escapes
-      }
-      i += 2;
-      run = i;
-    }
-    return false;
-  }
+    bool Null() { return r.null(); }
+    bool Bool(bool b) { return r.boolean(b); }
+  };
 
   Choice& Cur() { return choices[choice_count - 1]; }
   bool Value() { return ++values_ <= kMaxValues; }
@@ -311,7 +207,6 @@ class OpenAIChunkReader {
   int depth_ = 0;
   size_t values_ = 0;
   Slot slot_ = Slot::kRoot;
-  std::string scratch_;  // Scan's current string or key
   Ctx stack_[kMaxDepth];
   unsigned seen_[kMaxDepth];
 };
