@@ -1,4 +1,4 @@
-// The OpenAI decoder reads plain chunks with a fast path (its own scanner, else nlohmann's SAX
+// The OpenAI decoder reads plain chunks with a fast path (json_scanner.h's scanner, else nlohmann's SAX
 // parser) and falls back to a DOM for anything else. A named SSE event (other than "error") always takes the DOM path with the same meaning, so
 // decoding a chunk with and without an "event:" line must give the same events and status: this
 // compares the two on generated chunks, ordinary and hostile (repeated keys, wrong types, huge and
@@ -167,7 +167,7 @@ TEST(OpenAIChunkFastPath, SameAsDomPathOnGeneratedChunks) {
   EXPECT_GT(declined_or_failed, 100);  // the generator does reach the failure paths
 }
 
-// Byte-level damage to chunks: every text the fast path's own scanner accepts must be JSON that
+// Byte-level damage to chunks: every text the fast path's scanner accepts must be JSON that
 // the DOM path reads the same way, and everything else must fail or decline the same way.
 TEST(OpenAIChunkFastPath, SameAsDomPathOnMutatedChunks) {
   ChunkGen gen(23);
