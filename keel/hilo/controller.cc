@@ -1,0 +1,206 @@
+#include "keel/hilo/controller.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace keel::hilo {
+
+namespace {
+
+constexpr size_t kMaxInstancesPerService = 1024;  // bounds memory against a flood of instance names
+
+std::string Fmt(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", x);
+  return buf;
+}
+
+Status CheckOptions(const ControllerOptions& o) {
+  auto bad = [](const char* what) { return Status::InvalidArgument(std::string("controller option ") + what); };
+  if (!(o.alpha > 0 && o.alpha <= 1)) return bad("alpha: expected (0, 1]");
+  if (!(o.beta >= 0 && o.beta <= 1)) return bad("beta: expected [0, 1]");
+  if (!(o.lookahead_s >= 0 && o.lookahead_s <= 3600)) return bad("lookahead_s: expected 0..3600");
+  if (!(o.headroom >= 1 && o.headroom <= 10)) return bad("headroom: expected 1..10");
+  if (!(o.recover_margin > 0 && o.recover_margin <= 1)) return bad("recover_margin: expected (0, 1]");
+  if (!(o.recover_dwell_s >= 0 && o.min_dwell_s >= 0)) return bad("dwell: expected >= 0");
+  if (!(o.report_timeout_s > 0)) return bad("report_timeout_s: expected > 0");
+  if (!(o.stale_fallback_s >= o.report_timeout_s)) return bad("stale_fallback_s: expected >= report_timeout_s");
+  if (o.log_capacity == 0) return bad("log_capacity: expected > 0");
+  return Status::Ok();
+}
+
+int64_t Ms(double seconds) { return static_cast<int64_t>(seconds * 1000.0); }
+
+}  // namespace
+
+Result<Controller> Controller::Create(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics) {
+  KEEL_RETURN_IF_ERROR(ValidateCatalog(catalog));
+  for (const State& s : catalog.states) {
+    if (!s.figures) return Status::InvalidArgument("state '" + s.name + "' is not validated (no figures)");
+  }
+  KEEL_RETURN_IF_ERROR(CheckOptions(options));
+  if (!options.initial_state.empty() && catalog.IndexOf(options.initial_state) < 0) {
+    return Status::InvalidArgument("controller option initial_state: '" + options.initial_state + "' is not a state");
+  }
+  return Controller(std::move(catalog), std::move(options), metrics);
+}
+
+Controller::Controller(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics)
+    : catalog_(std::move(catalog)), opt_(std::move(options)) {
+  current_ = opt_.initial_state.empty() ? catalog_.SafeIndex() : catalog_.IndexOf(opt_.initial_state);
+  covered_since_.assign(catalog_.states.size(), -1);
+  if (metrics) {
+    transitions_metric_ = &metrics->AddCounter("keel_hilo_transitions_total",
+                                               "Product state changes made by the HiLO controller.", {"from", "to"});
+    state_metric_ = &metrics->AddGauge("keel_hilo_state",
+                                       "Index of the current product state (0 = full quality).").Get();
+    state_metric_->Set(current_);
+  }
+}
+
+void Controller::Observe(const LoadReport& r) {
+  ServiceState& s = services_[static_cast<int>(r.service)];
+  auto it = s.instances.find(r.instance);
+  if (it == s.instances.end()) {
+    if (s.instances.size() >= kMaxInstancesPerService) return;
+    it = s.instances.emplace(r.instance, Instance{}).first;
+  } else if (r.unix_ms < it->second.unix_ms) {
+    return;  // reordered delivery: keep the newer one
+  }
+  it->second = Instance{r.unix_ms, r.arrival_rate};
+  s.last_heard_ms = std::max(s.last_heard_ms, r.unix_ms);
+}
+
+double Controller::Demand(Service s, int64_t now_ms) const {
+  double sum = 0;
+  bool any = false;
+  for (const auto& [name, inst] : services_[static_cast<int>(s)].instances) {
+    if (now_ms - inst.unix_ms > Ms(opt_.report_timeout_s)) continue;
+    sum += inst.arrival_rate;
+    any = true;
+  }
+  return any ? sum : -1;
+}
+
+// Holt's linear method with irregular sampling: the trend is per second, the level's prior is
+// extrapolated over the actual gap since the last sample.
+void Controller::UpdatePrediction(ServiceState& s, double demand, int64_t now_ms) const {
+  if (!s.has_model) {
+    s.has_model = true;
+    s.level = demand;
+    s.trend = 0;
+    s.sample_ms = now_ms;
+  } else if (now_ms > s.sample_ms) {
+    const double dt = (now_ms - s.sample_ms) / 1000.0;
+    const double level = opt_.alpha * demand + (1 - opt_.alpha) * (s.level + s.trend * dt);
+    s.trend = opt_.beta * (level - s.level) / dt + (1 - opt_.beta) * s.trend;
+    s.level = level;
+    s.sample_ms = now_ms;
+  }
+  s.predicted = std::max(0.0, s.level + s.trend * opt_.lookahead_s) * opt_.headroom;
+}
+
+bool Controller::Covers(int state, const std::array<bool, kNumServices>& known, double margin) const {
+  const Figures& f = *catalog_.states[state].figures;
+  for (Service s : kAllServices) {
+    const int i = static_cast<int>(s);
+    if (known[i] && services_[i].predicted > margin * f.Capacity(s)) return false;
+  }
+  return true;
+}
+
+// "vector predicted 540.0 req/s > capacity 500.0 in 'full'" for the first service `state` does
+// not cover.
+std::string Controller::Constraint(int state, const std::array<bool, kNumServices>& known) const {
+  const Figures& f = *catalog_.states[state].figures;
+  for (Service s : kAllServices) {
+    const int i = static_cast<int>(s);
+    if (known[i] && services_[i].predicted > f.Capacity(s)) {
+      return std::string(ServiceName(s)) + " predicted " + Fmt(services_[i].predicted) + " req/s > capacity " +
+             Fmt(f.Capacity(s)) + " in '" + catalog_.states[state].name + "'";
+    }
+  }
+  return "";
+}
+
+Decision Controller::Move(int to, int64_t now_ms, std::string reason) {
+  const std::string& from = catalog_.states[current_].name;
+  const std::string& name = catalog_.states[to].name;
+  if (log_.size() == opt_.log_capacity) log_.pop_front();
+  log_.push_back(Transition{now_ms, from, name, reason});
+  ++transitions_;
+  if (transitions_metric_) transitions_metric_->WithLabels({from, name}).Inc();
+  if (state_metric_) state_metric_->Set(to);
+  current_ = to;
+  last_change_ms_ = now_ms;
+  return Decision{to, name, true, std::move(reason)};
+}
+
+Decision Controller::Stay(std::string reason) const {
+  return Decision{current_, catalog_.states[current_].name, false, std::move(reason)};
+}
+
+Decision Controller::Decide(int64_t now_ms) {
+  if (start_ms_ < 0) {
+    start_ms_ = now_ms;
+    last_change_ms_ = now_ms;
+  }
+  // Demand and predictions; find the service silent longest.
+  std::array<bool, kNumServices> known{};
+  int silent = -1;
+  int64_t silent_ms = -1;
+  for (Service s : kAllServices) {
+    const int i = static_cast<int>(s);
+    ServiceState& st = services_[i];
+    std::erase_if(st.instances, [&](const auto& kv) { return now_ms - kv.second.unix_ms > Ms(opt_.report_timeout_s); });
+    const double demand = Demand(s, now_ms);
+    known[i] = demand >= 0;
+    if (known[i]) {
+      UpdatePrediction(st, demand, now_ms);
+    } else {
+      const int64_t gap = now_ms - std::max(st.last_heard_ms, start_ms_);
+      if (gap > silent_ms) silent = i, silent_ms = gap;
+    }
+  }
+  const bool all_known = silent < 0;
+  const int n = static_cast<int>(catalog_.states.size());
+
+  int target = n - 1;
+  for (int i = 0; i < n; ++i) {
+    if (Covers(i, known, 1.0)) {
+      target = i;
+      break;
+    }
+  }
+  const bool overloaded = !Covers(target, known, 1.0);
+  for (int i = 0; i < n; ++i) {
+    const bool with_margin = all_known && Covers(i, known, opt_.recover_margin);
+    if (!with_margin) covered_since_[i] = -1;
+    else if (covered_since_[i] < 0) covered_since_[i] = now_ms;
+  }
+
+  std::string silence;
+  if (!all_known) {
+    silence = "service " + std::string(ServiceName(static_cast<Service>(silent))) + " silent for " +
+              Fmt(silent_ms / 1000.0) + " s";
+  }
+  const int safe = catalog_.SafeIndex();
+  if (!all_known && silent_ms >= Ms(opt_.stale_fallback_s) && current_ < std::max(safe, target)) {
+    return Move(std::max(safe, target), now_ms, silence + ": safe state");
+  }
+  if (target > current_) {
+    const std::string why = Constraint(current_, known);
+    return Move(target, now_ms, (overloaded ? "overloaded, no state covers demand: " : "degrade: ") + why);
+  }
+  if (!all_known) return Stay("holding: " + silence);
+
+  for (int i = 0; i < current_; ++i) {
+    if (covered_since_[i] < 0 || now_ms - covered_since_[i] < Ms(opt_.recover_dwell_s)) continue;
+    if (now_ms - last_change_ms_ < Ms(opt_.min_dwell_s)) return Stay("recovery waits for min_dwell_s");
+    return Move(i, now_ms, "recover: '" + catalog_.states[i].name + "' covered demand with margin for " +
+                               Fmt((now_ms - covered_since_[i]) / 1000.0) + " s");
+  }
+  return Stay(overloaded ? "overloaded: " + Constraint(current_, known) : "current state covers demand");
+}
+
+}  // namespace keel::hilo

@@ -1,0 +1,121 @@
+// Controller: picks the one product state every service runs in, from the services' load reports.
+// Pure: time is passed in (unix ms), never read from a clock, so a trace replays identically.
+// Not thread-safe: the controller server calls it from one strand.
+//
+// Rules (docs/hilo.md):
+//  - A service's demand is the sum of the arrival rates of its instances whose latest report is
+//    at most report_timeout_s old (older instances are dropped). Each Decide feeds that demand to
+//    Holt's linear smoothing (level + trend, irregular sampling) and predicts lookahead_s ahead,
+//    times headroom.
+//  - Target: the highest-quality state whose capacity covers every service's prediction; none
+//    covers -> the lowest state ("overloaded").
+//  - Degrade at once (min_dwell_s does not apply). Recover only to a state that has covered every
+//    prediction with margin (prediction <= recover_margin x capacity) continuously for
+//    recover_dwell_s, and no sooner than min_dwell_s after the last change.
+//  - A service with no fresh instance is unknown: the controller does not recover (known services
+//    may still force a degrade); once it has been silent for stale_fallback_s the controller goes
+//    to the catalog's safe state, unless already at or below it. A service never heard from counts
+//    as silent since the first Decide.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "keel/core/metrics.h"
+#include "keel/core/status.h"
+#include "keel/hilo/catalog.h"
+#include "keel/hilo/report.h"
+
+namespace keel::hilo {
+
+struct ControllerOptions {
+  double alpha = 0.5;            // Holt level smoothing, (0, 1]
+  double beta = 0.3;             // Holt trend smoothing, [0, 1]
+  double lookahead_s = 2.0;      // predict this far ahead: about one decision + push + apply
+  double headroom = 1.1;         // predicted demand x this must fit the capacity, >= 1
+  double recover_margin = 0.8;   // recover only to a state with prediction <= margin x capacity, (0, 1]
+  double recover_dwell_s = 10;   // ... held continuously this long
+  double min_dwell_s = 5;        // no change more often than this, except to degrade
+  double report_timeout_s = 2;   // an instance's report is fresh this long
+  double stale_fallback_s = 10;  // a silent service sends the product to the safe state after this
+  size_t log_capacity = 1024;    // transitions kept in Log()
+  std::string initial_state;     // "" = the catalog's safe state (load unknown at start)
+};
+
+struct Decision {
+  int index = 0;
+  std::string state;
+  bool changed = false;
+  std::string reason;  // why this state: the constraining service and figures, or who went silent
+};
+
+struct Transition {
+  int64_t at_ms = 0;
+  std::string from;
+  std::string to;
+  std::string reason;
+};
+
+class Controller {
+ public:
+  // `catalog` must pass ValidateCatalog and have figures for every state (the caller also checks
+  // CheckUsable against the running binaries); options must be in range. `metrics` may be null;
+  // otherwise it must outlive the controller, which registers keel_hilo_transitions_total{from,to}
+  // and keel_hilo_state (the current index) there. InvalidArgument naming the problem otherwise.
+  static Result<Controller> Create(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics);
+
+  // Records `r` as its instance's latest report (an older report than the one held is ignored).
+  void Observe(const LoadReport& r);
+  // Updates the predictions with the demand at now_ms and picks the state; see the rules above.
+  Decision Decide(int64_t now_ms);
+
+  int current() const { return current_; }
+  const Catalog& catalog() const { return catalog_; }
+  // Sum of fresh instances' arrival rates at now_ms; -1 when the service has no fresh instance.
+  double Demand(Service s, int64_t now_ms) const;
+  // The last prediction (x headroom) for `s`; 0 before its first fresh report.
+  double Predicted(Service s) const { return services_[static_cast<int>(s)].predicted; }
+  // The most recent transitions, oldest first, at most log_capacity of them.
+  const std::deque<Transition>& Log() const { return log_; }
+  uint64_t transitions() const { return transitions_; }
+
+ private:
+  struct Instance {
+    int64_t unix_ms = 0;
+    double arrival_rate = 0;
+  };
+  struct ServiceState {
+    std::map<std::string, Instance> instances;
+    int64_t last_heard_ms = -1;  // newest report of any instance
+    bool has_model = false;      // Holt's level/trend initialised
+    double level = 0;
+    double trend = 0;            // per second
+    int64_t sample_ms = 0;
+    double predicted = 0;
+  };
+
+  Controller(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics);
+  void UpdatePrediction(ServiceState& s, double demand, int64_t now_ms) const;
+  bool Covers(int state, const std::array<bool, kNumServices>& known, double margin) const;
+  std::string Constraint(int state, const std::array<bool, kNumServices>& known) const;
+  Decision Move(int to, int64_t now_ms, std::string reason);
+  Decision Stay(std::string reason) const;
+
+  Catalog catalog_;
+  ControllerOptions opt_;
+  int current_ = 0;
+  int64_t start_ms_ = -1;
+  int64_t last_change_ms_ = -1;
+  std::array<ServiceState, kNumServices> services_;
+  std::vector<int64_t> covered_since_;  // per state: since when it covered with margin, -1 = not now
+  std::deque<Transition> log_;
+  uint64_t transitions_ = 0;
+  CounterFamily* transitions_metric_ = nullptr;
+  Gauge* state_metric_ = nullptr;
+};
+
+}  // namespace keel::hilo

@@ -1,0 +1,297 @@
+#include "keel/hilo/controller.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/hilo/test_catalog.h"
+
+namespace keel::hilo {
+namespace {
+
+using testing::TestCatalog;
+
+constexpr int64_t kT0 = 1764900000000;  // ms
+constexpr int64_t kSec = 1000;
+
+// No smoothing, no headroom: the prediction is the demand, so the expected states are plain
+// arithmetic on the capacities in test_catalog.h.
+ControllerOptions Exact() {
+  ControllerOptions o;
+  o.alpha = 1;
+  o.beta = 0;
+  o.headroom = 1;
+  o.initial_state = "full";
+  return o;
+}
+
+Controller Make(ControllerOptions o = Exact(), MetricsRegistry* m = nullptr) {
+  Result<Controller> c = Controller::Create(TestCatalog(), o, m);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return std::move(c).value();
+}
+
+void Report(Controller& c, Service s, const std::string& instance, int64_t at_ms, double rate) {
+  LoadReport r;
+  r.service = s;
+  r.instance = instance;
+  r.unix_ms = at_ms;
+  r.arrival_rate = rate;
+  c.Observe(r);
+}
+
+// Every service reports (one instance each); answer carries `answer_rate`, the others a light load.
+Decision Step(Controller& c, int64_t at_ms, double answer_rate) {
+  Report(c, Service::kAnswer, "a0", at_ms, answer_rate);
+  Report(c, Service::kVector, "v0", at_ms, 50);
+  Report(c, Service::kEngine, "e0", at_ms, 20);
+  Report(c, Service::kGateway, "g0", at_ms, 20);
+  return c.Decide(at_ms);
+}
+
+TEST(HiloController, StepSurgeDegradesInOneDecision) {
+  ControllerOptions o;  // the defaults: smoothing, trend and headroom
+  o.initial_state = "full";
+  Controller c = Make(o);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(Step(c, kT0 + i * kSec, 50).index, 0);
+  // 50 -> 250 req/s: level 150, trend 30/s, (150 + 2 x 30) x 1.1 = 231 -> the first state with
+  // answer capacity >= 231 is no_rerank (300).
+  Decision d = Step(c, kT0 + 30 * kSec, 250);
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.index, 3);
+  EXPECT_EQ(d.state, "no_rerank");
+  EXPECT_NEAR(c.Predicted(Service::kAnswer), 231, 1e-6);
+  EXPECT_EQ(d.reason, "degrade: answer predicted 231.0 req/s > capacity 100.0 in 'full'");
+  EXPECT_EQ(c.transitions(), 1u);
+}
+
+TEST(HiloController, HoltPredictionLeadsARampAndSettlesOnSteadyDemand) {
+  ControllerOptions o;
+  o.initial_state = "full";
+  Controller c = Make(o);
+  for (int i = 0; i <= 20; ++i) Step(c, kT0 + i * kSec, 10.0 * i);  // +10 req/s every second
+  // On a steady ramp Holt's trend converges to the slope: the prediction is about
+  // (200 + 2 x 10) x 1.1 = 242, above the demand seen now.
+  EXPECT_NEAR(c.Predicted(Service::kAnswer), 242, 8);
+  for (int i = 21; i <= 80; ++i) Step(c, kT0 + i * kSec, 200);
+  EXPECT_NEAR(c.Predicted(Service::kAnswer), 220, 0.5);
+}
+
+TEST(HiloController, RampUpAndDownMovesMonotonicallyAndAlwaysCovers) {
+  Controller c = Make();
+  const auto& states = c.catalog().states;
+  int last = 0;
+  int64_t t = kT0;
+  for (double rate = 50; rate <= 450; rate += 10, t += kSec) {
+    Decision d = Step(c, t, rate);
+    EXPECT_GE(d.index, last) << "recovered during a rising ramp at " << rate;
+    EXPECT_GE(states[d.index].figures->Capacity(Service::kAnswer), rate);
+    // Highest quality that covers: the state above does not.
+    if (d.index > 0) {
+      EXPECT_LT(states[d.index - 1].figures->Capacity(Service::kAnswer), rate);
+    }
+    last = d.index;
+  }
+  EXPECT_EQ(last, 4);
+  EXPECT_EQ(c.transitions(), 4u);
+  for (double rate = 450; rate >= 50; rate -= 10, t += kSec) {
+    Decision d = Step(c, t, rate);
+    EXPECT_LE(d.index, last) << "degraded during a falling ramp at " << rate;
+    EXPECT_GE(states[d.index].figures->Capacity(Service::kAnswer), rate);
+    last = d.index;
+  }
+  for (int i = 0; i < 30; ++i, t += kSec) last = Step(c, t, 50).index;
+  EXPECT_EQ(last, 0);
+  EXPECT_LE(c.transitions(), 8u);
+}
+
+TEST(HiloController, RecoveryWaitsForMarginAndDwell) {
+  ControllerOptions o = Exact();
+  o.recover_margin = 0.8;
+  o.recover_dwell_s = 10;
+  o.min_dwell_s = 5;
+  Controller c = Make(o);
+  EXPECT_EQ(Step(c, kT0, 150).index, 1);
+  // 90 req/s fits full's 100 but not with margin (80): no recovery, however long.
+  int64_t t = kT0 + kSec;
+  for (int i = 0; i < 60; ++i, t += kSec) EXPECT_EQ(Step(c, t, 90).index, 1);
+  // 70 <= 80: covered with margin from t; recovery exactly recover_dwell_s later.
+  const int64_t start = t;
+  for (; t < start + 10 * kSec; t += kSec) EXPECT_EQ(Step(c, t, 70).index, 1) << (t - start);
+  Decision d = Step(c, t, 70);
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.index, 0);
+  EXPECT_EQ(d.reason, "recover: 'full' covered demand with margin for 10.0 s");
+  EXPECT_EQ(c.transitions(), 2u);
+}
+
+// Demand oscillating around full's capacity (95/105): one degrade, no flapping back. The same
+// trace without margin and dwell flaps on every step, which shows the count can fail.
+TEST(HiloController, NoFlappingAroundACapacity) {
+  Controller c = Make();
+  for (int i = 0; i < 120; ++i) Step(c, kT0 + i * kSec, i % 2 ? 105 : 95);
+  EXPECT_EQ(c.transitions(), 1u);
+  EXPECT_EQ(c.current(), 1);
+
+  ControllerOptions twitchy = Exact();
+  twitchy.recover_margin = 1;
+  twitchy.recover_dwell_s = 0;
+  twitchy.min_dwell_s = 0;
+  Controller f = Make(twitchy);
+  for (int i = 0; i < 120; ++i) Step(f, kT0 + i * kSec, i % 2 ? 105 : 95);
+  EXPECT_GT(f.transitions(), 100u);
+}
+
+TEST(HiloController, MinDwellBlocksRecoveryButNotDegrade) {
+  ControllerOptions o = Exact();
+  o.recover_dwell_s = 0;
+  o.min_dwell_s = 30;
+  Controller c = Make(o);
+  EXPECT_EQ(Step(c, kT0, 120).index, 1);
+  EXPECT_EQ(Step(c, kT0 + kSec, 250).index, 3);  // degrade one second later: allowed
+  int64_t t = kT0 + 2 * kSec;
+  for (; t < kT0 + 31 * kSec; t += kSec) {
+    Decision d = Step(c, t, 50);
+    EXPECT_EQ(d.index, 3) << (t - kT0);
+    EXPECT_EQ(d.reason, "recovery waits for min_dwell_s");
+  }
+  EXPECT_EQ(Step(c, t, 50).index, 0);  // 30 s after the last change
+}
+
+TEST(HiloController, OverloadPicksTheLowestState) {
+  Controller c = Make();
+  Decision d = Step(c, kT0, 10000);
+  EXPECT_EQ(d.index, 4);
+  EXPECT_EQ(d.reason, "overloaded, no state covers demand: answer predicted 10000.0 req/s > capacity 100.0 in 'full'");
+  d = Step(c, kT0 + kSec, 10000);
+  EXPECT_FALSE(d.changed);
+  EXPECT_EQ(d.reason, "overloaded: answer predicted 10000.0 req/s > capacity 500.0 in 'bare'");
+}
+
+TEST(HiloController, SilentServiceHoldsThenFallsBackToSafeState) {
+  ControllerOptions o = Exact();
+  o.report_timeout_s = 2;
+  o.stale_fallback_s = 10;
+  o.initial_state = "fewer_docs";
+  o.recover_dwell_s = 5;
+  o.min_dwell_s = 0;
+  Controller c = Make(o);
+  Step(c, kT0, 50);  // everyone heard at t0 (vector's last report)
+  int64_t t = kT0 + kSec;
+  for (; t < kT0 + 10 * kSec; t += kSec) {
+    Report(c, Service::kAnswer, "a0", t, 50);
+    Report(c, Service::kEngine, "e0", t, 20);
+    Report(c, Service::kGateway, "g0", t, 20);
+    Decision d = c.Decide(t);
+    // Low demand would recover to full after 5 s, but vector is unknown once its report is 2 s old.
+    if (t - kT0 <= 2 * kSec) continue;
+    EXPECT_EQ(d.index, 2) << (t - kT0);
+    EXPECT_FALSE(d.changed);
+    EXPECT_EQ(d.reason, "holding: service vector silent for " + std::to_string((t - kT0) / kSec) + ".0 s");
+  }
+  Decision d = c.Decide(t);
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.index, 4);
+  EXPECT_EQ(d.reason, "service vector silent for 10.0 s: safe state");
+  // Vector back: recovery resumes, after its dwell.
+  for (int i = 1; i <= 5; ++i) EXPECT_EQ(Step(c, t + i * kSec, 50).index, 4) << i;
+  EXPECT_EQ(Step(c, t + 6 * kSec, 50).index, 0);
+}
+
+TEST(HiloController, KnownServicesStillDegradeWhileAnotherIsSilent) {
+  Controller c = Make();
+  Step(c, kT0, 50);
+  Report(c, Service::kAnswer, "a0", kT0 + 3 * kSec, 180);
+  Decision d = c.Decide(kT0 + 3 * kSec);
+  EXPECT_EQ(d.index, 2);
+  EXPECT_TRUE(d.changed);
+}
+
+TEST(HiloController, NeverHeardServiceCountsAsSilentFromTheFirstDecision) {
+  Controller c = Make();
+  for (int64_t t = kT0; t < kT0 + 10 * kSec; t += kSec) {
+    Report(c, Service::kAnswer, "a0", t, 50);
+    EXPECT_EQ(c.Decide(t).index, 0);
+  }
+  Decision d = c.Decide(kT0 + 10 * kSec);
+  EXPECT_EQ(d.index, 4);
+  EXPECT_EQ(d.reason, "service vector silent for 10.0 s: safe state");
+}
+
+TEST(HiloController, InstancesAreSummedAndStaleOnesDropped) {
+  Controller c = Make();
+  for (const char* inst : {"a0", "a1", "a2"}) Report(c, Service::kAnswer, inst, kT0, 40);
+  EXPECT_DOUBLE_EQ(c.Demand(Service::kAnswer, kT0), 120);
+  EXPECT_EQ(Step(c, kT0, 40).index, 1);  // a0 re-reports 40: 120 > full's 100
+  // a1 and a2 stop; after report_timeout_s only a0 counts.
+  int64_t t = kT0 + kSec;
+  EXPECT_DOUBLE_EQ(c.Demand(Service::kAnswer, t + kSec), 120);
+  for (; t <= kT0 + 20 * kSec; t += kSec) Step(c, t, 40);
+  EXPECT_DOUBLE_EQ(c.Demand(Service::kAnswer, t), 40);
+  EXPECT_EQ(c.current(), 0);
+}
+
+TEST(HiloController, DemandCountsOnlyFreshInstancesEvenBeforeDecide) {
+  Controller c = Make();
+  Report(c, Service::kAnswer, "a0", kT0, 30);
+  Report(c, Service::kAnswer, "a1", kT0 - 2001, 70);  // older than report_timeout_s (2 s)
+  EXPECT_DOUBLE_EQ(c.Demand(Service::kAnswer, kT0), 30);
+  EXPECT_DOUBLE_EQ(c.Demand(Service::kAnswer, kT0 - 1), 100);
+  EXPECT_DOUBLE_EQ(c.Demand(Service::kVector, kT0), -1);  // never heard: unknown
+}
+
+TEST(HiloController, AnOlderReportDoesNotReplaceANewerOne) {
+  Controller c = Make();
+  Report(c, Service::kAnswer, "a0", kT0 + 500, 90);
+  Report(c, Service::kAnswer, "a0", kT0, 10);
+  EXPECT_DOUBLE_EQ(c.Demand(Service::kAnswer, kT0 + 500), 90);
+}
+
+TEST(HiloController, TransitionsAreLoggedBoundedAndExported) {
+  MetricsRegistry reg;
+  ControllerOptions o = Exact();
+  o.recover_margin = 1;
+  o.recover_dwell_s = 0;
+  o.min_dwell_s = 0;
+  o.log_capacity = 3;
+  Controller c = Make(o, &reg);
+  for (int i = 0; i < 10; ++i) Step(c, kT0 + i * kSec, i % 2 ? 50 : 180);
+  EXPECT_EQ(c.transitions(), 10u);
+  ASSERT_EQ(c.Log().size(), 3u);
+  EXPECT_EQ(c.Log().back().at_ms, kT0 + 9 * kSec);
+  EXPECT_EQ(c.Log().back().from, "fewer_docs");
+  EXPECT_EQ(c.Log().back().to, "full");
+  const std::string text = reg.Render();
+  EXPECT_NE(text.find("keel_hilo_transitions_total{from=\"full\",to=\"fewer_docs\"} 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("keel_hilo_transitions_total{from=\"fewer_docs\",to=\"full\"} 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("keel_hilo_state 0"), std::string::npos) << text;
+  Step(c, kT0 + 10 * kSec, 400);
+  EXPECT_NE(reg.Render().find("keel_hilo_state 4"), std::string::npos);
+}
+
+TEST(HiloController, StartsInTheSafeStateByDefault) {
+  ControllerOptions o = Exact();
+  o.initial_state.clear();
+  Controller c = Make(o);
+  EXPECT_EQ(c.current(), 4);
+}
+
+TEST(HiloController, CreateRefusesUnvalidatedCatalogsAndBadOptions) {
+  Catalog cat = TestCatalog();
+  cat.states[2].figures.reset();
+  Result<Controller> c = Controller::Create(cat, Exact(), nullptr);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "state 'fewer_docs' is not validated (no figures)");
+  ControllerOptions o = Exact();
+  o.headroom = 0.5;
+  EXPECT_FALSE(Controller::Create(TestCatalog(), o, nullptr).ok());
+  o = Exact();
+  o.alpha = std::nan("");
+  EXPECT_FALSE(Controller::Create(TestCatalog(), o, nullptr).ok());
+  o = Exact();
+  o.initial_state = "nope";
+  EXPECT_FALSE(Controller::Create(TestCatalog(), o, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace keel::hilo
