@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/hilo/test_catalog.h"
@@ -47,6 +50,21 @@ TEST(HiloCatalog, ParsesWhatItWrites) {
   EXPECT_EQ(c->binaries, "keel-0.9.0+abc123");
   // Round trip: writing what was read gives the same text.
   EXPECT_EQ(WriteCatalog(*c), text);
+}
+
+// docs/hilo.md's full example is the test catalog, so the documented format cannot drift.
+TEST(HiloCatalog, DocsExampleParsesToTheTestCatalog) {
+  std::ifstream f(std::string(KEEL_SOURCE_DIR) + "/docs/hilo.md");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string doc = ss.str();
+  const size_t start = doc.find("```json\n");
+  ASSERT_NE(start, std::string::npos);
+  const size_t end = doc.find("```", start + 8);
+  ASSERT_NE(end, std::string::npos);
+  Result<Catalog> c = ParseCatalog(std::string_view(doc).substr(start + 8, end - start - 8));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(WriteCatalog(*c), WriteCatalog(TestCatalog()));
 }
 
 TEST(HiloCatalog, RoundTripKeepsUnvalidatedStatesAndOddNumbers) {
