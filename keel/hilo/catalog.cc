@@ -248,6 +248,22 @@ Result<Catalog> ParseCatalog(std::string_view text) {
   return c;
 }
 
+namespace {
+nlohmann::ordered_json LevelsJson(const State& s) {
+  nlohmann::ordered_json l;
+  l["answer"] = {{"retrieval", s.answer.retrieval}, {"context_docs", s.answer.context_docs}};
+  l["vector"] = {{"nprobe", s.vector.nprobe}, {"k", s.vector.k}, {"rerank", s.vector.rerank}, {"fanout", s.vector.fanout}};
+  l["engine"] = {{"kv_codec", s.engine.kv_codec}, {"lossless", s.engine.lossless},
+                 {"max_context", s.engine.max_context}, {"max_new_tokens", s.engine.max_new_tokens}};
+  l["gateway"] = {{"model", s.gateway.model}, {"max_tokens_clamp", s.gateway.max_tokens_clamp}};
+  return l;
+}
+}  // namespace
+
+std::string WriteLevels(const State& s) {
+  return LevelsJson(s).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 std::string WriteCatalog(const Catalog& c) {
   using ojson = nlohmann::ordered_json;
   ojson doc;
@@ -260,13 +276,7 @@ std::string WriteCatalog(const Catalog& c) {
   for (const State& s : c.states) {
     ojson st;
     st["name"] = s.name;
-    st["levels"]["answer"] = {{"retrieval", s.answer.retrieval}, {"context_docs", s.answer.context_docs}};
-    st["levels"]["vector"] = {{"nprobe", s.vector.nprobe}, {"k", s.vector.k}, {"rerank", s.vector.rerank},
-                              {"fanout", s.vector.fanout}};
-    st["levels"]["engine"] = {{"kv_codec", s.engine.kv_codec}, {"lossless", s.engine.lossless},
-                              {"max_context", s.engine.max_context},
-                              {"max_new_tokens", s.engine.max_new_tokens}};
-    st["levels"]["gateway"] = {{"model", s.gateway.model}, {"max_tokens_clamp", s.gateway.max_tokens_clamp}};
+    st["levels"] = LevelsJson(s);
     if (s.figures) {
       ojson cap = ojson::object();
       for (Service sv : kAllServices) cap[std::string(ServiceName(sv))] = s.figures->Capacity(sv);

@@ -91,6 +91,9 @@ Status ValidateCatalog(const Catalog& c);
 
 // Writes `c` as catalog JSON (2-space indented) that ParseCatalog reads back to an equal catalog.
 std::string WriteCatalog(const Catalog& c);
+// One state's levels as a JSON object, exactly as WriteCatalog writes its "levels" member
+// ({"answer":{...},"vector":{...},"engine":{...},"gateway":{...}}), on one line.
+std::string WriteLevels(const State& s);
 
 // Whether the controller may act on `c`: every state validated, with `running_fingerprint` equal
 // to c.binaries, and no state's validated_at older than `max_age_s` before `now` (unix seconds).

@@ -1,0 +1,94 @@
+// AgentClient: what a service embeds to follow the HiLO controller. A thread long-polls the
+// controller's GET /v1/state and feeds each answer to a StateAgent; Report() posts a LoadReport to
+// POST /v1/report. Every call is bounded by a deadline; errors are logged (rate-limited to one line
+// per failure streak) and returned as values, never thrown. A lost controller is covered by the
+// StateAgent's rules: the last state is held for hold_s, then the safe state after fallback_s.
+//
+// Transport: the caller passes a ControllerCall that sends one HTTP request to the controller.
+// The repo's synchronous HTTP client (keel::vector::ReplicaClient) lives in keel_vector, which
+// keel_hilo must not depend on (vector embeds this client); wrap it, as tests/hilo do, until that
+// client moves to keel/core.
+//
+// Thread safety: every method may be called from any thread. Start and Stop from the owner.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "keel/core/socket.h"
+#include "keel/core/status.h"
+#include "keel/hilo/agent.h"
+#include "keel/hilo/report.h"
+
+namespace keel::hilo {
+
+struct ControllerReply {
+  int status = 0;
+  std::string body;
+};
+// Sends one request (method, target such as "/v1/state?version=1", body, content type) and reads
+// the reply before `deadline`. Any HTTP status is a reply; an error when none could be read.
+using ControllerCall = std::function<Result<ControllerReply>(std::string_view method, std::string_view target,
+                                                              std::string_view body, std::string_view content_type,
+                                                              Deadline deadline)>;
+
+struct AgentClientOptions {
+  AgentOptions agent;
+  int wait_ms = 10000;          // long-poll wait asked of the controller (<= its max_wait_ms)
+  int slack_ms = 2000;          // a poll's deadline is wait_ms + slack_ms
+  int retry_ms = 500;           // pause after a failed poll
+  int report_timeout_ms = 1000;  // deadline of one Report()
+  std::function<int64_t()> clock;  // unix ms at which a push was heard; null = the system clock
+};
+
+class AgentClient {
+ public:
+  // `catalog` must pass ValidateCatalog (it should be the controller's catalog: GET /v1/catalog).
+  static Result<std::unique_ptr<AgentClient>> Create(Catalog catalog, ControllerCall call, AgentClientOptions options);
+  ~AgentClient();  // Stop()
+  AgentClient(const AgentClient&) = delete;
+  AgentClient& operator=(const AgentClient&) = delete;
+
+  // Starts the long-poll thread. Internal if already started.
+  Status Start();
+  // Stops the thread. It waits for a poll in flight: until the controller answers, at most
+  // wait_ms + slack_ms (a stopping controller answers its waiters at once). Idempotent.
+  void Stop();
+
+  // The state to apply at now_ms (StateAgent::Current). The View's state pointer stays valid
+  // while the client lives.
+  StateAgent::View Current(int64_t now_ms) const;
+  int64_t version() const;
+  // Posts `r`. Unavailable when the controller could not be reached, InvalidArgument with its
+  // message when it refused the report; also logged.
+  Status Report(const LoadReport& r);
+
+  uint64_t polls_ok() const { return polls_ok_.load(); }
+  uint64_t poll_errors() const { return poll_errors_.load(); }
+
+ private:
+  AgentClient(StateAgent agent, ControllerCall call, AgentClientOptions options)
+      : agent_(std::move(agent)), call_(std::move(call)), opt_(std::move(options)) {}
+  void Loop();
+  Status PollOnce();
+
+  mutable std::mutex mu_;  // guards agent_, stopping_
+  StateAgent agent_;
+  ControllerCall call_;
+  AgentClientOptions opt_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::thread thread_;
+  std::atomic<uint64_t> polls_ok_{0};
+  std::atomic<uint64_t> poll_errors_{0};
+  std::atomic<bool> report_failing_{false};
+};
+
+}  // namespace keel::hilo

@@ -1,0 +1,254 @@
+#include "keel/hilo/server.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+#include "keel/core/http_metrics.h"
+#include "keel/core/log.h"
+#include "keel/hilo/report.h"
+
+namespace keel::hilo {
+namespace {
+
+int64_t SystemNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string ErrorBody(int status, std::string_view message) { return DefaultHttpErrorBody(status, message); }
+
+// The value of `key` in a query string ("a=1&b=2"), or nullopt when absent.
+std::optional<std::string_view> QueryParam(std::string_view query, std::string_view key) {
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == key) return eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+  }
+  return std::nullopt;
+}
+
+// A non-negative integer query parameter; `fallback` when absent. InvalidArgument naming it.
+Result<int64_t> IntParam(std::string_view query, std::string_view key, int64_t fallback) {
+  auto v = QueryParam(query, key);
+  if (!v) return fallback;
+  int64_t out = 0;
+  auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
+  if (ec != std::errc() || end != v->data() + v->size() || out < 0) {
+    return Status::InvalidArgument(std::string(key) + ": expected a non-negative integer");
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catalog, ControllerServerOptions options) {
+  if (options.decide_interval_ms < 10 || options.decide_interval_ms > 60000) {
+    return Status::InvalidArgument("decide_interval_ms: expected 10..60000");
+  }
+  if (options.max_wait_ms < 0 || options.max_wait_ms > 300000) return Status::InvalidArgument("max_wait_ms: expected 0..300000");
+  if (options.max_waiters < 1 || options.max_waiters > 10000) return Status::InvalidArgument("max_waiters: expected 1..10000");
+  if (!options.clock) options.clock = SystemNowMs;
+  const int64_t now_s = options.clock() / 1000;
+  if (Status s = CheckUsable(catalog, options.fingerprint, now_s, options.max_age_s); !s.ok()) {
+    if (!options.allow_unvalidated) return s;
+    Log().warn("HILO RUNNING ON AN UNUSABLE CATALOG (--allow-unvalidated, development only): {}", s.message());
+  }
+  std::unique_ptr<ControllerServer> server(new ControllerServer(std::move(options)));
+  // The registry lives in the server, so the controller is created after it.
+  KEEL_ASSIGN_OR_RETURN(Controller c, Controller::Create(std::move(catalog), server->opt_.controller, &server->metrics_));
+  server->controller_.emplace(std::move(c));
+  const Catalog& cat = server->controller_->catalog();
+  server->reason_ = "initial state";
+  Log().info("hilo: catalog of {} states, starting in '{}' (safe state '{}')", cat.states.size(),
+             cat.states[server->controller_->current()].name, cat.safe_state);
+  return server;
+}
+
+ControllerServer::ControllerServer(ControllerServerOptions options) : opt_(std::move(options)) {
+  requests_ = &metrics_.AddCounter("keel_hilo_http_requests_total", "HTTP requests to the controller.", {"route", "code"});
+  reports_ = &metrics_.AddCounter("keel_hilo_reports_total", "Load reports accepted.", {"service"});
+  report_errors_ = &metrics_.AddCounter("keel_hilo_report_errors_total", "Load reports refused (400).");
+  demand_ = &metrics_.AddGauge("keel_hilo_demand", "Sum of fresh instances' arrival rates (req/s); -1 = no fresh instance.", {"service"});
+  predicted_ = &metrics_.AddGauge("keel_hilo_predicted_demand", "Predicted demand x headroom (req/s).", {"service"});
+  skew_ = &metrics_.AddGauge("keel_hilo_report_skew_ms", "Receive time minus the report's own unix_ms, last report.", {"service"});
+  version_gauge_ = &metrics_.AddGauge("keel_hilo_version", "Version of the current product state.").Get();
+  waiters_gauge_ = &metrics_.AddGauge("keel_hilo_waiters", "Long-polls waiting now.").Get();
+}
+
+ControllerServer::~ControllerServer() { Stop(); }
+
+int64_t ControllerServer::Now() const { return opt_.clock(); }
+
+Status ControllerServer::Start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return Status::Internal("hilo controller server already started");
+    started_ = true;
+    // Versions grow across restarts: a restarted controller starts above anything it pushed before
+    // (unless the clock stepped back by more than the changes it made).
+    version_ = Now();
+    version_gauge_->Set(static_cast<double>(version_));
+  }
+  HttpRouter router(ErrorBody);
+  auto counted = [this](std::string route, void (ControllerServer::*fn)(const HttpRequest&, HttpResponder&)) {
+    return [this, route, fn](const HttpRequest& req, HttpResponder& r) {
+      CountingResponder cr(r, *requests_, route);
+      (this->*fn)(req, cr);
+    };
+  };
+  router.Handle("POST", "/v1/report", counted("/v1/report", &ControllerServer::HandleReport));
+  router.Handle("GET", "/v1/state", counted("/v1/state", &ControllerServer::HandleState));
+  router.Handle("GET", "/v1/catalog", [this](const HttpRequest&, HttpResponder& r) {
+    std::string body;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      body = WriteCatalog(controller_->catalog());
+    }
+    r.Send(200, "application/json", std::move(body));
+  });
+  router.Handle("GET", "/health", [](const HttpRequest&, HttpResponder& r) {
+    r.Send(200, "application/json", R"({"status":"ok"})");
+  });
+  HandleHealthAndMetrics(router, metrics_);
+
+  HttpServerOptions ho;
+  ho.host = opt_.host;
+  ho.port = opt_.port;
+  ho.max_active_requests = opt_.max_waiters + kSpareHandlers;
+  ho.max_body_bytes = kMaxReportBytes;
+  ho.server_name = "keel-hilo";
+  ho.error_body = ErrorBody;
+  ho.drain_seconds = 5;
+  http_ = std::make_unique<HttpServer>(ho, std::move(router));
+  if (Status s = http_->Start(); !s.ok()) return s;
+  loop_ = std::thread([this] { Loop(); });
+  Log().info("hilo controller listening on {}:{} (decide every {} ms, long-poll <= {} ms, <= {} waiters)", opt_.host,
+             http_->port(), opt_.decide_interval_ms, opt_.max_wait_ms, opt_.max_waiters);
+  return Status::Ok();
+}
+
+void ControllerServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  if (http_) http_->Stop();
+}
+
+int64_t ControllerServer::version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return version_;
+}
+
+std::string ControllerServer::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return controller_->catalog().states[controller_->current()].name;
+}
+
+Decision ControllerServer::DecideNow() {
+  const int64_t now = Now();
+  Decision d;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    d = controller_->Decide(now);
+    for (Service s : kAllServices) {
+      const std::string name(ServiceName(s));
+      demand_->WithLabels({name}).Set(controller_->Demand(s, now));
+      predicted_->WithLabels({name}).Set(controller_->Predicted(s));
+    }
+    if (!d.changed) return d;
+    version_ = std::max(version_ + 1, now);
+    reason_ = d.reason;
+    version_gauge_->Set(static_cast<double>(version_));
+  }
+  changed_.notify_all();
+  Log().info("hilo: state -> '{}' (index {}): {}", d.state, d.index, d.reason);
+  return d;
+}
+
+void ControllerServer::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    DecideNow();
+    lock.lock();
+    changed_.wait_for(lock, std::chrono::milliseconds(opt_.decide_interval_ms), [this] { return stopping_; });
+  }
+}
+
+void ControllerServer::HandleReport(const HttpRequest& req, HttpResponder& r) {
+  auto report = ParseLoadReport(req.body);
+  if (!report.ok()) {
+    report_errors_->Get().Inc();
+    r.Send(400, "application/json", ErrorBody(400, report.status().message()));
+    return;
+  }
+  const int64_t now = Now();
+  const int64_t reported_ms = report->unix_ms;
+  report->unix_ms = now;  // freshness by our clock, not the service's
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    controller_->Observe(*report);
+  }
+  const std::string service(ServiceName(report->service));
+  reports_->WithLabels({service}).Inc();
+  skew_->WithLabels({service}).Set(static_cast<double>(now - reported_ms));
+  r.Send(200, "application/json", R"({"ok":true})");
+}
+
+std::string ControllerServer::StateBody() const {
+  const Catalog& c = controller_->catalog();
+  const int i = controller_->current();
+  nlohmann::ordered_json j;
+  j["version"] = version_;
+  j["state"] = c.states[i].name;
+  j["index"] = i;
+  j["levels"] = nlohmann::ordered_json::parse(WriteLevels(c.states[i]));
+  j["reason"] = reason_;
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+void ControllerServer::HandleState(const HttpRequest& req, HttpResponder& r) {
+  auto known = IntParam(req.query, "version", -1);
+  auto wait = IntParam(req.query, "wait_ms", 0);
+  if (!known.ok() || !wait.ok()) {
+    r.Send(400, "application/json", ErrorBody(400, (!known.ok() ? known.status() : wait.status()).message()));
+    return;
+  }
+  const int64_t wait_ms = std::min<int64_t>(*wait, opt_.max_wait_ms);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (version_ == *known && wait_ms > 0 && !stopping_) {
+    if (waiters_ >= opt_.max_waiters) {
+      lock.unlock();
+      r.Send(503, "application/json", ErrorBody(503, "too many long-polls waiting; retry"), {{"Retry-After", "1"}});
+      return;
+    }
+    ++waiters_;
+    waiters_gauge_->Set(waiters_);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    // Wake in slices to notice a client that went away: its thread is returned to the pool.
+    while (version_ == *known && !stopping_ && std::chrono::steady_clock::now() < until) {
+      changed_.wait_until(lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(500)));
+      if (version_ != *known || stopping_) break;
+      lock.unlock();
+      const bool gone = r.ClientGone();
+      lock.lock();
+      if (gone) break;
+    }
+    --waiters_;
+    waiters_gauge_->Set(waiters_);
+  }
+  std::string body = StateBody();
+  lock.unlock();
+  r.Send(200, "application/json", std::move(body));
+}
+
+}  // namespace keel::hilo

@@ -1,0 +1,113 @@
+// ControllerServer: the HiLO controller as a service (`keel hilo serve`). Services POST their load
+// reports; a decision thread runs Controller::Decide every decide_interval_ms; services long-poll
+// the current product state. Built on keel/core/http_server.h, bound to 127.0.0.1 by default.
+//
+// Routes (docs/hilo.md):
+//   POST /v1/report   a LoadReport (report.h), at most kMaxReportBytes (413 beyond; 400 naming the
+//                     field on bad input). Freshness is stamped with the server's receive time, so
+//                     a service whose clock is skewed cannot make its reports stale or eternal; the
+//                     report's own unix_ms only feeds keel_hilo_report_skew_ms.
+//   GET /v1/state?version=N&wait_ms=T
+//                     {version, state, index, levels, reason}: at once when the current version is
+//                     not N (or N is absent), else after the next change or T ms (clamped to
+//                     max_wait_ms), whichever is first.
+//   GET /v1/catalog   the catalog (WriteCatalog).   GET /health, /healthz, /metrics.
+//
+// Long-polls are bounded: at most max_waiters wait at once (one handler thread each); one more is
+// answered 503 with Retry-After: 1. The HTTP pool has max_waiters + kSpareHandlers threads, so
+// reports and scrapes are still served while every waiter slot is taken.
+//
+// Versions start at the start time in unix ms and each change sets max(version + 1, now_ms), so
+// they grow across restarts, as StateAgent requires.
+//
+// Thread safety: Start and Stop from one owner thread; accessors from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "keel/core/http_server.h"
+#include "keel/core/metrics.h"
+#include "keel/core/status.h"
+#include "keel/hilo/catalog.h"
+#include "keel/hilo/controller.h"
+
+namespace keel::hilo {
+
+struct ControllerServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                        // 0 = any free port; see port()
+  std::string fingerprint;             // the running binaries, compared with catalog.binaries
+  int64_t max_age_s = 30 * 86400;      // figures older than this are stale
+  bool allow_unvalidated = false;      // development: start despite CheckUsable (logged loudly)
+  int decide_interval_ms = 250;        // 10..60000
+  int max_wait_ms = 30000;             // long-poll cap, 0..300000
+  int max_waiters = 128;               // long-polls waiting at once, 1..10000
+  ControllerOptions controller;
+  // Unix ms now; null = the system clock. Tests may pin time; the decision loop still runs on
+  // decide_interval_ms of real time.
+  std::function<int64_t()> clock;
+};
+
+class ControllerServer {
+ public:
+  static constexpr int kSpareHandlers = 16;  // handler threads beyond max_waiters
+
+  // Checks the options, CheckUsable (unless allow_unvalidated) and Controller::Create.
+  // InvalidArgument saying why the catalog or options cannot be used.
+  static Result<std::unique_ptr<ControllerServer>> Create(Catalog catalog, ControllerServerOptions options);
+  ~ControllerServer();  // Stop()
+  ControllerServer(const ControllerServer&) = delete;
+  ControllerServer& operator=(const ControllerServer&) = delete;
+
+  // Binds and starts the HTTP server and the decision loop. IOError when the address cannot be bound.
+  Status Start();
+  // Wakes every long-poll (they answer the current state), stops the decision loop, drains HTTP.
+  // Idempotent.
+  void Stop();
+
+  int port() const { return http_ ? http_->port() : 0; }
+  int64_t version() const;
+  std::string state() const;
+  // Runs one decision now (what the loop does every decide_interval_ms). For tests and tools.
+  Decision DecideNow();
+
+ private:
+  explicit ControllerServer(ControllerServerOptions options);
+  int64_t Now() const;
+  void Loop();
+  void HandleReport(const HttpRequest& req, HttpResponder& r);
+  void HandleState(const HttpRequest& req, HttpResponder& r);
+  std::string StateBody() const;  // under mu_
+
+  ControllerServerOptions opt_;
+  MetricsRegistry metrics_;
+  std::optional<Controller> controller_;  // under mu_
+  std::unique_ptr<HttpServer> http_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  int64_t version_ = 0;
+  std::string reason_;
+  int waiters_ = 0;
+  bool stopping_ = false;
+  bool started_ = false;
+  std::thread loop_;
+
+  CounterFamily* requests_ = nullptr;
+  CounterFamily* reports_ = nullptr;
+  CounterFamily* report_errors_ = nullptr;
+  GaugeFamily* demand_ = nullptr;
+  GaugeFamily* predicted_ = nullptr;
+  GaugeFamily* skew_ = nullptr;
+  Gauge* version_gauge_ = nullptr;
+  Gauge* waiters_gauge_ = nullptr;
+};
+
+}  // namespace keel::hilo
