@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <chrono>  // hilo
 #include <cstdio>
 #include <iostream>
 #include <map>
 
 #include "keel/core/cpu.h"
 #include "keel/core/log.h"
+#include "keel/core/mapped_file.h"  // hilo
 #include "keel/core/signal.h"
 #include "keel/engine/bellows_calibration.h"
 #include "keel/engine/convert.h"
@@ -19,6 +21,7 @@
 #include "keel/gateway/fake_vendor.h"  // fake-vendor
 #include "keel/gateway/gateway.h"
 #include "keel/gateway/policy_service.h"  // gateway-policy
+#include "keel/hilo/server.h"  // hilo
 #include "keel/kv/bellows/calibration.h"
 #include "keel/kv/registry.h"
 #include "keel/kvstore/service.h"
@@ -465,6 +468,69 @@ int RunBellowsInspect(const std::string& path) {
 }
 // ---- bellows (end)
 
+// ---- hilo
+struct HiloArgs {
+  std::string catalog;
+  hilo::ControllerServerOptions o;
+};
+
+Result<hilo::Catalog> ReadHiloCatalog(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  if (text->size() > hilo::kMaxCatalogBytes) return Status::InvalidArgument(path + ": larger than 1 MiB");
+  auto c = hilo::ParseCatalog(*text);
+  if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
+  return c;
+}
+
+int64_t UnixSecondsNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+int RunHiloServe(HiloArgs a) {
+  auto c = ReadHiloCatalog(a.catalog);
+  if (!c.ok()) return Fail(c.status());
+  auto server = hilo::ControllerServer::Create(std::move(*c), a.o);
+  if (!server.ok()) return Fail(server.status());
+  if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
+  auto sig = WaitForTerminationSignal();
+  if (!sig.ok()) return Fail(sig.status());
+  Log().info("received {}; stopping", SignalName(*sig));
+  (*server)->Stop();
+  return 0;
+}
+
+// Prints every state and whether the controller could act on it; exit 0 only when CheckUsable passes.
+int RunHiloCheck(const HiloArgs& a) {
+  auto c = ReadHiloCatalog(a.catalog);
+  if (!c.ok()) return Fail(c.status());
+  const int64_t now = UnixSecondsNow();
+  std::printf("%s: %zu states, safe state '%s', operating limit %.3g quality points\n", a.catalog.c_str(),
+              c->states.size(), c->safe_state.c_str(), c->max_quality_drop);
+  std::printf("  binaries: '%s' (running: '%s')%s\n", c->binaries.c_str(), a.o.fingerprint.c_str(),
+              c->binaries == a.o.fingerprint && !c->binaries.empty() ? "" : "  <- mismatch");
+  for (size_t i = 0; i < c->states.size(); ++i) {
+    const hilo::State& s = c->states[i];
+    std::string why = "validated, fresh";
+    if (!s.figures) {
+      why = "NOT VALIDATED (no figures)";
+    } else if (now - s.figures->validated_at > a.o.max_age_s) {
+      why = fmt::format("STALE: validated {} s ago (limit {} s)", now - s.figures->validated_at, a.o.max_age_s);
+    }
+    std::printf("  [%zu] %-16s %s", i, s.name.c_str(), why.c_str());
+    if (s.figures) {
+      std::printf("  quality %.3g, capacity answer %.4g vector %.4g engine %.4g gateway %.4g req/s", s.figures->quality,
+                  s.figures->Capacity(hilo::Service::kAnswer), s.figures->Capacity(hilo::Service::kVector),
+                  s.figures->Capacity(hilo::Service::kEngine), s.figures->Capacity(hilo::Service::kGateway));
+    }
+    std::printf("\n");
+  }
+  Status s = hilo::CheckUsable(*c, a.o.fingerprint, now, a.o.max_age_s);
+  std::printf("%s\n", s.ok() ? "usable" : s.message().c_str());
+  return s.ok() ? 0 : 1;
+}
+// ---- hilo (end)
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -696,6 +762,23 @@ int main(int argc, char** argv) {
   auto* bw_ins = bellows->add_subcommand("inspect", "Print a calibration file's model, groups, latent sizes and calibration errors");
   bw_ins->add_option("file", bw_inspect, "calibration file (.bkv)")->required();
 
+  // ---- hilo (begin)
+  HiloArgs hl;
+  auto* hilo_cmd = app.add_subcommand("hilo", "HiLO: one controller puts the whole product in one validated state (docs/hilo.md)");
+  hilo_cmd->require_subcommand(1);
+  auto* hl_serve = hilo_cmd->add_subcommand("serve", "Serve the controller: POST /v1/report, long-poll GET /v1/state, /v1/catalog, /metrics");
+  auto* hl_check = hilo_cmd->add_subcommand("check", "Parse a catalog and say, state by state, whether the controller may use it (exit 0/1)");
+  for (auto* sub : {hl_serve, hl_check}) {
+    sub->add_option("--catalog", hl.catalog, "state catalog (JSON; see docs/hilo.md)")->required()->check(CLI::ExistingFile);
+    sub->add_option("--fingerprint", hl.o.fingerprint, "fingerprint of the running binaries; must equal the catalog's \"binaries\"");
+    sub->add_option("--max-age-s", hl.o.max_age_s, "figures validated longer ago than this are stale")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  }
+  hl_serve->add_option("--host", hl.o.host, "address to bind")->capture_default_str();
+  hl_serve->add_option("--port", hl.o.port, "port to bind (0 = any free port)")->required()->check(CLI::Range(0, 65535));
+  hl_serve->add_option("--decide-interval-ms", hl.o.decide_interval_ms, "run a decision this often")->capture_default_str()->check(CLI::Range(10, 60000));
+  hl_serve->add_flag("--allow-unvalidated", hl.o.allow_unvalidated, "development only: start despite a stale or foreign catalog (states still need figures)");
+  // ---- hilo (end)
+
   CLI11_PARSE(app, argc, argv);
   SetLogLevel(log_level);
   if (cpu_isa != "auto" || app.count("--cpu-isa") > 0) {
@@ -712,6 +795,8 @@ int main(int argc, char** argv) {
   }
   if (bw_cal->parsed()) return RunBellowsCalibrate(bw);
   if (bw_ins->parsed()) return RunBellowsInspect(bw_inspect);
+  if (hl_serve->parsed()) return RunHiloServe(std::move(hl));  // hilo
+  if (hl_check->parsed()) return RunHiloCheck(hl);  // hilo
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);
   if (kvs->parsed()) return RunKvstore(kv);
