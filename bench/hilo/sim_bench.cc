@@ -1,0 +1,160 @@
+// HiLO vs the per-service baseline in the discrete-event simulation (keel/hilo/sim.h), on the nine
+// surge traces and the 3x one (keel/hilo/trace.h), at --scale times the catalog's capacities and
+// the baseline arrival rate. Prints one Markdown table per trace and a summary against the
+// catalog's operating limit L: the goal is HiLO's worst window drop <= 0.85 L while the baseline's
+// exceeds L. The default catalog's figures are assumed, not measured (bench/hilo/README.md).
+//
+//   sim_bench [--catalog bench/hilo/example_catalog.json] [--scale 100] [--baseline-rate 55]
+//             [--seed 1] [--trace NAME] [--csv FILE]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "keel/hilo/catalog.h"
+#include "keel/hilo/sim.h"
+#include "keel/hilo/trace.h"
+
+namespace keel::hilo {
+namespace {
+
+struct Args {
+  std::string catalog = "bench/hilo/example_catalog.json";
+  double scale = 100;
+  double baseline_rate = 55;
+  uint64_t seed = 1;
+  std::string trace;  // "" = all
+  std::string csv;
+};
+
+bool ReadFile(const std::string& path, std::string& out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  out = ss.str();
+  return true;
+}
+
+void PrintTrace(const Catalog& c, const Trace& t, const SimResult* r, double limit) {
+  std::printf("\n### %s (peak %.2fx, %.0f s)\n\n", t.name.c_str(), t.Peak(), t.duration_s);
+  std::printf("| policy | max drop | mean drop | within 0.85 L / over L | arrived | shed | failed | SLO violations | transitions |");
+  for (const State& s : c.states) std::printf(" s in %s |", s.name.c_str());
+  std::printf("\n|---|---|---|---|---|---|---|---|---|");
+  for (size_t i = 0; i < c.states.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  for (int p = 0; p < 2; ++p) {
+    const SimResult& x = r[p];
+    const char* verdict = p == 0 ? (x.max_drop <= 0.85 * limit ? "yes (<= 0.85 L)" : "no (> 0.85 L)")
+                                 : (x.max_drop > limit ? "yes (> L)" : "no (<= L)");
+    std::printf("| %s | %.3f | %.3f | %s | %lld | %lld | %lld | %lld | %lld |", x.policy.c_str(), x.max_drop,
+                x.mean_drop, verdict, static_cast<long long>(x.arrived), static_cast<long long>(x.shed),
+                static_cast<long long>(x.failed), static_cast<long long>(x.slo_violations),
+                static_cast<long long>(x.transitions));
+    for (double s : x.time_in_state_s) std::printf(" %.1f |", s);
+    std::printf("\n");
+  }
+}
+
+int Main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    auto val = [&](const char* flag) -> const char* {
+      if (std::strcmp(argv[i], flag) != 0 || i + 1 >= argc) return nullptr;
+      return argv[++i];
+    };
+    if (const char* v = val("--catalog")) a.catalog = v;
+    else if (const char* v = val("--scale")) a.scale = std::atof(v);
+    else if (const char* v = val("--baseline-rate")) a.baseline_rate = std::atof(v);
+    else if (const char* v = val("--seed")) a.seed = std::strtoull(v, nullptr, 10);
+    else if (const char* v = val("--trace")) a.trace = v;
+    else if (const char* v = val("--csv")) a.csv = v;
+    else {
+      std::fprintf(stderr, "unknown or incomplete argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  std::string text;
+  if (!ReadFile(a.catalog, text)) {
+    std::fprintf(stderr, "cannot read %s\n", a.catalog.c_str());
+    return 1;
+  }
+  Result<Catalog> cat = ParseCatalog(text);
+  if (!cat.ok()) {
+    std::fprintf(stderr, "%s: %s\n", a.catalog.c_str(), cat.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<Trace> traces = SurgeTraces(a.seed);
+  traces.push_back(Surge3x());
+  if (!a.csv.empty()) {
+    std::string csv;
+    if (!ReadFile(a.csv, csv)) {
+      std::fprintf(stderr, "cannot read %s\n", a.csv.c_str());
+      return 1;
+    }
+    Result<Trace> t = ParseCsvTrace(csv, a.csv, 0);
+    if (!t.ok()) {
+      std::fprintf(stderr, "%s\n", t.status().ToString().c_str());
+      return 1;
+    }
+    traces.push_back(std::move(t).value());
+  }
+  SimOptions o;
+  o.scale = a.scale;
+  o.baseline_rate = a.baseline_rate;
+  o.seed = a.seed;
+  const double limit = cat->max_quality_drop;
+  std::printf("HiLO simulation: catalog %s, scale %gx, baseline %g req/s x scale, seed %llu, L = %g\n", a.catalog.c_str(),
+              a.scale, a.baseline_rate, static_cast<unsigned long long>(a.seed), limit);
+  std::printf("Drops are quality points per %g s window vs state %s (%g); time in state is the cheapest level applied.\n",
+              o.window_s, cat->states[0].name.c_str(), cat->states[0].figures->quality);
+  struct Row {
+    std::string name;
+    double peak, hilo, base;
+    long long hilo_shed, base_shed;
+  };
+  std::vector<Row> rows;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Trace& t : traces) {
+    if (!a.trace.empty() && t.name != a.trace) continue;
+    SimResult r[2];
+    const Policy pol[2] = {Policy::kHilo, Policy::kBaseline};
+    for (int p = 0; p < 2; ++p) {
+      Result<SimResult> x = Simulate(*cat, t, pol[p], o);
+      if (!x.ok()) {
+        std::fprintf(stderr, "%s: %s\n", t.name.c_str(), x.status().ToString().c_str());
+        return 1;
+      }
+      r[p] = std::move(x).value();
+    }
+    PrintTrace(*cat, t, r, limit);
+    rows.push_back({t.name, t.Peak(), r[0].max_drop, r[1].max_drop, static_cast<long long>(r[0].shed),
+                    static_cast<long long>(r[1].shed)});
+  }
+  std::printf("\n### Summary (L = %g, goal: HiLO <= %.3f, baseline > %g)\n\n", limit, 0.85 * limit, limit);
+  std::printf("| trace | peak | HiLO max drop | baseline max drop | HiLO <= 0.85 L | baseline > L | HiLO shed | baseline shed |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  int hilo_ok = 0;
+  int base_over = 0;
+  for (const Row& w : rows) {
+    const bool h = w.hilo <= 0.85 * limit;
+    const bool b = w.base > limit;
+    hilo_ok += h;
+    base_over += b;
+    std::printf("| %s | %.2fx | %.3f | %.3f | %s | %s | %lld | %lld |\n", w.name.c_str(), w.peak, w.hilo, w.base,
+                h ? "yes" : "no", b ? "yes" : "no", w.hilo_shed, w.base_shed);
+  }
+  std::printf("\nHiLO within 0.85 L on %d of %zu traces; baseline over L on %d of %zu. Simulated in %.1f s.\n", hilo_ok,
+              rows.size(), base_over, rows.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
+}  // namespace
+}  // namespace keel::hilo
+
+int main(int argc, char** argv) { return keel::hilo::Main(argc, argv); }

@@ -1,0 +1,372 @@
+#include "keel/hilo/sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <queue>
+#include <random>
+
+namespace keel::hilo {
+
+namespace {
+
+constexpr int64_t kUnixMs0 = 1764900000000;  // the simulation's t = 0, as the controller's clock
+// The order a request visits the services in.
+constexpr std::array<Service, kNumServices> kPath = {Service::kAnswer, Service::kVector, Service::kGateway,
+                                                     Service::kEngine};
+
+uint64_t Mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// A unit-mean exponential draw fixed by (seed, request, service): both policies give a request the
+// same draws (common random numbers), so their difference is the policy, not the dice.
+double UnitExp(uint64_t seed, int64_t req, int svc) {
+  uint64_t z = Mix(Mix(seed) ^ (static_cast<uint64_t>(req) * kNumServices + static_cast<uint64_t>(svc)));
+  double u = (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
+  return -std::log(u);
+}
+
+struct Req {
+  double arrival = 0;
+  double enqueued = 0;  // when it entered its current service
+  int stage = 0;        // index into kPath
+  int worst = 0;        // cheapest state index applied so far
+  int answer_level = 0;
+};
+
+enum class EvType : uint8_t { kDone, kReport, kDecide, kApply };
+struct Event {
+  double t;
+  uint64_t seq;  // ties break by insertion order, so runs are deterministic
+  EvType type;
+  int svc;
+  int64_t arg;  // request id (kDone) or state index (kApply)
+  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+struct Station {
+  int servers = 1;
+  size_t bound = 0;
+  int busy = 0;
+  std::deque<int64_t> waiting;
+  int level = 0;
+  // The current report window.
+  int64_t arrivals = 0;
+  double busy_integral = 0;  // server-seconds
+  double last_t = 0;
+  std::vector<double> sojourn_ms;
+  double qdelay_sum_ms = 0;
+  int64_t qdelay_n = 0;
+  // Baseline rule.
+  double last_change = -std::numeric_limits<double>::infinity();
+  double calm_since = -1;
+
+  void Account(double t) {
+    busy_integral += busy * (t - last_t);
+    last_t = t;
+  }
+};
+
+struct WindowAcc {
+  int64_t arrived = 0;
+  double drop_sum = 0;  // sum of full_quality - quality
+  int state = 0;
+};
+
+class Sim {
+ public:
+  Sim(const Catalog& catalog, const Trace& trace, Policy policy, const SimOptions& o)
+      : cat_(catalog), trace_(trace), policy_(policy), o_(o) {}
+
+  Result<SimResult> Run() {
+    const int n = static_cast<int>(cat_.states.size());
+    full_q_ = cat_.states[0].figures->quality;
+    int initial = 0;
+    if (policy_ == Policy::kHilo) {
+      Catalog scaled = cat_;
+      for (State& s : scaled.states) {
+        for (double& c : s.figures->capacity) c *= o_.scale;
+      }
+      ControllerOptions co = o_.controller;
+      if (co.initial_state.empty()) co.initial_state = cat_.states[0].name;
+      Result<Controller> c = Controller::Create(std::move(scaled), co, nullptr);
+      if (!c.ok()) return c.status();
+      ctrl_.emplace(std::move(c).value());
+      initial = ctrl_->current();
+    }
+    for (int s = 0; s < kNumServices; ++s) {
+      Station& st = st_[s];
+      st.servers = std::max(1, static_cast<int>(std::lround(o_.servers[s] * o_.scale)));
+      st.bound = static_cast<size_t>(o_.queue_per_server) * st.servers;
+      st.level = initial;
+    }
+    arrivals_ = PoissonArrivals(trace_, o_.baseline_rate * o_.scale, o_.seed);
+    reqs_.resize(arrivals_.size());
+    windows_.resize(static_cast<size_t>(std::ceil(trace_.duration_s / o_.window_s)) + 1);
+    res_.policy = std::string(PolicyName(policy_));
+    res_.trace = trace_.name;
+    res_.full_quality = full_q_;
+    res_.time_in_state_s.assign(n, 0);
+
+    Push(o_.report_interval_s, EvType::kReport, 0, 0);
+    if (ctrl_) Push(o_.decide_interval_s, EvType::kDecide, 0, 0);
+    size_t next = 0;
+    while (next < arrivals_.size() || !events_.empty()) {
+      if (next < arrivals_.size() && (events_.empty() || arrivals_[next] < events_.top().t)) {
+        Arrive(static_cast<int64_t>(next), arrivals_[next]);
+        ++next;
+        continue;
+      }
+      Event e = events_.top();
+      events_.pop();
+      switch (e.type) {
+        case EvType::kDone: Done(e.svc, e.arg, e.t); break;
+        case EvType::kReport: Report(e.t); break;
+        case EvType::kDecide: Decide(e.t); break;
+        case EvType::kApply:
+          for (Station& st : st_) st.level = static_cast<int>(e.arg);
+          break;
+      }
+    }
+    Summarise();
+    return std::move(res_);
+  }
+
+ private:
+  void Push(double t, EvType type, int svc, int64_t arg) { events_.push(Event{t, seq_++, type, svc, arg}); }
+
+  void Arrive(int64_t id, double t) {
+    reqs_[id] = Req{t, t, 0, 0, 0};
+    ++res_.arrived;
+    Enter(id, t);
+  }
+
+  void Enter(int64_t id, double t) {
+    Req& r = reqs_[id];
+    if (kPath[r.stage] == Service::kVector && !cat_.states[r.answer_level].answer.retrieval) ++r.stage;
+    const int svc = static_cast<int>(kPath[r.stage]);
+    Station& st = st_[svc];
+    ++st.arrivals;
+    r.enqueued = t;
+    if (st.busy < st.servers) {
+      Start(svc, id, t);
+    } else if (st.waiting.size() < st.bound) {
+      st.waiting.push_back(id);
+    } else {
+      ++res_.shed;
+      Score(id, 0, false);
+    }
+  }
+
+  void Start(int svc, int64_t id, double t) {
+    Station& st = st_[svc];
+    Req& r = reqs_[id];
+    st.Account(t);
+    ++st.busy;
+    st.qdelay_sum_ms += (t - r.enqueued) * 1000;
+    ++st.qdelay_n;
+    r.worst = std::max(r.worst, st.level);
+    if (svc == static_cast<int>(Service::kAnswer)) r.answer_level = st.level;
+    const double capacity = cat_.states[st.level].figures->capacity[svc] * o_.scale;
+    const double mean_s = o_.capacity_utilisation * st.servers / capacity;
+    Push(t + UnitExp(o_.seed, id, svc) * mean_s, EvType::kDone, svc, id);
+  }
+
+  void Done(int svc, int64_t id, double t) {
+    Station& st = st_[svc];
+    Req& r = reqs_[id];
+    st.Account(t);
+    --st.busy;
+    st.sojourn_ms.push_back((t - r.enqueued) * 1000);
+    if (++r.stage == kNumServices) {
+      ++res_.served;
+      const bool late = (t - r.arrival) * 1000 > o_.slo_ms;
+      if (late) ++res_.slo_violations;
+      Score(id, late ? 0 : cat_.states[r.worst].figures->quality, true);
+    } else {
+      Enter(id, t);
+    }
+    while (!st.waiting.empty()) {
+      int64_t w = st.waiting.front();
+      st.waiting.pop_front();
+      if ((t - reqs_[w].arrival) * 1000 > o_.timeout_ms) {
+        ++res_.failed;
+        Score(w, 0, false);
+        continue;
+      }
+      Start(svc, w, t);
+      break;
+    }
+  }
+
+  void Score(int64_t id, double quality, bool /*served*/) {
+    WindowAcc& w = windows_[std::min(windows_.size() - 1, static_cast<size_t>(reqs_[id].arrival / o_.window_s))];
+    ++w.arrived;
+    w.drop_sum += full_q_ - quality;
+  }
+
+  void Report(double t) {
+    const int64_t now_ms = kUnixMs0 + std::llround(t * 1000);
+    for (int s = 0; s < kNumServices; ++s) {
+      Station& st = st_[s];
+      st.Account(t);
+      if (ctrl_) {
+        LoadReport r;
+        r.service = static_cast<Service>(s);
+        r.instance = "sim-" + std::string(ServiceName(r.service));
+        r.unix_ms = now_ms;
+        r.arrival_rate = st.arrivals / o_.report_interval_s;
+        r.in_flight = st.busy;
+        r.queue_depth = static_cast<int64_t>(st.waiting.size());
+        r.utilisation = std::min(1.0, st.busy_integral / (st.servers * o_.report_interval_s));
+        r.p99_ms = P99(st.sojourn_ms);
+        r.applied_state = cat_.states[st.level].name;
+        ctrl_->Observe(r);
+      } else {
+        LocalRule(st, t);
+      }
+      st.arrivals = 0;
+      st.busy_integral = 0;
+      st.sojourn_ms.clear();
+      st.qdelay_sum_ms = 0;
+      st.qdelay_n = 0;
+    }
+    int eff = 0;
+    for (const Station& st : st_) eff = std::max(eff, st.level);
+    res_.time_in_state_s[eff] += o_.report_interval_s;
+    size_t w = static_cast<size_t>((t - 1e-9) / o_.window_s);
+    if (w < windows_.size()) windows_[w].state = eff;
+    if (t + o_.report_interval_s <= trace_.duration_s + 1e-9) Push(t + o_.report_interval_s, EvType::kReport, 0, 0);
+  }
+
+  // DAGOR-like: one step cheaper per report while the mean queueing delay is over the threshold;
+  // one step back after a calm dwell.
+  void LocalRule(Station& st, double t) {
+    const double qdelay = st.qdelay_n > 0 ? st.qdelay_sum_ms / st.qdelay_n : 0;
+    const int cheapest = static_cast<int>(cat_.states.size()) - 1;
+    const BaselineOptions& b = o_.baseline;
+    if (qdelay > b.degrade_queue_ms) {
+      st.calm_since = -1;
+      if (st.level < cheapest) {
+        ++st.level;
+        st.last_change = t;
+        ++res_.transitions;
+      }
+      return;
+    }
+    if (qdelay >= b.recover_queue_ms) {
+      st.calm_since = -1;
+      return;
+    }
+    if (st.calm_since < 0) st.calm_since = t;
+    if (st.level > 0 && t - st.calm_since >= b.recover_dwell_s && t - st.last_change >= b.min_dwell_s) {
+      --st.level;
+      st.last_change = t;
+      st.calm_since = t;
+      ++res_.transitions;
+    }
+  }
+
+  void Decide(double t) {
+    Decision d = ctrl_->Decide(kUnixMs0 + std::llround(t * 1000));
+    if (d.changed) {
+      ++res_.transitions;
+      Push(t + o_.push_delay_s, EvType::kApply, 0, d.index);
+    }
+    if (t + o_.decide_interval_s <= trace_.duration_s + 1e-9) Push(t + o_.decide_interval_s, EvType::kDecide, 0, 0);
+  }
+
+  static double P99(std::vector<double>& v) {
+    if (v.empty()) return 0;
+    size_t k = static_cast<size_t>(0.99 * static_cast<double>(v.size() - 1));
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+    return v[k];
+  }
+
+  void Summarise() {
+    double drop_total = 0;
+    int64_t counted = 0;
+    for (size_t i = 0; i < windows_.size(); ++i) {
+      const WindowAcc& w = windows_[i];
+      if (w.arrived == 0) continue;
+      const double drop = w.drop_sum / static_cast<double>(w.arrived);
+      res_.max_drop = std::max(res_.max_drop, drop);
+      drop_total += drop;
+      ++counted;
+      res_.windows.push_back(SimWindow{static_cast<double>(i) * o_.window_s, w.arrived, full_q_ - drop, w.state});
+    }
+    res_.mean_drop = counted > 0 ? drop_total / static_cast<double>(counted) : 0;
+  }
+
+  const Catalog& cat_;
+  const Trace& trace_;
+  Policy policy_;
+  const SimOptions& o_;
+  double full_q_ = 0;
+  std::optional<Controller> ctrl_;
+  std::array<Station, kNumServices> st_;
+  std::vector<double> arrivals_;
+  std::vector<Req> reqs_;
+  std::vector<WindowAcc> windows_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  uint64_t seq_ = 0;
+  SimResult res_;
+};
+
+Status CheckOptions(const SimOptions& o) {
+  auto bad = [](const char* what) { return Status::InvalidArgument(std::string("sim options: ") + what); };
+  if (!(o.baseline_rate > 0) || !std::isfinite(o.baseline_rate)) return bad("baseline_rate must be > 0");
+  if (!(o.scale > 0) || o.scale > 1e4) return bad("scale must be in (0, 1e4]");
+  for (int s : o.servers) {
+    if (s < 1) return bad("servers must be >= 1");
+  }
+  if (!(o.capacity_utilisation > 0 && o.capacity_utilisation <= 1)) return bad("capacity_utilisation must be in (0, 1]");
+  if (o.queue_per_server < 0) return bad("queue_per_server must be >= 0");
+  if (!(o.slo_ms > 0) || !(o.timeout_ms > 0)) return bad("slo_ms and timeout_ms must be > 0");
+  if (!(o.window_s > 0) || !(o.report_interval_s > 0) || !(o.decide_interval_s > 0)) {
+    return bad("window_s, report_interval_s and decide_interval_s must be > 0");
+  }
+  if (!(o.push_delay_s >= 0)) return bad("push_delay_s must be >= 0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view PolicyName(Policy p) { return p == Policy::kHilo ? "hilo" : "baseline"; }
+
+std::vector<double> PoissonArrivals(const Trace& trace, double rate, uint64_t seed) {
+  std::vector<double> out;
+  const double peak = trace.Peak() * rate;
+  if (!(peak > 0) || !(trace.duration_s > 0)) return out;
+  std::mt19937_64 gen(seed);
+  auto uniform = [&gen] { return (static_cast<double>(gen() >> 11) + 0.5) * 0x1.0p-53; };
+  out.reserve(static_cast<size_t>(peak * trace.duration_s * 0.8));
+  double t = 0;
+  while (true) {
+    t += -std::log(uniform()) / peak;
+    if (t >= trace.duration_s) break;
+    if (uniform() * peak < trace.Multiplier(t) * rate) out.push_back(t);
+  }
+  return out;
+}
+
+Result<SimResult> Simulate(const Catalog& catalog, const Trace& trace, Policy policy, const SimOptions& options) {
+  if (Status s = ValidateCatalog(catalog); !s.ok()) return s;
+  for (const State& s : catalog.states) {
+    if (!s.figures) return Status::InvalidArgument("sim: state " + s.name + " is not validated");
+  }
+  if (trace.points.empty() || !(trace.duration_s > 0)) {
+    return Status::InvalidArgument("sim: trace " + trace.name + " has no points or no duration");
+  }
+  if (Status s = CheckOptions(options); !s.ok()) return s;
+  Sim sim(catalog, trace, policy, options);
+  return sim.Run();
+}
+
+}  // namespace keel::hilo

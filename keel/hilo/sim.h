@@ -1,0 +1,94 @@
+// A discrete-event simulation of the HiLO product under a surge trace, deterministic for a seed.
+// Requests arrive as a Poisson process whose rate follows the trace and pass answer -> vector ->
+// gateway -> engine (vector is skipped when the answer level turns retrieval off). Each service is
+// a multi-server FIFO queue with a bounded queue: full queue -> the request is shed (429); a request
+// that reaches the head of a queue after its deadline is failed (the client gave up). Service time
+// is exponential with mean capacity_utilisation x servers / capacity, the capacity being the
+// catalog's figure for the level the service runs at, so a service at its catalog capacity is
+// capacity_utilisation busy. The model and its assumptions are in docs/hilo.md ("Simulation").
+//
+// Two policies see identical arrivals and identical per-request service-time draws:
+//  - kHilo: every report_interval each service sends a LoadReport to a real keel::hilo::Controller
+//    (catalog capacities x scale), which decides every decide_interval; a changed state reaches
+//    every service push_delay later.
+//  - kBaseline: each service degrades on its own (DAGOR-like): when the mean queueing delay of its
+//    last report_interval exceeds degrade_queue_ms it steps to its next cheaper level; it steps
+//    back up after recover_dwell_s below recover_queue_ms and min_dwell_s after its last change.
+//    A service's levels are the catalog's states read for that service alone.
+// A request's quality is the catalog quality of the cheapest state index any service it passed
+// applied to it; shed, failed and SLO-violating requests score 0. Plain functions; thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/core/status.h"
+#include "keel/hilo/catalog.h"
+#include "keel/hilo/controller.h"
+#include "keel/hilo/trace.h"
+
+namespace keel::hilo {
+
+enum class Policy { kHilo, kBaseline };
+// "hilo", "baseline".
+std::string_view PolicyName(Policy p);
+
+struct BaselineOptions {
+  double degrade_queue_ms = 20;  // DAGOR's default queueing-delay threshold
+  double recover_queue_ms = 5;
+  double recover_dwell_s = 10;
+  double min_dwell_s = 5;
+};
+
+struct SimOptions {
+  double baseline_rate = 50;  // req/s at scale 1, the trace's 1x
+  double scale = 1;           // multiplies the arrival rate, every capacity and every server count
+  std::array<int, kNumServices> servers = {8, 8, 8, 8};  // workers per service at scale 1
+  double capacity_utilisation = 0.9;  // busy fraction at the catalog capacity, (0, 1]
+  int queue_per_server = 4;           // queue bound = this x servers
+  double slo_ms = 1000;               // end-to-end latency bound
+  double timeout_ms = 2000;           // a request still queued after this is failed
+  double window_s = 1;                // quality windows, by arrival time
+  double report_interval_s = 0.5;
+  double decide_interval_s = 0.5;  // decide on every report round
+  double push_delay_s = 0.05;      // long-poll push plus apply
+  ControllerOptions controller;  // initial_state "" starts the simulation in the full state
+  BaselineOptions baseline;
+  uint64_t seed = 1;
+};
+
+struct SimWindow {
+  double t_s = 0;  // window start
+  int64_t arrived = 0;
+  double mean_quality = 0;  // over arrived requests; shed/failed/late score 0
+  int state = 0;            // cheapest state index applied at the window's end
+};
+
+struct SimResult {
+  std::string policy;
+  std::string trace;
+  int64_t arrived = 0;
+  int64_t served = 0;  // completed all services, in or out of SLO
+  int64_t shed = 0;
+  int64_t failed = 0;
+  int64_t slo_violations = 0;  // served, but slower than slo_ms
+  double full_quality = 0;     // catalog quality of state 0
+  double max_drop = 0;         // max over windows of full_quality - mean_quality
+  double mean_drop = 0;        // mean over windows with arrivals
+  std::vector<double> time_in_state_s;  // per catalog state; for kBaseline the cheapest level applied
+  int64_t transitions = 0;     // product state changes (kHilo) or per-service level changes (kBaseline)
+  std::vector<SimWindow> windows;
+};
+
+// Arrival times (s) of a Poisson process with rate trace.Multiplier(t) x rate over the trace's
+// duration, by thinning; deterministic for `seed`.
+std::vector<double> PoissonArrivals(const Trace& trace, double rate, uint64_t seed);
+
+// Runs `policy` on `trace`. `catalog` must pass ValidateCatalog with every state validated; the
+// trace must have points and a positive duration; options must be in range. InvalidArgument
+// naming the problem otherwise.
+Result<SimResult> Simulate(const Catalog& catalog, const Trace& trace, Policy policy, const SimOptions& options);
+
+}  // namespace keel::hilo
