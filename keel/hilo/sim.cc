@@ -160,7 +160,7 @@ class Sim {
       st.waiting.push_back(id);
     } else {
       ++res_.shed;
-      Score(id, 0, false);
+      Score(id, 0);
     }
   }
 
@@ -188,7 +188,7 @@ class Sim {
       ++res_.served;
       const bool late = (t - r.arrival) * 1000 > o_.slo_ms;
       if (late) ++res_.slo_violations;
-      Score(id, late ? 0 : cat_.states[r.worst].figures->quality, true);
+      Score(id, late ? 0 : cat_.states[r.worst].figures->quality);
     } else {
       Enter(id, t);
     }
@@ -197,7 +197,7 @@ class Sim {
       st.waiting.pop_front();
       if ((t - reqs_[w].arrival) * 1000 > o_.timeout_ms) {
         ++res_.failed;
-        Score(w, 0, false);
+        Score(w, 0);
         continue;
       }
       Start(svc, w, t);
@@ -205,7 +205,7 @@ class Sim {
     }
   }
 
-  void Score(int64_t id, double quality, bool /*served*/) {
+  void Score(int64_t id, double quality) {
     WindowAcc& w = windows_[std::min(windows_.size() - 1, static_cast<size_t>(reqs_[id].arrival / o_.window_s))];
     ++w.arrived;
     w.drop_sum += full_q_ - quality;
