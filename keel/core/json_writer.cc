@@ -1,5 +1,8 @@
 #include "keel/core/json_writer.h"
 
+#include <charconv>
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 namespace keel {
@@ -63,6 +66,22 @@ void AppendJsonString(std::string_view s, std::string* out) {
   }
   out->append(s.data() + run, s.size() - run);
   out->push_back('"');
+}
+
+void AppendJsonNumber(int64_t v, std::string* out) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out->append(buf, r.ptr);
+}
+
+void AppendJsonNumber(double v, std::string* out) {
+  if (!std::isfinite(v)) {
+    *out += "null";
+    return;
+  }
+  char buf[64];
+  const char* end = nlohmann::detail::to_chars(buf, buf + sizeof buf, v);
+  out->append(buf, static_cast<size_t>(end - buf));
 }
 
 }  // namespace keel

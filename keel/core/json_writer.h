@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -17,5 +18,10 @@ void AppendJsonString(std::string_view s, std::string* out);
 // Length of the well-formed UTF-8 sequence that starts at s[i] (Unicode's Table 3-7: no overlong
 // forms, surrogates or code points past U+10FFFF -- what nlohmann accepts), 0 when there is none.
 size_t Utf8SequenceLength(std::string_view s, size_t i);
+
+// Appends a number as nlohmann writes it: an integer in decimal; a double in its shortest
+// round-trip form ("0.7", "1.0", "1e-07"), or null when it is not finite.
+void AppendJsonNumber(int64_t v, std::string* out);
+void AppendJsonNumber(double v, std::string* out);
 
 }  // namespace keel

@@ -4,8 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "keel/core/json_reader.h"
+#include "keel/core/json_writer.h"
 #include "keel/core/status.h"
 #include "keel/gateway/chat.h"
 
@@ -174,23 +173,7 @@ void NameToolMessages(std::vector<Message>* messages);
 
 // ---- writing JSON text directly (no DOM), byte for byte as Dump writes the equivalent json
 
-// An integer, as nlohmann writes it.
-inline void AppendJsonNumber(int64_t v, std::string* out) {
-  char buf[24];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  out->append(buf, r.ptr);
-}
-// A double, as nlohmann writes it: its shortest round-trip form ("0.7", "1.0", "1e-07"), "null"
-// when not finite.
-inline void AppendJsonNumber(double v, std::string* out) {
-  if (!std::isfinite(v)) {
-    *out += "null";
-    return;
-  }
-  char buf[64];
-  const char* end = nlohmann::detail::to_chars(buf, buf + sizeof buf, v);
-  out->append(buf, static_cast<size_t>(end - buf));
-}
+// Numbers and strings: AppendJsonNumber / AppendJsonString (keel/core/json_writer.h).
 
 // The members of one JSON object, added in any order and written sorted by key -- the order a
 // json (a std::map) dumps them in. Keys are literals that need no escaping; each is added once.

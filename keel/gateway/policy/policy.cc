@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -280,21 +279,22 @@ std::string UsageBatchToJson(const std::vector<UsageRecord>& records) {
     const UsageRecord& r = records[i];
     if (i > 0) out += ',';
     out += "{\"cost\":";
-    // Shortest text that reads back as the same double; nlohmann writes non-finite values as null.
-    if (std::isfinite(r.cost)) {
-      fmt::format_to(std::back_inserter(out), "{}", r.cost);
-    } else {
-      out += "null";
-    }
-    fmt::format_to(std::back_inserter(out), ",\"input_tokens\":{},\"key_id\":", r.input_tokens);
+    AppendJsonNumber(r.cost, &out);
+    out += ",\"input_tokens\":";
+    AppendJsonNumber(r.input_tokens, &out);
+    out += ",\"key_id\":";
     AppendJsonString(r.key_id, &out);
     out += ",\"model\":";
     AppendJsonString(r.model, &out);
-    fmt::format_to(std::back_inserter(out), ",\"output_tokens\":{},\"request_id\":", r.output_tokens);
+    out += ",\"output_tokens\":";
+    AppendJsonNumber(r.output_tokens, &out);
+    out += ",\"request_id\":";
     AppendJsonString(r.request_id, &out);
     out += ",\"team\":";
     AppendJsonString(r.team, &out);
-    fmt::format_to(std::back_inserter(out), ",\"unix_ms\":{}}}", r.unix_ms);
+    out += ",\"unix_ms\":";
+    AppendJsonNumber(r.unix_ms, &out);
+    out += '}';
   }
   out += "]}";
   return out;
