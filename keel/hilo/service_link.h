@@ -1,0 +1,141 @@
+// ServiceLink: what a service (answer, vector, engine, gateway) embeds to take part in HiLO. It
+// follows the controller's product state (an AgentClient long-polling GET /v1/state into a
+// StateAgent) and reports this instance's load (a LoadMeter) to POST /v1/report every
+// report_interval_ms. The service reads Current() on each request and applies that state's level
+// for itself at once: levels are run-time values, not start-up flags.
+//
+// Without a controller a link can be *pinned* to one state (Pin): `keel hilo validate` measures a
+// state that way, and an operator can freeze the product in one state. A pinned link still reports
+// load when it has a controller.
+//
+// A lost controller is the StateAgent's business: the last state is held for hold_s, then the safe
+// state after fallback_s (docs/hilo.md, "Agent rules").
+//
+// Thread safety: Current(), meter() and Pin() from any thread; Start/Stop from the owner.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/core/metrics.h"
+#include "keel/core/socket.h"
+#include "keel/core/status.h"
+#include "keel/hilo/agent_client.h"
+#include "keel/hilo/catalog.h"
+#include "keel/hilo/report.h"
+
+namespace keel::hilo {
+
+// Counts one service instance's load over a report window. Lock-light; every method may be called
+// from any thread. A request is Arrive()d once, then either Shed() (refused: 429, queue full) or
+// Started() (a worker took it) and later Finish()ed with its whole latency.
+class LoadMeter {
+ public:
+  // `workers`: how many requests the instance serves at once (threads, batch slots); utilisation
+  // is busy time / (window x workers) unless a utilisation probe is set.
+  explicit LoadMeter(int workers);
+
+  void Arrive();                  // a request arrived (counts toward arrival_rate, queue_depth)
+  void Shed();                    // ...and was refused
+  void Started();                 // ...a worker took it (leaves the queue, enters service)
+  void Finish(double latency_s, double busy_s);  // ...done: end-to-end latency, worker time spent
+
+  // Optional probes that replace the meter's own estimate (e.g. the engine scheduler's queue).
+  void SetQueueDepthProbe(std::function<int64_t()> probe);
+  void SetUtilisationProbe(std::function<double()> probe);  // 0..1
+
+  // The report for the window since the last Take (arrival rate, in-flight now, queue depth now,
+  // utilisation, p99 of the latencies finished in the window), and starts a new window. `now_ms`
+  // is unix ms. service/instance/applied_state are left for the caller.
+  LoadReport Take(int64_t now_ms);
+
+ private:
+  const int workers_;
+  std::mutex mu_;
+  int64_t window_start_ms_ = -1;
+  int64_t arrivals_ = 0;
+  int64_t queued_ = 0;    // arrived, not yet started or shed
+  int64_t in_service_ = 0;
+  double busy_s_ = 0;
+  std::vector<float> latencies_ms_;  // reservoir of the window's latencies (bounded)
+  int64_t finished_ = 0;
+  uint64_t rng_ = 0x9e3779b97f4a7c15ull;
+  std::function<int64_t()> queue_probe_;
+  std::function<double()> util_probe_;
+};
+
+struct ServiceLinkOptions {
+  Service service = Service::kAnswer;
+  std::string instance;            // 1..64 of [A-Za-z0-9_.:-]; "" = "<service>-<pid>"
+  int report_interval_ms = 250;    // docs: "every few hundred ms"
+  int workers = 1;                 // LoadMeter's worker count
+  AgentClientOptions client;
+  MetricsRegistry* metrics = nullptr;  // if set: keel_hilo_applied_state{service}, keel_hilo_link_*
+  std::function<int64_t()> clock;      // unix ms; null = the system clock
+};
+
+class ServiceLink {
+ public:
+  // With a controller: `call` reaches it (see agent_client.h); the catalog must be the controller's.
+  static Result<std::unique_ptr<ServiceLink>> Create(Catalog catalog, ControllerCall call, ServiceLinkOptions options);
+  // Asks the controller for its catalog (GET /v1/catalog, before `deadline`), then Create.
+  static Result<std::unique_ptr<ServiceLink>> Connect(ControllerCall call, ServiceLinkOptions options,
+                                                      Deadline deadline);
+  // Without a controller: always `state` (which must be in `catalog`); reports nothing.
+  static Result<std::unique_ptr<ServiceLink>> Pinned(Catalog catalog, std::string_view state,
+                                                     ServiceLinkOptions options);
+  ~ServiceLink();  // Stop()
+  ServiceLink(const ServiceLink&) = delete;
+  ServiceLink& operator=(const ServiceLink&) = delete;
+
+  // Starts the long-poll and the report threads (nothing for a pinned link without controller).
+  Status Start();
+  void Stop();  // idempotent
+
+  // The state to apply now, never null; valid while the link lives. Cheap (an atomic load):
+  // call it per request.
+  const State& Current() const;
+  int CurrentIndex() const;
+  // Pins (a state name) or unpins (""): while pinned, Current() is that state whatever the
+  // controller says. InvalidArgument for a name the catalog lacks.
+  Status Pin(std::string_view state);
+
+  // Called on the report thread whenever the applied state changes (after the change), e.g. to
+  // rebuild something a level fixes. Set before Start.
+  void OnChange(std::function<void(const State& from, const State& to)> fn);
+
+  LoadMeter& meter() { return meter_; }
+  const Catalog& catalog() const { return catalog_; }
+  Service service() const { return opt_.service; }
+  uint64_t reports_ok() const { return reports_ok_.load(); }
+  uint64_t report_errors() const { return report_errors_.load(); }
+
+ private:
+  ServiceLink(Catalog catalog, ServiceLinkOptions options);
+  void ReportLoop();
+  void Refresh();  // recompute the applied index from the agent and the pin
+
+  Catalog catalog_;
+  ServiceLinkOptions opt_;
+  LoadMeter meter_;
+  std::unique_ptr<AgentClient> client_;  // null for a pinned link without controller
+  std::atomic<int> applied_{0};
+  std::atomic<int> pinned_{-1};
+  std::function<void(const State&, const State&)> on_change_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread reporter_;
+  std::atomic<uint64_t> reports_ok_{0};
+  std::atomic<uint64_t> report_errors_{0};
+  Gauge* state_gauge_ = nullptr;
+};
+
+}  // namespace keel::hilo
