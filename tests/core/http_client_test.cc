@@ -1,5 +1,5 @@
-// ReplicaClient and CallPool against real HTTP servers on loopback.
-#include "keel/vector/replica_client.h"
+// HttpClient and CallPool against real HTTP servers on loopback.
+#include "keel/core/http_client.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <set>
 #include <thread>
 
-namespace keel::vector {
+namespace keel {
 namespace {
 
 TEST(ParseHttpUrlTest, AcceptsHostPortOnly) {
@@ -26,7 +26,7 @@ TEST(ParseHttpUrlTest, AcceptsHostPortOnly) {
   }
 }
 
-class ReplicaClientTest : public ::testing::Test {
+class HttpClientTest : public ::testing::Test {
  protected:
   void Serve(HttpHandler handler, HttpServerOptions o = {}) {
     o.host = "127.0.0.1";
@@ -38,7 +38,7 @@ class ReplicaClientTest : public ::testing::Test {
   std::unique_ptr<HttpServer> server_;
 };
 
-TEST_F(ReplicaClientTest, KeepsConnectionsAlive) {
+TEST_F(HttpClientTest, KeepsConnectionsAlive) {
   std::mutex mu;
   std::set<std::string> peers;
   Serve([&](const HttpRequest& req, HttpResponder& res) {
@@ -48,7 +48,7 @@ TEST_F(ReplicaClientTest, KeepsConnectionsAlive) {
     }
     res.Send(req.path == "/echo" ? 200 : 404, "text/plain", req.method + " " + req.body);
   });
-  ReplicaClient client(endpoint());
+  HttpClient client(endpoint());
   for (int i = 0; i < 5; ++i) {
     auto r = client.Call("POST", "/echo", "x" + std::to_string(i), "text/plain", DeadlineIn(5000));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -63,7 +63,7 @@ TEST_F(ReplicaClientTest, KeepsConnectionsAlive) {
   EXPECT_EQ(peers.size(), 1u);  // six calls, one connection
 }
 
-TEST_F(ReplicaClientTest, ReconnectsWhenTheServerClosedAnIdleConnection) {
+TEST_F(HttpClientTest, ReconnectsWhenTheServerClosedAnIdleConnection) {
   std::atomic<int> calls{0};
   HttpServerOptions o;
   o.idle_timeout_seconds = 0.1;
@@ -71,7 +71,7 @@ TEST_F(ReplicaClientTest, ReconnectsWhenTheServerClosedAnIdleConnection) {
     ++calls;
     res.Send(200, "text/plain", "ok");
   }, o);
-  ReplicaClient client(endpoint());
+  HttpClient client(endpoint());
   ASSERT_TRUE(client.Call("GET", "/", "", "", DeadlineIn(5000)).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the server closes the pooled one
   auto r = client.Call("GET", "/", "", "", DeadlineIn(5000));
@@ -80,11 +80,11 @@ TEST_F(ReplicaClientTest, ReconnectsWhenTheServerClosedAnIdleConnection) {
   EXPECT_EQ(calls.load(), 2);
 }
 
-TEST_F(ReplicaClientTest, SilentPeerFailsAtTheDeadline) {
+TEST_F(HttpClientTest, SilentPeerFailsAtTheDeadline) {
   // Listens (so the connect completes in the kernel) but never reads or answers.
   auto listener = ListenTcp("127.0.0.1", 0, 16);
   ASSERT_TRUE(listener.ok());
-  ReplicaClient client({"127.0.0.1", listener->port});
+  HttpClient client({"127.0.0.1", listener->port});
   const auto t0 = std::chrono::steady_clock::now();
   auto r = client.Call("GET", "/", "", "", DeadlineIn(200));
   ASSERT_FALSE(r.ok());
@@ -94,7 +94,7 @@ TEST_F(ReplicaClientTest, SilentPeerFailsAtTheDeadline) {
   ::close(listener->fd);
 }
 
-TEST_F(ReplicaClientTest, PeerThatDiesBeforeAnsweringIsUnavailableNotACrash) {
+TEST_F(HttpClientTest, PeerThatDiesBeforeAnsweringIsUnavailableNotACrash) {
   // Accepts, reads the request, closes without a byte of response (a replica killed mid-query),
   // then once more after half a status line.
   auto listener = ListenTcp("127.0.0.1", 0, 16);
@@ -109,7 +109,7 @@ TEST_F(ReplicaClientTest, PeerThatDiesBeforeAnsweringIsUnavailableNotACrash) {
       ::close(c);
     }
   });
-  ReplicaClient client({"127.0.0.1", listener->port});
+  HttpClient client({"127.0.0.1", listener->port});
   for (int i = 0; i < 2; ++i) {
     auto r = client.Call("POST", "/v1/search", "{}", "application/json", DeadlineIn(5000));
     ASSERT_FALSE(r.ok());
@@ -120,25 +120,25 @@ TEST_F(ReplicaClientTest, PeerThatDiesBeforeAnsweringIsUnavailableNotACrash) {
   ::close(listener->fd);
 }
 
-TEST_F(ReplicaClientTest, RefusedAndOversizedAnswersFail) {
+TEST_F(HttpClientTest, RefusedAndOversizedAnswersFail) {
   Serve([](const HttpRequest&, HttpResponder& res) { res.Send(200, "text/plain", std::string(1 << 20, 'x')); });
-  ReplicaClientOptions small;
+  HttpClientOptions small;
   small.max_response_bytes = 64 << 10;
-  ReplicaClient client(endpoint(), small);
+  HttpClient client(endpoint(), small);
   auto r = client.Call("GET", "/", "", "", DeadlineIn(5000));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find(client.Address()), std::string::npos) << r.status().message();
-  ReplicaClient big(endpoint());
+  HttpClient big(endpoint());
   auto ok = big.Call("GET", "/", "", "", DeadlineIn(5000));
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->body.size(), size_t{1} << 20);
   const int port = server_->port();
   server_->Stop();
-  ReplicaClient gone({"127.0.0.1", port});
+  HttpClient gone({"127.0.0.1", port});
   EXPECT_EQ(gone.Call("GET", "/", "", "", DeadlineIn(5000)).status().code(), StatusCode::kUnavailable);
 }
 
-TEST_F(ReplicaClientTest, RunAllCallsConcurrently) {
+TEST_F(HttpClientTest, RunAllCallsConcurrently) {
   std::atomic<int> in_flight{0}, most{0};
   Serve([&](const HttpRequest&, HttpResponder& res) {
     const int now = ++in_flight;
@@ -149,7 +149,7 @@ TEST_F(ReplicaClientTest, RunAllCallsConcurrently) {
     --in_flight;
     res.Send(200, "text/plain", "ok");
   });
-  ReplicaClient client(endpoint());
+  HttpClient client(endpoint());
   CallPool pool(8);
   std::vector<int> status(6, 0);
   pool.RunAll(6, [&](int i) {
@@ -161,4 +161,4 @@ TEST_F(ReplicaClientTest, RunAllCallsConcurrently) {
 }
 
 }  // namespace
-}  // namespace keel::vector
+}  // namespace keel

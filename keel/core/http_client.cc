@@ -1,4 +1,4 @@
-#include "keel/vector/replica_client.h"
+#include "keel/core/http_client.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,7 +17,7 @@
 
 #include "keel/core/log.h"
 
-namespace keel::vector {
+namespace keel {
 
 namespace http = boost::beast::http;
 
@@ -42,21 +42,21 @@ Result<HttpEndpoint> ParseHttpUrl(std::string_view url) {
   return HttpEndpoint{std::string(host), p};
 }
 
-ReplicaClient::ReplicaClient(HttpEndpoint endpoint, ReplicaClientOptions options)
+HttpClient::HttpClient(HttpEndpoint endpoint, HttpClientOptions options)
     : endpoint_(std::move(endpoint)), options_(options) {}
 
-ReplicaClient::~ReplicaClient() {
+HttpClient::~HttpClient() {
   for (int fd : idle_) ::close(fd);
 }
 
-std::string ReplicaClient::Address() const { return fmt::format("{}:{}", endpoint_.host, endpoint_.port); }
+std::string HttpClient::Address() const { return fmt::format("{}:{}", endpoint_.host, endpoint_.port); }
 
-int ReplicaClient::TakeIdle() {
+int HttpClient::TakeIdle() {
   std::lock_guard lock(mu_);
   while (!idle_.empty()) {
     const int fd = idle_.back();
     idle_.pop_back();
-    // An idle connection has nothing to read: readable means the replica closed it (or sent
+    // An idle connection has nothing to read: readable means the peer closed it (or sent
     // garbage); either way it cannot carry a request.
     if (PollFd(fd, POLLIN, 0) == 0) return fd;
     ::close(fd);
@@ -64,7 +64,7 @@ int ReplicaClient::TakeIdle() {
   return -1;
 }
 
-void ReplicaClient::GiveBack(int fd) {
+void HttpClient::GiveBack(int fd) {
   std::lock_guard lock(mu_);
   if (static_cast<int>(idle_.size()) >= options_.max_idle_connections) {
     ::close(fd);
@@ -73,8 +73,8 @@ void ReplicaClient::GiveBack(int fd) {
   idle_.push_back(fd);
 }
 
-Result<HttpReply> ReplicaClient::CallOn(int fd, std::string_view head, std::string_view body, Deadline deadline,
-                                        bool* reusable, bool* nothing_read) {
+Result<HttpReply> HttpClient::CallOn(int fd, std::string_view head, std::string_view body, Deadline deadline,
+                                     bool* reusable, bool* nothing_read) {
   *reusable = false;
   *nothing_read = true;
   iovec iov[2] = {{const_cast<char*>(head.data()), head.size()}, {const_cast<char*>(body.data()), body.size()}};
@@ -90,7 +90,7 @@ Result<HttpReply> ReplicaClient::CallOn(int fd, std::string_view head, std::stri
   while (!parser.is_done()) {
     const ssize_t n = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
     if (n == 0) {
-      // Beast asserts that put_eof follows some input: a replica that died before answering (no
+      // Beast asserts that put_eof follows some input: a peer that died before answering (no
       // byte of a response) must not reach it.
       if (!parser.got_some()) {
         if (pending.empty()) return Status::Unavailable("connection closed before a response");
@@ -131,8 +131,8 @@ Result<HttpReply> ReplicaClient::CallOn(int fd, std::string_view head, std::stri
   return reply;
 }
 
-Result<HttpReply> ReplicaClient::Call(std::string_view method, std::string_view target, std::string_view body,
-                                      std::string_view content_type, Deadline deadline) {
+Result<HttpReply> HttpClient::Call(std::string_view method, std::string_view target, std::string_view body,
+                                   std::string_view content_type, Deadline deadline) {
   std::string head = fmt::format("{} {} HTTP/1.1\r\nHost: {}\r\n", method, target, Address());
   if (!body.empty() || method == "POST") {
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
@@ -155,7 +155,7 @@ Result<HttpReply> ReplicaClient::Call(std::string_view method, std::string_view 
     }
     if (reply.ok()) return reply;
     // A pooled connection that failed before a byte came back was most likely closed by the
-    // replica while idle: one more try on a fresh connection.
+    // peer while idle: one more try on a fresh connection.
     if (!(pooled && nothing_read && MillisLeft(deadline) != 0)) {
       return Status::Unavailable(fmt::format("{}: {}", Address(), reply.status().message()));
     }
@@ -223,4 +223,4 @@ void CallPool::RunAll(int n, const std::function<void(int)>& fn) {
   done.wait(lock, [&] { return left == 0; });
 }
 
-}  // namespace keel::vector
+}  // namespace keel
