@@ -1,6 +1,7 @@
 #include "keel/hilo/agent_client.h"
 
 #include <chrono>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +44,20 @@ Result<StateReply> ParseStateReply(std::string_view body) {
 }
 
 }  // namespace
+
+ControllerCall HttpControllerCall(const HttpEndpoint& endpoint, HttpClientOptions options) {
+  auto client = std::make_shared<HttpClient>(endpoint, options);
+  return [client](std::string_view method, std::string_view target, std::string_view body,
+                  std::string_view content_type, Deadline deadline) -> Result<ControllerReply> {
+    KEEL_ASSIGN_OR_RETURN(HttpReply r, client->Call(method, target, body, content_type, deadline));
+    return ControllerReply{r.status, std::move(r.body)};
+  };
+}
+
+Result<ControllerCall> HttpControllerCallForUrl(std::string_view url, HttpClientOptions options) {
+  KEEL_ASSIGN_OR_RETURN(HttpEndpoint endpoint, ParseHttpUrl(url));
+  return HttpControllerCall(endpoint, options);
+}
 
 Result<std::unique_ptr<AgentClient>> AgentClient::Create(Catalog catalog, ControllerCall call,
                                                          AgentClientOptions options) {
@@ -95,10 +110,15 @@ Status AgentClient::PollOnce() {
     return Status::Unavailable("controller answered " + std::to_string(reply.status) + " to GET /v1/state");
   }
   KEEL_ASSIGN_OR_RETURN(StateReply s, ParseStateReply(reply.body));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto taken = agent_.Push(s.version, s.state, opt_.clock());
-  if (!taken.ok()) return taken.status();
-  if (*taken) Log().info("hilo agent: state '{}' (version {})", s.state, s.version);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto taken = agent_.Push(s.version, s.state, opt_.clock());
+    if (!taken.ok()) return taken.status();
+    if (*taken) Log().info("hilo agent: state '{}' (version {})", s.state, s.version);
+  }
+  // Outside mu_: the callback reads Current(). Also on a same-version heartbeat, which can end a
+  // hold or a fallback (the agent follows the pushed state again).
+  if (opt_.on_push) opt_.on_push();
   return Status::Ok();
 }
 

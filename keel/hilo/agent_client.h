@@ -4,10 +4,9 @@
 // per failure streak) and returned as values, never thrown. A lost controller is covered by the
 // StateAgent's rules: the last state is held for hold_s, then the safe state after fallback_s.
 //
-// Transport: the caller passes a ControllerCall that sends one HTTP request to the controller.
-// The repo's synchronous HTTP client (keel::vector::ReplicaClient) lives in keel_vector, which
-// keel_hilo must not depend on (vector embeds this client); wrap it, as tests/hilo do, until that
-// client moves to keel/core.
+// Transport: the caller passes a ControllerCall that sends one HTTP request to the controller;
+// HttpControllerCall builds one on keel::HttpClient (keel/core/http_client.h). Tests may pass any
+// function (e.g. one that fails on demand).
 //
 // Thread safety: every method may be called from any thread. Start and Stop from the owner.
 #pragma once
@@ -22,6 +21,7 @@
 #include <string_view>
 #include <thread>
 
+#include "keel/core/http_client.h"
 #include "keel/core/socket.h"
 #include "keel/core/status.h"
 #include "keel/hilo/agent.h"
@@ -39,6 +39,12 @@ using ControllerCall = std::function<Result<ControllerReply>(std::string_view me
                                                               std::string_view body, std::string_view content_type,
                                                               Deadline deadline)>;
 
+// A ControllerCall over keel::HttpClient: keep-alive connections to `endpoint`, shared by the
+// copies of the returned function. Replies over options.max_response_bytes fail the call.
+ControllerCall HttpControllerCall(const HttpEndpoint& endpoint, HttpClientOptions options = {});
+// The same for "http://host:port" (ParseHttpUrl); InvalidArgument naming what is wrong with `url`.
+Result<ControllerCall> HttpControllerCallForUrl(std::string_view url, HttpClientOptions options = {});
+
 struct AgentClientOptions {
   AgentOptions agent;
   int wait_ms = 10000;          // long-poll wait asked of the controller (<= its max_wait_ms)
@@ -46,6 +52,11 @@ struct AgentClientOptions {
   int retry_ms = 500;           // pause after a failed poll
   int report_timeout_ms = 1000;  // deadline of one Report()
   std::function<int64_t()> clock;  // unix ms at which a push was heard; null = the system clock
+  // Called on the poll thread after each state answer the agent accepted (a newer version, or
+  // the same version heard again), outside the client's lock: ServiceLink re-reads Current() at
+  // once instead of at its next report tick. It may call Current() and version(); it must not
+  // call Stop() or block for long (the next poll waits for it). Null = nothing.
+  std::function<void()> on_push;
 };
 
 class AgentClient {

@@ -11,6 +11,10 @@
 // A lost controller is the StateAgent's business: the last state is held for hold_s, then the safe
 // state after fallback_s (docs/hilo.md, "Agent rules").
 //
+// Threads: the AgentClient's poll thread updates Current() as soon as a push arrives; a report
+// thread reports every report_interval_ms, re-reads the agent (so hold and fallback happen on time)
+// and runs OnChange callbacks.
+//
 // Thread safety: Current(), meter() and Pin() from any thread; Start/Stop from the owner.
 #pragma once
 
@@ -33,14 +37,28 @@
 
 namespace keel::hilo {
 
-// Counts one service instance's load over a report window. Lock-light; every method may be called
-// from any thread. A request is Arrive()d once, then either Shed() (refused: 429, queue full) or
-// Started() (a worker took it) and later Finish()ed with its whole latency.
+// Counts one service instance's load over a report window. Every method may be called from any
+// thread (one short mutex). A request is Arrive()d once, then either Shed() (refused: 429, queue
+// full) or Started() (a worker took it) and later Finish()ed with its whole latency.
+//
+// Take()'s report:
+//  - arrival_rate: Arrive() calls in the window (shed ones included) / window seconds;
+//  - in_flight: requests Started() and not yet Finish()ed, now (LoadReport: "being served");
+//  - queue_depth: requests Arrive()d and neither Started() nor Shed(), now; or the probe's value;
+//  - utilisation: min(1, busy seconds Finish()ed in the window / (window seconds x workers)), or
+//    the probe's value clamped to 0..1. A request's busy time counts in the window it finishes in;
+//  - p99_ms: the p99 of the latencies Finish()ed in the window, from a uniform sample of at most
+//    kMaxSamples of them; 0 for a window in which nothing finished.
+// A Take at or before the window's start (a clock that went back) reports rates of 0.
 class LoadMeter {
  public:
+  static constexpr size_t kMaxSamples = 4096;
+
   // `workers`: how many requests the instance serves at once (threads, batch slots); utilisation
-  // is busy time / (window x workers) unless a utilisation probe is set.
-  explicit LoadMeter(int workers);
+  // is busy time / (window x workers) unless a utilisation probe is set. Values below 1 count as
+  // 1. The first window starts at `start_ms` (unix ms; -1 = the system clock now), so a meter fed
+  // by a test clock passes that clock's time here.
+  explicit LoadMeter(int workers, int64_t start_ms = -1);
 
   void Arrive();                  // a request arrived (counts toward arrival_rate, queue_depth)
   void Shed();                    // ...and was refused
@@ -59,7 +77,7 @@ class LoadMeter {
  private:
   const int workers_;
   std::mutex mu_;
-  int64_t window_start_ms_ = -1;
+  int64_t window_start_ms_ = 0;
   int64_t arrivals_ = 0;
   int64_t queued_ = 0;    // arrived, not yet started or shed
   int64_t in_service_ = 0;
@@ -76,8 +94,12 @@ struct ServiceLinkOptions {
   std::string instance;            // 1..64 of [A-Za-z0-9_.:-]; "" = "<service>-<pid>"
   int report_interval_ms = 250;    // docs: "every few hundred ms"
   int workers = 1;                 // LoadMeter's worker count
+  // The agent's hold/fallback and the poll timings. The link chains its own on_push after any
+  // given here; a null client.clock becomes `clock`, so the agent and the link share one clock.
   AgentClientOptions client;
-  MetricsRegistry* metrics = nullptr;  // if set: keel_hilo_applied_state{service}, keel_hilo_link_*
+  // If set: gauge keel_hilo_applied_state{service} (the applied state's index), counters
+  // keel_hilo_link_reports_total{result="ok"|"error"}. Must outlive the link.
+  MetricsRegistry* metrics = nullptr;
   std::function<int64_t()> clock;      // unix ms; null = the system clock
 };
 
@@ -95,7 +117,9 @@ class ServiceLink {
   ServiceLink(const ServiceLink&) = delete;
   ServiceLink& operator=(const ServiceLink&) = delete;
 
-  // Starts the long-poll and the report threads (nothing for a pinned link without controller).
+  // Starts the long-poll and the report threads. A pinned link without controller starts only the
+  // report thread, which then reports nothing and only runs OnChange after a Pin(). Internal if
+  // already started.
   Status Start();
   void Stop();  // idempotent
 
@@ -108,7 +132,10 @@ class ServiceLink {
   Status Pin(std::string_view state);
 
   // Called on the report thread whenever the applied state changes (after the change), e.g. to
-  // rebuild something a level fixes. Set before Start.
+  // rebuild something a level fixes. `from` is the state the previous call ended in (the initial
+  // state for the first), so changes that come and go within one wake-up are seen as one (or
+  // none). No lock of the link is held: the callback may call Current(), Pin(), meter(). It must
+  // not call Stop(). Set before Start.
   void OnChange(std::function<void(const State& from, const State& to)> fn);
 
   LoadMeter& meter() { return meter_; }
@@ -121,6 +148,7 @@ class ServiceLink {
   ServiceLink(Catalog catalog, ServiceLinkOptions options);
   void ReportLoop();
   void Refresh();  // recompute the applied index from the agent and the pin
+  int64_t Now() const { return opt_.clock(); }
 
   Catalog catalog_;
   ServiceLinkOptions opt_;
@@ -129,13 +157,19 @@ class ServiceLink {
   std::atomic<int> applied_{0};
   std::atomic<int> pinned_{-1};
   std::function<void(const State&, const State&)> on_change_;
-  std::mutex mu_;
+  std::mutex refresh_mu_;  // serialises Refresh (a stale read must not overwrite a newer one)
+  std::mutex mu_;          // guards stopping_, started_, change_pending_
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool started_ = false;
+  bool change_pending_ = false;  // Refresh changed applied_: the report thread runs OnChange
+  int notified_ = 0;             // the index OnChange last ended in; report thread only
   std::thread reporter_;
   std::atomic<uint64_t> reports_ok_{0};
   std::atomic<uint64_t> report_errors_{0};
   Gauge* state_gauge_ = nullptr;
+  Counter* reports_ok_counter_ = nullptr;
+  Counter* report_errors_counter_ = nullptr;
 };
 
 }  // namespace keel::hilo
