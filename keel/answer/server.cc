@@ -1,0 +1,250 @@
+#include "keel/answer/server.h"
+
+#include <chrono>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "keel/core/http_metrics.h"
+#include "keel/core/json_reader.h"
+#include "keel/core/json_writer.h"
+#include "keel/core/log.h"
+
+namespace keel::answer {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Upstream answers are bounded too: a hostile or broken peer cannot make us build a huge DOM.
+JsonLimits UpstreamLimits() {
+  JsonLimits l;
+  l.max_depth = 16;
+  l.max_values = 200000;
+  l.require_object = true;
+  return l;
+}
+
+// The "error.message" of an error body, else the body itself cut to 200 bytes.
+std::string UpstreamMessage(const std::string& body) {
+  auto j = ParseUntrustedJson(body, UpstreamLimits());
+  if (j.ok()) {
+    auto e = j->find("error");
+    if (e != j->end() && e->is_object()) {
+      auto m = e->find("message");
+      if (m != e->end() && m->is_string()) return m->get<std::string>();
+    }
+  }
+  std::string cut = body.substr(0, 200);
+  for (char& c : cut) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  return cut;
+}
+
+struct Failure {
+  int status = 0;
+  std::string message;
+};
+
+}  // namespace
+
+AnswerServer::AnswerServer(const Corpus& corpus, AnswerServerOptions options, hilo::ServiceLink* link)
+    : corpus_(corpus), opt_(std::move(options)), link_(link) {
+  requests_ = &metrics_.AddCounter("keel_answer_requests_total", "Answer requests by HTTP status.", {"code"});
+  inflight_gauge_ = &metrics_.AddGauge("keel_answer_inflight", "Answer requests being served now.").Get();
+  search_seconds_ = &metrics_.AddHistogram("keel_answer_search_seconds", "Vector search calls.", LatencyBuckets()).Get();
+  generate_seconds_ =
+      &metrics_.AddHistogram("keel_answer_generate_seconds", "Gateway chat-completion calls.", LatencyBuckets()).Get();
+}
+
+AnswerServer::~AnswerServer() { Stop(); }
+
+Result<std::unique_ptr<AnswerServer>> AnswerServer::Start(const Corpus& corpus, AnswerServerOptions options,
+                                                          hilo::ServiceLink* link) {
+  if (options.max_inflight < 1 || options.max_inflight > 100000) {
+    return Status::InvalidArgument("max_inflight: expected 1..100000");
+  }
+  if (options.k < 1 || options.k > 1000) return Status::InvalidArgument("k: expected 1..1000");
+  if (options.limits.dim < 1 || options.limits.dim > 65536) return Status::InvalidArgument("dim: expected 1..65536");
+  if (options.context_bytes > (size_t{1} << 20)) return Status::InvalidArgument("context_bytes: at most 1 MiB");
+  if (link != nullptr && link->service() != hilo::Service::kAnswer) {
+    return Status::InvalidArgument("the HiLO link must be the answer service's");
+  }
+  auto vec = ParseHttpUrl(options.vector_url);
+  if (!vec.ok()) return Status::InvalidArgument("vector URL: " + vec.status().message());
+  auto gw = ParseHttpUrl(options.gateway_url);
+  if (!gw.ok()) return Status::InvalidArgument("gateway URL: " + gw.status().message());
+
+  std::unique_ptr<AnswerServer> s(new AnswerServer(corpus, std::move(options), link));
+  HttpClientOptions co;
+  co.max_response_bytes = size_t{16} << 20;
+  co.max_idle_connections = s->opt_.max_inflight;
+  s->vector_ = std::make_unique<HttpClient>(*vec, co);
+  s->gateway_ = std::make_unique<HttpClient>(*gw, co);
+
+  HttpRouter router(OpenAIErrorBody);
+  AnswerServer* self = s.get();
+  router.Handle("POST", "/v1/chat/completions", [self](const HttpRequest& req, HttpResponder& r) {
+    CountingResponder cr(r, *self->requests_, "/v1/chat/completions");
+    self->HandleChat(req, cr);
+  });
+  HandleHealthAndMetrics(router, s->metrics_);
+  HttpServerOptions ho;
+  ho.host = s->opt_.host;
+  ho.port = s->opt_.port;
+  // Room above max_inflight so the requests beyond it still get a thread to be told 429.
+  ho.max_active_requests = s->opt_.max_inflight + 16;
+  ho.max_body_bytes = s->opt_.max_body_bytes;
+  ho.server_name = "keel-answer";
+  ho.error_body = OpenAIErrorBody;
+  s->http_ = std::make_unique<HttpServer>(ho, std::move(router));
+  KEEL_RETURN_IF_ERROR(s->http_->Start());
+  Log().info("keel answer listening on {}:{} (vector {}, gateway {}, <= {} in flight, {})", s->opt_.host,
+             s->http_->port(), s->vector_->Address(), s->gateway_->Address(), s->opt_.max_inflight,
+             link != nullptr ? "HiLO link" : "built-in full level");
+  return s;
+}
+
+void AnswerServer::Stop() {
+  if (http_) http_->Stop();
+}
+
+void AnswerServer::HandleChat(const HttpRequest& req, HttpResponder& res) {
+  const auto t0 = Clock::now();
+  hilo::LoadMeter* meter = link_ != nullptr ? &link_->meter() : nullptr;
+  if (meter != nullptr) meter->Arrive();
+  const int now_inflight = inflight_.fetch_add(1) + 1;
+  if (now_inflight > opt_.max_inflight) {
+    inflight_.fetch_sub(1);
+    if (meter != nullptr) meter->Shed();
+    res.Send(429, "application/json",
+             OpenAIErrorBody(429, "keel answer is at its limit of " + std::to_string(opt_.max_inflight) +
+                                      " requests in flight; retry"),
+             {{"Retry-After", "1"}});
+    return;
+  }
+  inflight_gauge_->Set(now_inflight);
+  if (meter != nullptr) meter->Started();
+  // The level is read once, so a state change mid-request cannot mix two levels in one answer.
+  hilo::AnswerLevel level = kBuiltinLevel;
+  std::string state = kBuiltinStateName;
+  if (link_ != nullptr) {
+    const hilo::State& st = link_->Current();
+    level = st.answer;
+    state = st.name;
+  }
+  Serve(req, res, level, state);
+  inflight_gauge_->Set(inflight_.fetch_sub(1) - 1);
+  if (meter != nullptr) {
+    const double s = SecondsSince(t0);
+    meter->Finish(s, s);
+  }
+}
+
+void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo::AnswerLevel& level,
+                         const std::string& state) {
+  auto fail = [&res](int status, const std::string& message) {
+    res.Send(status, "application/json", OpenAIErrorBody(status, message));
+  };
+  auto parsed = ParseAnswerRequest(req.body, opt_.limits);
+  if (!parsed.ok()) return fail(400, parsed.status().message());
+  AnswerRequest& q = *parsed;
+  if (q.model.empty()) q.model = opt_.default_model;
+  if (q.model.empty()) return fail(400, "model: required (this server has no default model; start it with --model)");
+
+  // 1. Search.
+  std::vector<uint64_t> retrieved;
+  double search_ms = 0;
+  if (level.retrieval && q.vector.has_value()) {
+    std::string body = "{\"kind\":\"text\",\"text\":[";
+    for (size_t i = 0; i < q.vector->size(); ++i) {
+      if (i > 0) body.push_back(',');
+      AppendJsonNumber(static_cast<double>((*q.vector)[i]), &body);
+    }
+    body += "],\"k\":";
+    AppendJsonNumber(static_cast<int64_t>(opt_.k), &body);
+    body += '}';
+    const auto ts = Clock::now();
+    searches_.fetch_add(1);
+    auto reply = vector_->Call("POST", "/v1/search", body, "application/json", DeadlineIn(opt_.vector_timeout_ms));
+    const double secs = SecondsSince(ts);
+    search_ms = secs * 1e3;
+    search_seconds_->Observe(secs);
+    const std::string who = "vector service at " + vector_->Address();
+    if (!reply.ok()) return fail(503, who + " unreachable: " + reply.status().message());
+    if (reply->status != 200) {
+      return fail(502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body));
+    }
+    auto j = ParseUntrustedJson(reply->body, UpstreamLimits());
+    if (!j.ok()) return fail(502, who + " sent a malformed answer: " + j.status().message());
+    auto hits = j->find("hits");
+    if (hits == j->end() || !hits->is_array()) return fail(502, who + " sent an answer without \"hits\"");
+    for (const auto& h : *hits) {
+      auto id = h.is_object() ? h.find("id") : h.end();
+      if (!h.is_object() || id == h.end() || !id->is_number_unsigned()) {
+        return fail(502, who + " sent a hit without an unsigned \"id\"");
+      }
+      retrieved.push_back(id->get<uint64_t>());
+    }
+  }
+
+  // 2. Prompt.
+  std::vector<std::string_view> docs;
+  std::vector<size_t> doc_ids;
+  const size_t want = level.retrieval ? static_cast<size_t>(std::max<int64_t>(level.context_docs, 0)) : 0;
+  for (size_t i = 0; i < retrieved.size() && docs.size() < want; ++i) {
+    const size_t d = corpus_.DocFor(retrieved[i]);
+    doc_ids.push_back(d);
+    docs.push_back(corpus_.doc(d));
+  }
+  const std::string prompt = BuildPrompt(docs, q.question, opt_.context_bytes);
+
+  // 3. Generate.
+  std::string gen = "{\"model\":";
+  AppendJsonString(q.model, &gen);
+  gen += ",\"messages\":[{\"role\":\"user\",\"content\":";
+  AppendJsonString(prompt, &gen);
+  gen += "}],\"max_tokens\":";
+  AppendJsonNumber(q.max_tokens, &gen);
+  gen += ",\"temperature\":";
+  AppendJsonNumber(q.temperature, &gen);
+  gen += ",\"stream\":false}";
+  const auto tg = Clock::now();
+  auto reply = gateway_->Call("POST", "/v1/chat/completions", gen, "application/json",
+                              DeadlineIn(opt_.gateway_timeout_ms));
+  const double gsecs = SecondsSince(tg);
+  generate_seconds_->Observe(gsecs);
+  const std::string who = "gateway at " + gateway_->Address();
+  if (!reply.ok()) return fail(503, who + " unreachable: " + reply.status().message());
+  if (reply->status == 400 || reply->status == 404 || reply->status == 413 || reply->status == 429) {
+    HttpHeaderList extra;
+    if (reply->status == 429) extra.emplace_back("Retry-After", "1");
+    res.Send(reply->status, "application/json",
+             OpenAIErrorBody(reply->status, "gateway: " + UpstreamMessage(reply->body)), extra);
+    return;
+  }
+  if (reply->status != 200) {
+    return fail(502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body));
+  }
+  auto answer = ParseUntrustedOrderedJson(reply->body, UpstreamLimits());
+  if (!answer.ok()) return fail(502, who + " sent a malformed answer: " + answer.status().message());
+  if (answer->find("choices") == answer->end()) return fail(502, who + " sent an answer without \"choices\"");
+
+  // 4. Answer.
+  ojson keel;
+  keel["retrieved"] = retrieved;
+  keel["docs"] = doc_ids;
+  keel["state"] = state;
+  keel["retrieval"] = level.retrieval;
+  keel["context_docs"] = level.context_docs;
+  keel["search_ms"] = search_ms;
+  keel["generate_ms"] = gsecs * 1e3;
+  (*answer)["keel"] = std::move(keel);
+  res.Send(200, "application/json", answer->dump(-1, ' ', false, ojson::error_handler_t::replace));
+}
+
+}  // namespace keel::answer

@@ -1,0 +1,113 @@
+// AnswerServer: what `keel answer serve` runs -- the retrieval-augmented answer endpoint of
+// issue 23, the product HiLO degrades (docs/answer.md).
+//
+//   POST /v1/chat/completions   an OpenAI chat body plus "keel_retrieval" (keel/answer/request.h)
+//       1. search: POST {vector_url}/v1/search {"kind":"text","text":[...],"k":10} (a `keel vector`
+//          service or the router: same API) -- only when the state's answer level has retrieval
+//          on AND the request carries keel_retrieval.vector;
+//       2. prompt: the documents of the first level.context_docs hits (vector id i stands for
+//          document i mod corpus size) and the last user message (BuildPrompt);
+//       3. generate: POST {gateway_url}/v1/chat/completions {"model","messages":[{"role":"user",
+//          "content":prompt}],"max_tokens","temperature"} (`keel gateway`, or an engine: same API);
+//       4. answer: the generator's chat completion with one more member,
+//          "keel":{"retrieved":[all k ids, in order],"docs":[document indices put in the prompt],
+//                  "state":name,"retrieval":bool,"context_docs":n,"search_ms":x,"generate_ms":y}
+//   GET /healthz, GET /metrics (keel_answer_requests_total{code}, keel_answer_inflight,
+//       keel_answer_search_seconds, keel_answer_generate_seconds)
+//
+// HiLO: with a ServiceLink, each request reads link->Current().answer once at its start and
+// applies it (retrieval on/off, context_docs); the link's LoadMeter sees Arrive, then Shed or
+// Started ... Finish. Without a link the server applies kBuiltinLevel (retrieval on,
+// context_docs 3) and meters nothing.
+//
+// Bounds and errors (OpenAI's error body, OpenAIErrorBody):
+//   - more than max_inflight requests at once: 429 with Retry-After: 1, counted as Shed;
+//   - body over max_body_bytes: 413; bad input: 400 naming the member (ParseAnswerRequest);
+//   - vector service unreachable or timed out: 503 "vector service at host:port unreachable: ...";
+//     it answered non-200 or a body that is not a search answer: 502 "vector service ... answered
+//     <status>: <its message>";
+//   - gateway unreachable: 503 naming it; gateway 400/404/413/429: passed through with its status
+//     and message (prefixed "gateway: "), since they are the client's request; other non-200 or a
+//     malformed answer: 502 naming it.
+// Upstream calls go through keel::HttpClient, which retries once on a pooled connection the peer
+// closed; a chat completion at temperature 0 is safe to repeat.
+//
+// Thread safety: Start/Stop from the owner; requests are served concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "keel/answer/corpus.h"
+#include "keel/answer/request.h"
+#include "keel/core/http_client.h"
+#include "keel/core/http_server.h"
+#include "keel/core/metrics.h"
+#include "keel/hilo/catalog.h"
+#include "keel/hilo/service_link.h"
+
+namespace keel::answer {
+
+// The level applied without a HiLO link: full retrieval, three documents.
+inline constexpr hilo::AnswerLevel kBuiltinLevel{true, 3};
+inline constexpr const char* kBuiltinStateName = "builtin-full";
+
+struct AnswerServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                     // 0 = any free port
+  std::string vector_url;           // "http://host:port" of `keel vector` or its router
+  std::string gateway_url;          // "http://host:port" of `keel gateway` (or an engine)
+  std::string default_model;        // asked of the gateway when the request names no model
+  int k = 10;                       // hits asked of the vector service (recall@10 needs 10)
+  // Bytes of document text in the prompt, shared by the documents (BuildPrompt). The default
+  // fits the 256-token models of shared/data (tok354: about one token per byte) with a question
+  // of <= 80 bytes, 8 documents and 16 new tokens (docs/answer.md, "Prompt"); raise it for a
+  // model with a longer context.
+  size_t context_bytes = 100;
+  int max_inflight = 16;            // requests served at once; beyond: 429 (Shed)
+  size_t max_body_bytes = 256 << 10;
+  RequestLimits limits;             // limits.dim must be the vector service's dim
+  int vector_timeout_ms = 2000;
+  int gateway_timeout_ms = 120000;
+};
+
+class AnswerServer {
+ public:
+  // `corpus` must outlive the server; `link` (may be null: kBuiltinLevel) too, and its owner
+  // starts and stops it. InvalidArgument for a bad URL or option, IOError when the address
+  // cannot be bound.
+  static Result<std::unique_ptr<AnswerServer>> Start(const Corpus& corpus, AnswerServerOptions options,
+                                                     hilo::ServiceLink* link = nullptr);
+  ~AnswerServer();  // Stop()
+  AnswerServer(const AnswerServer&) = delete;
+  AnswerServer& operator=(const AnswerServer&) = delete;
+
+  void Stop();  // drains requests in progress; idempotent
+  int port() const { return http_ ? http_->port() : 0; }
+  MetricsRegistry& metrics() { return metrics_; }
+  // Searches sent to the vector service so far (tests: a no-retrieval state sends none).
+  uint64_t searches() const { return searches_.load(); }
+
+ private:
+  AnswerServer(const Corpus& corpus, AnswerServerOptions options, hilo::ServiceLink* link);
+  void HandleChat(const HttpRequest& req, HttpResponder& res);
+  void Serve(const HttpRequest& req, HttpResponder& res, const hilo::AnswerLevel& level, const std::string& state);
+
+  const Corpus& corpus_;
+  AnswerServerOptions opt_;
+  hilo::ServiceLink* link_;
+  std::unique_ptr<HttpClient> vector_;
+  std::unique_ptr<HttpClient> gateway_;
+  MetricsRegistry metrics_;
+  CounterFamily* requests_ = nullptr;
+  Gauge* inflight_gauge_ = nullptr;
+  Histogram* search_seconds_ = nullptr;
+  Histogram* generate_seconds_ = nullptr;
+  std::atomic<int> inflight_{0};
+  std::atomic<uint64_t> searches_{0};
+  std::unique_ptr<HttpServer> http_;
+};
+
+}  // namespace keel::answer
