@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 
+#include "keel/answer/server.h"  // answer
 #include "keel/core/cpu.h"
 #include "keel/core/log.h"
 #include "keel/core/mapped_file.h"  // hilo
@@ -531,6 +532,41 @@ int RunHiloCheck(const HiloArgs& a) {
 }
 // ---- hilo (end)
 
+// ---- answer (begin): `keel answer serve`, the retrieval-augmented answer endpoint (docs/answer.md)
+struct AnswerArgs {
+  answer::AnswerServerOptions o;
+  std::string corpus;
+  answer::AnswerHiloFlags hilo;
+};
+
+int RunAnswer(AnswerArgs a) {
+  if (a.corpus.empty()) {
+    const char* shared = std::getenv("KEEL_SHARED");
+    if (shared == nullptr || *shared == '\0') {
+      return Fail(Status::InvalidArgument("answer: --corpus is required (or set KEEL_SHARED for its data/text/val.txt)"));
+    }
+    a.corpus = std::string(shared) + "/data/text/val.txt";
+  }
+  auto corpus = answer::Corpus::Load(a.corpus);
+  if (!corpus.ok()) return Fail(corpus.status());
+  auto link = answer::OpenAnswerLink(a.hilo, a.o.max_inflight);
+  if (!link.ok()) return Fail(link.status());
+  auto server = answer::AnswerServer::Start(*corpus, a.o, link->get());
+  if (!server.ok()) {
+    if (*link) (*link)->Stop();
+    return Fail(server.status());
+  }
+  Log().info("answer: corpus {} ({} documents), {}", a.corpus, corpus->size(),
+             *link ? "following HiLO" : "built-in full level (retrieval on, 3 documents)");
+  auto sig = WaitForTerminationSignal();
+  if (!sig.ok()) return Fail(sig.status());
+  Log().info("received {}; stopping", SignalName(*sig));
+  (*server)->Stop();
+  if (*link) (*link)->Stop();
+  return 0;
+}
+// ---- answer (end)
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -779,6 +815,29 @@ int main(int argc, char** argv) {
   hl_serve->add_flag("--allow-unvalidated", hl.o.allow_unvalidated, "development only: start despite a stale or foreign catalog (states still need figures)");
   // ---- hilo (end)
 
+  // ---- answer (begin)
+  AnswerArgs ans;
+  auto* ans_cmd = app.add_subcommand("answer", "Retrieval-augmented answers (OpenAI chat): search `keel vector`, prompt with the documents, ask `keel gateway` (docs/answer.md)");
+  ans_cmd->require_subcommand(1);
+  auto* ans_serve = ans_cmd->add_subcommand("serve", "Serve POST /v1/chat/completions (plus \"keel_retrieval\":{\"vector\":[...]}), /healthz, /metrics");
+  ans_serve->add_option("--host", ans.o.host, "address to bind")->capture_default_str();
+  ans_serve->add_option("--port", ans.o.port, "port to bind (0 = any free port)")->required()->check(CLI::Range(0, 65535));
+  ans_serve->add_option("--vector", ans.o.vector_url, "the vector service or its router (http://host:port)")->required();
+  ans_serve->add_option("--gateway", ans.o.gateway_url, "`keel gateway`, or an engine (`keel serve`): same OpenAI chat API (http://host:port)")->required();
+  ans_serve->add_option("--model", ans.o.default_model, "model asked of the gateway when a request names none (default: none; such requests get 400)");
+  ans_serve->add_option("--corpus", ans.corpus, "documents separated by blank lines; vector id i is document i mod count (default: $KEEL_SHARED/data/text/val.txt)")->check(CLI::ExistingFile);
+  ans_serve->add_option("--dim", ans.o.limits.dim, "length of keel_retrieval.vector: the vector service's text dim")->capture_default_str()->check(CLI::Range(1, 65536));
+  ans_serve->add_option("--context-bytes", ans.o.context_bytes, "bytes of document text in the prompt, shared by its documents (the default fits 256-token models)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  ans_serve->add_option("--max-inflight", ans.o.max_inflight, "requests served at once; beyond: 429 with Retry-After")->capture_default_str()->check(CLI::Range(1, 100000));
+  ans_serve->add_option("--vector-timeout-ms", ans.o.vector_timeout_ms, "deadline of one search")->capture_default_str()->check(CLI::Range(1, 600000));
+  ans_serve->add_option("--gateway-timeout-ms", ans.o.gateway_timeout_ms, "deadline of one generation")->capture_default_str()->check(CLI::Range(1, 3600000));
+  auto* ans_url = ans_serve->add_option("--hilo", ans.hilo.url, "follow the HiLO controller at this URL: apply its state's answer level (retrieval, context_docs), report load");
+  auto* ans_cat = ans_serve->add_option("--hilo-catalog", ans.hilo.catalog, "without a controller: a HiLO state catalog to pin one state of (with --hilo-state)")->check(CLI::ExistingFile);
+  ans_url->excludes(ans_cat);
+  ans_serve->add_option("--hilo-state", ans.hilo.state, "the HiLO state to pin (required with --hilo-catalog; with --hilo it freezes the state). Neither --hilo nor --hilo-catalog: retrieval on, 3 documents");
+  ans_serve->add_option("--hilo-instance", ans.hilo.instance, "this instance's name in HiLO load reports (default answer-<pid>)");
+  // ---- answer (end)
+
   CLI11_PARSE(app, argc, argv);
   SetLogLevel(log_level);
   if (cpu_isa != "auto" || app.count("--cpu-isa") > 0) {
@@ -796,6 +855,7 @@ int main(int argc, char** argv) {
   if (bw_cal->parsed()) return RunBellowsCalibrate(bw);
   if (bw_ins->parsed()) return RunBellowsInspect(bw_inspect);
   if (hl_serve->parsed()) return RunHiloServe(std::move(hl));  // hilo
+  if (ans_serve->parsed()) return RunAnswer(std::move(ans));  // answer
   if (hl_check->parsed()) return RunHiloCheck(hl);  // hilo
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);

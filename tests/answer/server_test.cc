@@ -1,0 +1,386 @@
+// keel answer end to end on loopback with real parts: a `keel vector` service in-process holding
+// 1,000 real SIFT base vectors, and a real engine server (en-dense6L + tok354). The gateway is
+// skipped here: --gateway points at the engine, which serves the same OpenAI chat API.
+// No wall-clock assertions; waits are bounded only to turn a hang into a failure.
+#include "keel/answer/server.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/engine/kv_cache.h"
+#include "keel/engine/model.h"
+#include "keel/engine/scheduler.h"
+#include "keel/engine/server.h"
+#include "keel/engine/tokenizer.h"
+#include "keel/hilo/service_link.h"
+#include "keel/vector/service.h"
+#include "keel/vector/texmex.h"
+#include "tests/core/http_test_client.h"
+#include "tests/engine/test_util.h"
+#include "tests/hilo/test_catalog.h"
+
+namespace keel::answer {
+namespace {
+
+using json = nlohmann::json;
+using test::HttpTestClient;
+using test::HttpTestResponse;
+
+constexpr const char* kModel = "en-dense6L";
+constexpr int kBase = 1000;  // SIFT base vectors upserted
+
+template <typename Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 6000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+// A loopback port nothing listens on (bound, then closed).
+int DeadPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string Url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
+
+// An engine behind its OpenAI server, on a fresh cache and scheduler.
+struct EngineRig {
+  std::unique_ptr<engine::KvCache> cache;
+  std::unique_ptr<engine::Scheduler> scheduler;
+  std::unique_ptr<engine::Server> server;
+  ~EngineRig() {
+    if (server) server->Stop(true);
+  }
+};
+
+class AnswerServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto corpus = Corpus::Load(test::SharedDir() + "/data/text/val.txt");
+    ASSERT_TRUE(corpus.ok()) << corpus.status().ToString();
+    corpus_ = new Corpus(std::move(*corpus));
+    auto eval = LoadEvalSet(test::SharedDir() + "/data/vectors", *corpus_);
+    ASSERT_TRUE(eval.ok()) << eval.status().ToString();
+    eval_ = new std::vector<EvalQuery>(std::move(*eval));
+    auto model = engine::LoadLlama2c(test::ModelsDir() + "/en-dense6L.bin");
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    model_ = new engine::Model(std::move(*model));
+    auto tok = engine::Tokenizer::Load(test::ModelsDir() + "/tok354.bin", model_->config.vocab_size);
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    tokenizer_ = new engine::Tokenizer(std::move(*tok));
+
+    dir_ = new test::TempDir("keel-answer");
+    vector::ServiceOptions vo;
+    vo.shard.dir = dir_->path() + "/shard";
+    vo.shard.text_dim = 128;
+    vo.shard.image_dim = 128;
+    vo.shard.wal_sync = false;
+    vo.port = 0;
+    auto vs = vector::Service::Start(vo);
+    ASSERT_TRUE(vs.ok()) << vs.status().ToString();
+    vector_ = vs->release();
+    auto base = vector::ReadBvecs(test::SharedDir() + "/data/vectors/bigann10k_base.bvecs", kBase);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    json items = json::array();
+    for (int i = 0; i < kBase; ++i) {
+      std::vector<float> v(base->values.begin() + i * 128, base->values.begin() + (i + 1) * 128);
+      items.push_back({{"id", i}, {"text", v}});
+    }
+    HttpTestClient c(vector_->port());
+    HttpTestResponse r = c.Request("POST", "/v1/upsert", json{{"items", items}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+
+    engine_ = new EngineRig;
+    StartEngine(*engine_, true);
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    if (vector_ != nullptr) (void)vector_->Stop();
+    delete vector_;
+    delete dir_;
+    delete tokenizer_;
+    delete model_;
+    delete eval_;
+    delete corpus_;
+    engine_ = nullptr;
+    vector_ = nullptr;
+  }
+
+  static void StartEngine(EngineRig& rig, bool run_scheduler) {
+    auto cache = engine::KvCache::Create(*model_, "raw", {});
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    rig.cache = std::move(*cache);
+    rig.scheduler = std::make_unique<engine::Scheduler>(*model_, *tokenizer_, *rig.cache, engine::SchedulerOptions{});
+    engine::ServerOptions so;
+    so.port = 0;
+    so.model_name = kModel;
+    so.run_scheduler = run_scheduler;
+    rig.server = std::make_unique<engine::Server>(*rig.scheduler, *tokenizer_, so);
+    Status st = rig.server->Start();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+
+  void StartAnswer(AnswerServerOptions o, hilo::ServiceLink* link = nullptr) {
+    if (o.vector_url.empty()) o.vector_url = Url(vector_->port());
+    if (o.gateway_url.empty()) o.gateway_url = Url(engine_->server->port());
+    o.default_model = kModel;
+    auto s = AnswerServer::Start(*corpus_, o, link);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    answer_ = std::move(*s);
+  }
+
+  HttpTestResponse Ask(const std::string& body) {
+    HttpTestClient c(answer_->port());
+    return c.Request("POST", "/v1/chat/completions", body);
+  }
+
+  static json AskBody(const EvalQuery& q, int max_tokens = 4) {
+    return {{"model", kModel},
+            {"messages", {{{"role", "user"}, {"content", q.question}}}},
+            {"max_tokens", max_tokens},
+            {"keel_retrieval", {{"vector", q.vector}}}};
+  }
+
+  // The ids a direct search of the vector service returns.
+  static std::vector<uint64_t> DirectSearch(const std::vector<float>& v) {
+    HttpTestClient c(vector_->port());
+    HttpTestResponse r = c.Request("POST", "/v1/search", json{{"kind", "text"}, {"text", v}, {"k", 10}}.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::vector<uint64_t> ids;
+    const json j = json::parse(r.body);
+    EXPECT_TRUE(j.contains("hits")) << r.body.substr(0, 300);
+    for (const auto& h : j.value("hits", json::array())) ids.push_back(h["id"].get<uint64_t>());
+    return ids;
+  }
+
+  static std::string ErrorMessage(const HttpTestResponse& r) {
+    json j = json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("error") && j["error"].contains("type") && j["error"].contains("param"))
+        << r.body;
+    if (!j.is_object() || !j.contains("error") || !j["error"]["message"].is_string()) return "";
+    return j["error"]["message"].get<std::string>();
+  }
+
+  static inline Corpus* corpus_ = nullptr;
+  static inline std::vector<EvalQuery>* eval_ = nullptr;
+  static inline engine::Model* model_ = nullptr;
+  static inline engine::Tokenizer* tokenizer_ = nullptr;
+  static inline test::TempDir* dir_ = nullptr;
+  static inline vector::Service* vector_ = nullptr;
+  static inline EngineRig* engine_ = nullptr;
+  std::unique_ptr<AnswerServer> answer_;
+};
+
+TEST_F(AnswerServerTest, RetrievesLikeADirectSearchAndPromptsWithTheDocs) {
+  StartAnswer({});
+  for (int i = 0; i < 3; ++i) {
+    const EvalQuery& q = (*eval_)[i];
+    HttpTestResponse r = Ask(AskBody(q).dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    json j = json::parse(r.body);
+    ASSERT_TRUE(j["choices"][0]["message"]["content"].is_string()) << r.body;
+    const json& k = j["keel"];
+    const std::vector<uint64_t> ids = k["retrieved"].get<std::vector<uint64_t>>();
+    EXPECT_EQ(ids, DirectSearch(q.vector));
+    ASSERT_EQ(ids.size(), 10u);
+    EXPECT_EQ(k["state"], kBuiltinStateName);
+    EXPECT_EQ(k["retrieval"], true);
+    EXPECT_EQ(k["context_docs"], kBuiltinLevel.context_docs);
+    std::vector<size_t> docs;
+    std::vector<std::string_view> texts;
+    for (int d = 0; d < kBuiltinLevel.context_docs; ++d) {
+      docs.push_back(corpus_->DocFor(ids[d]));
+      texts.push_back(corpus_->doc(docs.back()));
+    }
+    EXPECT_EQ(k["docs"].get<std::vector<size_t>>(), docs);
+    EXPECT_GE(k["search_ms"].get<double>(), 0.0);
+    EXPECT_GT(k["generate_ms"].get<double>(), 0.0);
+    // The engine saw exactly BuildPrompt's text: tok354 encodes a prompt as BOS, the dummy-prefix
+    // space, then one token per byte.
+    const std::string prompt = BuildPrompt(texts, q.question, AnswerServerOptions{}.context_bytes);
+    EXPECT_EQ(j["usage"]["prompt_tokens"].get<size_t>(), prompt.size() + 2) << prompt;
+  }
+  EXPECT_EQ(answer_->searches(), 3u);
+  // Without keel_retrieval there is nothing to search with: no call, no documents.
+  json body = AskBody((*eval_)[0]);
+  body.erase("keel_retrieval");
+  HttpTestResponse r = Ask(body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(json::parse(r.body)["keel"]["retrieved"].empty());
+  EXPECT_EQ(answer_->searches(), 3u);
+}
+
+TEST_F(AnswerServerTest, PinnedStatesApplyTheirAnswerLevelAtRunTime) {
+  hilo::ServiceLinkOptions lo;
+  lo.service = hilo::Service::kAnswer;
+  auto link = hilo::ServiceLink::Pinned(hilo::testing::TestCatalog(), "bare", lo);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  ASSERT_TRUE((*link)->Start().ok());
+  AnswerServerOptions o;
+  o.vector_url = Url(DeadPort());  // retrieval off must not need the vector service at all
+  StartAnswer(o, link->get());
+  const EvalQuery& q = (*eval_)[5];
+  HttpTestResponse r = Ask(AskBody(q).dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json k = json::parse(r.body)["keel"];
+  EXPECT_EQ(k["state"], "bare");
+  EXPECT_EQ(k["retrieval"], false);
+  EXPECT_TRUE(k["retrieved"].empty());
+  EXPECT_TRUE(k["docs"].empty());
+  EXPECT_EQ(answer_->searches(), 0u);
+  // The prompt was the question alone.
+  EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"].get<size_t>(), BuildPrompt({}, q.question, 100).size() + 2);
+
+  // Same server, a state with retrieval on: now the (dead) vector service is needed, and named.
+  ASSERT_TRUE((*link)->Pin("fewer_docs").ok());
+  r = Ask(AskBody(q).dump());
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(ErrorMessage(r).find("vector service at 127.0.0.1:"), std::string::npos) << r.body;
+  EXPECT_EQ(answer_->searches(), 1u);
+  (*link)->Stop();
+}
+
+TEST_F(AnswerServerTest, ContextDocsFollowsTheState) {
+  hilo::ServiceLinkOptions lo;
+  lo.service = hilo::Service::kAnswer;
+  auto link = hilo::ServiceLink::Pinned(hilo::testing::TestCatalog(), "full", lo);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  ASSERT_TRUE((*link)->Start().ok());
+  StartAnswer({}, link->get());
+  const EvalQuery& q = (*eval_)[7];
+  for (const auto& [state, docs] : std::vector<std::pair<std::string, size_t>>{{"full", 8}, {"fewer_docs", 3}}) {
+    ASSERT_TRUE((*link)->Pin(state).ok());
+    HttpTestResponse r = Ask(AskBody(q).dump());
+    ASSERT_EQ(r.status, 200) << state << ": " << r.body;
+    json k = json::parse(r.body)["keel"];
+    EXPECT_EQ(k["state"], state);
+    EXPECT_EQ(k["context_docs"], docs);
+    EXPECT_EQ(k["retrieved"].size(), 10u);  // all k ids, whatever the state puts in the prompt
+    ASSERT_EQ(k["docs"].size(), docs) << state;
+    for (size_t d = 0; d < docs; ++d) EXPECT_EQ(k["docs"][d], corpus_->DocFor(k["retrieved"][d].get<uint64_t>()));
+  }
+  (*link)->Stop();
+}
+
+TEST_F(AnswerServerTest, BeyondMaxInflightIs429) {
+  EngineRig held;  // an engine whose scheduler the test steps: a request waits in its queue
+  StartEngine(held, false);
+  AnswerServerOptions o;
+  o.max_inflight = 1;
+  o.gateway_url = Url(held.server->port());
+  StartAnswer(o);
+  json body = AskBody((*eval_)[0]);
+  HttpTestResponse first;
+  std::thread t([&] { first = Ask(body.dump()); });
+  ASSERT_TRUE(Eventually([&] { return held.scheduler->QueueDepth() == 1; }));
+  HttpTestResponse r = Ask(body.dump());
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(r.Header("Retry-After"), "1");
+  EXPECT_NE(ErrorMessage(r).find("limit of 1 requests in flight"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("rate_limit_exceeded"), std::string::npos);
+  std::atomic<bool> stop{false};
+  std::thread stepper([&] { held.scheduler->Run(stop); });
+  t.join();
+  EXPECT_EQ(first.status, 200) << first.body;
+  // The slot is free again.
+  HttpTestResponse again = Ask(body.dump());
+  EXPECT_EQ(again.status, 200) << again.body;
+  stop = true;
+  stepper.join();
+}
+
+TEST_F(AnswerServerTest, BadInputIs400And413) {
+  AnswerServerOptions o;
+  o.max_body_bytes = 4096;
+  StartAnswer(o);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{", "malformed JSON"},
+      {R"({"messages":[{"role":"user","content":"q"}],"stream":true})", "streaming is not supported"},
+      {R"({"messages":[{"role":"user","content":"q"}],"keel_retrieval":{"vector":[1,2]}})", "expected 128 numbers, got 2"},
+      {R"({"messages":[]})", "messages: expected at least one"},
+  };
+  for (const auto& [b, want] : cases) {
+    HttpTestResponse r = Ask(b);
+    EXPECT_EQ(r.status, 400) << b;
+    EXPECT_NE(ErrorMessage(r).find(want), std::string::npos) << b << " -> " << r.body;
+  }
+  HttpTestResponse big = Ask(R"({"messages":[{"role":"user","content":")" + std::string(5000, 'x') + "\"}]}");
+  EXPECT_EQ(big.status, 413) << big.body;
+  // An unknown model is the gateway's (here the engine's) 404, passed through.
+  HttpTestResponse m = Ask(R"({"model":"nope","messages":[{"role":"user","content":"q"}],"max_tokens":2})");
+  EXPECT_EQ(m.status, 404) << m.body;
+  EXPECT_EQ(ErrorMessage(m).rfind("gateway: ", 0), 0u) << m.body;
+  EXPECT_EQ(answer_->searches(), 0u);
+}
+
+TEST_F(AnswerServerTest, UpstreamFailuresNameTheUpstream) {
+  // Vector service down: 503 naming it.
+  {
+    AnswerServerOptions o;
+    const int dead = DeadPort();
+    o.vector_url = Url(dead);
+    StartAnswer(o);
+    HttpTestResponse r = Ask(AskBody((*eval_)[0]).dump());
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_NE(ErrorMessage(r).find("vector service at 127.0.0.1:" + std::to_string(dead) + " unreachable"),
+              std::string::npos)
+        << r.body;
+    answer_->Stop();
+  }
+  // Vector service refuses the search (a 64-dim query to a 128-dim shard): 502 with its message.
+  {
+    AnswerServerOptions o;
+    o.limits.dim = 64;
+    StartAnswer(o);
+    json body = AskBody((*eval_)[0]);
+    body["keel_retrieval"]["vector"] = std::vector<float>(64, 1.0f);
+    HttpTestResponse r = Ask(body.dump());
+    EXPECT_EQ(r.status, 502) << r.body;
+    const std::string msg = ErrorMessage(r);
+    EXPECT_NE(msg.find("vector service at 127.0.0.1:" + std::to_string(vector_->port()) + " answered 400: "),
+              std::string::npos)
+        << r.body;
+    answer_->Stop();
+  }
+  // Gateway down: 503 naming it.
+  {
+    AnswerServerOptions o;
+    const int dead = DeadPort();
+    o.gateway_url = Url(dead);
+    StartAnswer(o);
+    HttpTestResponse r = Ask(AskBody((*eval_)[0]).dump());
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_NE(ErrorMessage(r).find("gateway at 127.0.0.1:" + std::to_string(dead) + " unreachable"), std::string::npos)
+        << r.body;
+  }
+  // Bad options are refused at start.
+  AnswerServerOptions bad;
+  bad.vector_url = "ftp://x";
+  bad.gateway_url = Url(1);
+  auto s = AnswerServer::Start(*corpus_, bad);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("vector URL"), std::string::npos) << s.status().message();
+}
+
+}  // namespace
+}  // namespace keel::answer
