@@ -140,6 +140,17 @@ Decision Controller::Stay(std::string reason) const {
   return Decision{current_, catalog_.states[current_].name, false, std::move(reason)};
 }
 
+Status Controller::Pin(std::string_view state) {
+  if (state.empty()) {
+    pinned_ = -1;
+    return Status::Ok();
+  }
+  const int i = catalog_.IndexOf(state);
+  if (i < 0) return Status::InvalidArgument("pin: no state named '" + std::string(state.substr(0, 64)) + "' in the catalog");
+  pinned_ = i;
+  return Status::Ok();
+}
+
 Decision Controller::Decide(int64_t now_ms) {
   if (start_ms_ < 0) {
     start_ms_ = now_ms;
@@ -183,6 +194,10 @@ Decision Controller::Decide(int64_t now_ms) {
   if (!all_known) {
     silence = "service " + std::string(ServiceName(static_cast<Service>(silent))) + " silent for " +
               Fmt(silent_ms / 1000.0) + " s";
+  }
+  if (pinned_ >= 0) {
+    if (current_ != pinned_) return Move(pinned_, now_ms, "pinned by operator");
+    return Stay("pinned by operator");
   }
   const int safe = catalog_.SafeIndex();
   if (!all_known && silent_ms >= Ms(opt_.stale_fallback_s) && current_ < std::max(safe, target)) {

@@ -23,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/core/metrics.h"
@@ -72,6 +73,13 @@ class Controller {
   void Observe(const LoadReport& r);
   // Updates the predictions with the demand at now_ms and picks the state; see the rules above.
   Decision Decide(int64_t now_ms);
+  // Pins the product to `state` (an operator's freeze, or `keel hilo validate` measuring one
+  // state): until unpinned, Decide moves to it at its next call and stays there whatever the
+  // load (predictions still update). "" unpins: the normal rules resume from the pinned state
+  // (degrade at once; recover after recover_dwell_s). InvalidArgument for an unknown name.
+  Status Pin(std::string_view state);
+  // The pinned state's name, or "" when not pinned.
+  std::string pinned() const { return pinned_ < 0 ? std::string() : catalog_.states[pinned_].name; }
 
   int current() const { return current_; }
   const Catalog& catalog() const { return catalog_; }
@@ -114,6 +122,7 @@ class Controller {
   std::vector<int64_t> covered_since_;  // per state: since when it covered with margin, -1 = not now
   std::deque<Transition> log_;
   uint64_t transitions_ = 0;
+  int pinned_ = -1;  // index of the pinned state, -1 = not pinned
   CounterFamily* transitions_metric_ = nullptr;
   Gauge* state_metric_ = nullptr;
 };

@@ -44,6 +44,16 @@ Result<int64_t> IntParam(std::string_view query, std::string_view key, int64_t f
   return out;
 }
 
+constexpr int64_t kForgetMs = 60000;        // /v1/services forgets instances unheard this long
+constexpr size_t kMaxInstances = 4096;        // bounds /v1/services against a flood of instance names
+constexpr size_t kMaxPinBytes = 256;
+
+// Constant-time comparison of two hashes: a timing side channel must not reveal how much of a
+// guessed token matched.
+bool SameHash(const Hash128& a, const Hash128& b) {
+  return ((a.lo ^ b.lo) | (a.hi ^ b.hi)) == 0;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catalog, ControllerServerOptions options) {
@@ -64,6 +74,16 @@ Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catal
   server->controller_.emplace(std::move(c));
   const Catalog& cat = server->controller_->catalog();
   server->reason_ = "initial state";
+  if (!server->opt_.admin_token.empty()) {
+    server->admin_hash_ = Xxh3_128(server->opt_.admin_token);
+    server->admin_enabled_ = true;
+    server->opt_.admin_token.assign(server->opt_.admin_token.size(), '\0');
+    server->opt_.admin_token.clear();
+  }
+  if (!server->opt_.pin.empty()) {
+    KEEL_RETURN_IF_ERROR(server->controller_->Pin(server->opt_.pin));
+    Log().warn("hilo: product pinned to '{}' from start (--pin)", server->opt_.pin);
+  }
   Log().info("hilo: catalog of {} states, starting in '{}' (safe state '{}')", cat.states.size(),
              cat.states[server->controller_->current()].name, cat.safe_state);
   return server;
@@ -103,6 +123,8 @@ Status ControllerServer::Start() {
   };
   router.Handle("POST", "/v1/report", counted("/v1/report", &ControllerServer::HandleReport));
   router.Handle("GET", "/v1/state", counted("/v1/state", &ControllerServer::HandleState));
+  router.Handle("POST", "/v1/pin", counted("/v1/pin", &ControllerServer::HandlePin));
+  router.Handle("GET", "/v1/services", counted("/v1/services", &ControllerServer::HandleServices));
   router.Handle("GET", "/v1/catalog", [this](const HttpRequest&, HttpResponder& r) {
     std::string body;
     {
@@ -111,8 +133,12 @@ Status ControllerServer::Start() {
     }
     r.Send(200, "application/json", std::move(body));
   });
-  router.Handle("GET", "/health", [](const HttpRequest&, HttpResponder& r) {
-    r.Send(200, "application/json", R"({"status":"ok"})");
+  // The fingerprint tells `keel hilo validate` which binaries its figures are for.
+  router.Handle("GET", "/health", [this](const HttpRequest&, HttpResponder& r) {
+    nlohmann::ordered_json j;
+    j["status"] = "ok";
+    j["binaries"] = opt_.fingerprint;
+    r.Send(200, "application/json", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
   });
   HandleHealthAndMetrics(router, metrics_);
 
@@ -174,6 +200,17 @@ Decision ControllerServer::DecideNow() {
   return d;
 }
 
+Status ControllerServer::Pin(std::string_view state) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KEEL_RETURN_IF_ERROR(controller_->Pin(state));
+  }
+  if (state.empty()) Log().warn("hilo: product unpinned");
+  else Log().warn("hilo: product pinned to '{}'", state);
+  DecideNow();
+  return Status::Ok();
+}
+
 void ControllerServer::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -197,11 +234,73 @@ void ControllerServer::HandleReport(const HttpRequest& req, HttpResponder& r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     controller_->Observe(*report);
+    std::erase_if(instances_, [&](const auto& kv) { return now - kv.second.unix_ms > kForgetMs; });
+    auto key = std::make_pair(static_cast<int>(report->service), report->instance);
+    if (instances_.size() < kMaxInstances || instances_.count(key)) instances_[std::move(key)] = *report;
   }
   const std::string service(ServiceName(report->service));
   reports_->WithLabels({service}).Inc();
   skew_->WithLabels({service}).Set(static_cast<double>(now - reported_ms));
   r.Send(200, "application/json", R"({"ok":true})");
+}
+
+void ControllerServer::HandlePin(const HttpRequest& req, HttpResponder& r) {
+  if (!admin_enabled_) {
+    r.Send(403, "application/json", ErrorBody(403, "pinning is disabled: start the controller with an admin token"));
+    return;
+  }
+  std::string_view auth = req.headers.Get("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (auth.size() <= kBearer.size() || auth.substr(0, kBearer.size()) != kBearer ||
+      !SameHash(Xxh3_128(auth.substr(kBearer.size())), admin_hash_)) {
+    r.Send(401, "application/json", ErrorBody(401, "pin needs Authorization: Bearer <admin token>"),
+           {{"WWW-Authenticate", "Bearer"}});
+    return;
+  }
+  if (req.body.size() > kMaxPinBytes) {
+    r.Send(413, "application/json", ErrorBody(413, "pin body over 256 bytes"));
+    return;
+  }
+  auto j = nlohmann::json::parse(req.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("state") || !j["state"].is_string() || j.size() != 1) {
+    r.Send(400, "application/json", ErrorBody(400, R"(pin body must be {"state":"<name>"} ("" unpins))"));
+    return;
+  }
+  if (Status s = Pin(j["state"].get<std::string>()); !s.ok()) {
+    r.Send(400, "application/json", ErrorBody(400, s.message()));
+    return;
+  }
+  std::string body;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    body = StateBody();
+  }
+  r.Send(200, "application/json", std::move(body));
+}
+
+void ControllerServer::HandleServices(const HttpRequest&, HttpResponder& r) {
+  const int64_t now = Now();
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, rep] : instances_) {
+      if (now - rep.unix_ms > kForgetMs) continue;
+      nlohmann::ordered_json e;
+      e["service"] = ServiceName(rep.service);
+      e["instance"] = rep.instance;
+      e["applied_state"] = rep.applied_state;
+      e["arrival_rate"] = rep.arrival_rate;
+      e["in_flight"] = rep.in_flight;
+      e["queue_depth"] = rep.queue_depth;
+      e["utilisation"] = rep.utilisation;
+      e["p99_ms"] = rep.p99_ms;
+      e["age_ms"] = now - rep.unix_ms;
+      list.push_back(std::move(e));
+    }
+  }
+  nlohmann::ordered_json j;
+  j["services"] = std::move(list);
+  r.Send(200, "application/json", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
 }
 
 std::string ControllerServer::StateBody() const {
@@ -213,6 +312,7 @@ std::string ControllerServer::StateBody() const {
   j["index"] = i;
   j["levels"] = nlohmann::ordered_json::parse(WriteLevels(c.states[i]));
   j["reason"] = reason_;
+  j["pinned"] = !controller_->pinned().empty();
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 

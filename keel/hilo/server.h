@@ -12,6 +12,12 @@
 //                     not N (or N is absent), else after the next change or T ms (clamped to
 //                     max_wait_ms), whichever is first.
 //   GET /v1/catalog   the catalog (WriteCatalog).   GET /health, /healthz, /metrics.
+//   GET /v1/services  every instance heard from in the last minute: its latest report and age
+//                     ({"services":[{service, instance, applied_state, ..., age_ms}]}), so a tool
+//                     can see which state each instance runs (keel hilo validate waits on it).
+//   POST /v1/pin      {"state":"name"} pins the product state, {"state":""} unpins (Controller::Pin);
+//                     answers like GET /v1/state. Needs `Authorization: Bearer <admin_token>`
+//                     (401 without it or when wrong, 403 when the server has no admin token).
 //
 // Long-polls are bounded: at most max_waiters wait at once (one handler thread each); one more is
 // answered 503 with Retry-After: 1. The HTTP pool has max_waiters + kSpareHandlers threads, so
@@ -26,17 +32,20 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "keel/core/hash.h"
 #include "keel/core/http_server.h"
 #include "keel/core/metrics.h"
 #include "keel/core/status.h"
 #include "keel/hilo/catalog.h"
 #include "keel/hilo/controller.h"
+#include "keel/hilo/report.h"
 
 namespace keel::hilo {
 
@@ -50,6 +59,10 @@ struct ControllerServerOptions {
   int max_wait_ms = 30000;             // long-poll cap, 0..300000
   int max_waiters = 128;               // long-polls waiting at once, 1..10000
   ControllerOptions controller;
+  // Enables POST /v1/pin for a client presenting `Authorization: Bearer <admin_token>` (only a
+  // hash is kept). Empty: pinning over HTTP is refused (403); Pin() still works in-process.
+  std::string admin_token;
+  std::string pin;  // a state to pin at start ("" = none); see Controller::Pin
   // Unix ms now; null = the system clock. Tests may pin time; the decision loop still runs on
   // decide_interval_ms of real time.
   std::function<int64_t()> clock;
@@ -77,6 +90,8 @@ class ControllerServer {
   std::string state() const;
   // Runs one decision now (what the loop does every decide_interval_ms). For tests and tools.
   Decision DecideNow();
+  // Pins (or with "" unpins) the product state and decides at once; see Controller::Pin.
+  Status Pin(std::string_view state);
 
  private:
   explicit ControllerServer(ControllerServerOptions options);
@@ -84,6 +99,8 @@ class ControllerServer {
   void Loop();
   void HandleReport(const HttpRequest& req, HttpResponder& r);
   void HandleState(const HttpRequest& req, HttpResponder& r);
+  void HandlePin(const HttpRequest& req, HttpResponder& r);
+  void HandleServices(const HttpRequest& req, HttpResponder& r);
   std::string StateBody() const;  // under mu_
 
   ControllerServerOptions opt_;
@@ -96,6 +113,11 @@ class ControllerServer {
   int64_t version_ = 0;
   std::string reason_;
   int waiters_ = 0;
+  // The latest report of each instance (for GET /v1/services), keyed by (service, instance),
+  // with its receive time. Entries unheard for kForgetMs are dropped; at most kMaxInstances.
+  std::map<std::pair<int, std::string>, LoadReport> instances_;
+  Hash128 admin_hash_;
+  bool admin_enabled_ = false;
   bool stopping_ = false;
   bool started_ = false;
   std::thread loop_;

@@ -1,0 +1,131 @@
+// The open-loop generator and the live scoring. Timing-dependent facts are asserted only where no
+// schedule could break them (a single worker that sleeps 200 ms cannot serve 100 arrivals/s).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "keel/hilo/loadgen.h"
+#include "keel/hilo/sim.h"
+
+namespace keel::hilo {
+namespace {
+
+Trace Flat(double duration_s) {
+  Trace t;
+  t.name = "flat";
+  t.duration_s = duration_s;
+  t.points = {{0, 1}, {duration_s, 1}};
+  return t;
+}
+
+TEST(HiloOpenLoop, EveryScheduledArrivalIsIssuedOnceInOrder) {
+  OpenLoopOptions o;
+  o.baseline_rate = 200;
+  o.time_scale = 0.5;  // 2 s of trace in 1 s
+  o.seed = 7;
+  o.workers = 64;
+  std::atomic<int> ticks{0};
+  o.tick_s = 0.25;
+  o.on_tick = [&](double) { ++ticks; };
+  std::vector<std::atomic<int>> seen(10000);
+  auto r = RunOpenLoop(Flat(2), o, [&](int64_t seq, Outcome& out) {
+    ++seen[static_cast<size_t>(seq)];
+    out.status = 200;
+    out.quality = seq % 2 ? 100 : 50;
+    out.state = "full";
+  });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::vector<double> expected = PoissonArrivals(Flat(2), 200, 7);
+  ASSERT_EQ(r->size(), expected.size());
+  ASSERT_GT(r->size(), 200u);
+  for (size_t i = 0; i < r->size(); ++i) {
+    const Outcome& out = (*r)[i];
+    EXPECT_EQ(out.seq, static_cast<int64_t>(i));
+    EXPECT_DOUBLE_EQ(out.arrival_s, expected[i] * 0.5);
+    if (out.status == Outcome::kDropped) continue;  // 64 workers doing nothing: should not happen, but not the point
+    EXPECT_EQ(seen[i].load(), 1);
+    EXPECT_EQ(out.status, 200);
+    EXPECT_GE(out.latency_ms, 0);
+  }
+  EXPECT_GE(ticks.load(), 4);  // at 0.25, 0.5, 0.75 s and the final one
+}
+
+TEST(HiloOpenLoop, ArrivalsBeyondTheWorkersAreDroppedNotDelayed) {
+  OpenLoopOptions o;
+  o.baseline_rate = 100;
+  o.workers = 1;
+  o.seed = 3;
+  auto r = RunOpenLoop(Flat(1), o, [](int64_t, Outcome& out) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    out.status = 200;
+    out.quality = 100;
+  });
+  ASSERT_TRUE(r.ok());
+  int64_t dropped = 0, served = 0;
+  for (const Outcome& out : *r) {
+    if (out.status == Outcome::kDropped) {
+      ++dropped;
+      EXPECT_EQ(out.quality, 0);
+    } else {
+      ++served;
+    }
+  }
+  EXPECT_EQ(dropped + served, static_cast<int64_t>(r->size()));
+  EXPECT_GT(dropped, static_cast<int64_t>(r->size()) / 2);
+  EXPECT_LE(served, 7);  // one worker, 200 ms each, 1 s of arrivals (+ the last one in flight)
+}
+
+TEST(HiloOpenLoop, RefusesBadOptions) {
+  OpenLoopOptions o;
+  auto noop = [](int64_t, Outcome&) {};
+  Trace empty;
+  EXPECT_FALSE(RunOpenLoop(empty, o, noop).ok());
+  o.baseline_rate = 0;
+  EXPECT_FALSE(RunOpenLoop(Flat(1), o, noop).ok());
+  o.baseline_rate = 1;
+  o.workers = 0;
+  EXPECT_FALSE(RunOpenLoop(Flat(1), o, noop).ok());
+  o.workers = 1;
+  o.time_scale = -1;
+  EXPECT_FALSE(RunOpenLoop(Flat(1), o, noop).ok());
+  o.time_scale = 1;
+  EXPECT_FALSE(RunOpenLoop(Flat(1), o, IssueFn()).ok());
+}
+
+Outcome At(double arrival_s, int status, double quality, double latency_ms) {
+  Outcome o;
+  o.arrival_s = arrival_s;
+  o.status = status;
+  o.quality = quality;
+  o.latency_ms = latency_ms;
+  return o;
+}
+
+TEST(HiloLiveSummary, WindowsScoreShedFailedAndLateAsZero) {
+  std::vector<Outcome> v = {
+      At(0.1, 200, 100, 10), At(0.5, 200, 80, 20),                          // window 0: mean 90
+      At(1.2, 429, 0, 1), At(1.3, 200, 100, 5000), At(1.4, 200, 90, 30),   // window 1: shed, late, 90 -> 30
+      At(2.5, Outcome::kDropped, 0, 0), At(2.6, Outcome::kNoReply, 0, 0),  // window 2: 0
+      At(3.0, 500, 0, 3)};                                                 // window 3: failed
+  LiveSummary s = Summarise(v, 100, 1.0, 1000, 1.0);
+  EXPECT_EQ(s.arrived, 8);
+  EXPECT_EQ(s.ok, 3);
+  EXPECT_EQ(s.shed, 1);
+  EXPECT_EQ(s.slo_violations, 1);
+  EXPECT_EQ(s.failed, 3);
+  ASSERT_EQ(s.windows.size(), 4u);
+  EXPECT_DOUBLE_EQ(s.windows[0].mean_quality, 90);
+  EXPECT_DOUBLE_EQ(s.windows[1].mean_quality, 30);
+  EXPECT_DOUBLE_EQ(s.windows[2].mean_quality, 0);
+  EXPECT_DOUBLE_EQ(s.max_drop, 100);
+  EXPECT_DOUBLE_EQ(s.mean_drop, (10 + 70 + 100 + 100) / 4.0);
+  EXPECT_DOUBLE_EQ(s.windows[1].p99_ms, 5000);  // p99 over answered requests, late ones included
+  // time_scale maps real arrival seconds back to trace seconds: at 0.5 everything lands twice as late.
+  LiveSummary half = Summarise(v, 100, 1.0, 1000, 0.5);
+  EXPECT_EQ(half.windows.size(), 7u);
+}
+
+}  // namespace
+}  // namespace keel::hilo
