@@ -480,6 +480,9 @@ Status Shard::Impl::ValidateRequest(const SearchRequest& r) const {
   }
   if (r.ef < 0 || r.ef > kMaxEf) return Status::InvalidArgument("ef must be in [0, " + std::to_string(kMaxEf) + "]");
   if (r.nprobe < 0 || r.nprobe > (1 << 20)) return Status::InvalidArgument("nprobe must be in [0, 2^20]");
+  if (const int most = std::max(options.max_k, options.rerank); r.rerank < -1 || r.rerank > most) {
+    return Status::InvalidArgument("rerank must be in [-1, " + std::to_string(most) + "], got " + std::to_string(r.rerank));
+  }
   if (r.kind == QueryKind::kImage) {
     if (r.ids.empty()) return Status::InvalidArgument("an image lookup needs ids");
     if (static_cast<int>(r.ids.size()) > options.max_k) {
@@ -523,7 +526,7 @@ Status Shard::Impl::SearchText(const SearchRequest& r, SearchResult* out, std::v
     return true;
   };
   IndexSearchParams p;
-  p.k = std::max(r.k, options.rerank);
+  p.k = std::max(r.k, r.rerank < 0 ? options.rerank : r.rerank);
   p.ef = r.ef;
   p.nprobe = r.nprobe;
   p.accept = r.filter.empty() ? nullptr : &accept;

@@ -4,7 +4,8 @@
 // coloc::TieredStore (DRAM / SSD / cold / Redis); the FAISS index is the search structure.
 //
 // Query kinds:
-//   text       : ANN search on the text index (k' = max(k, rerank) candidates), fetch the
+//   text       : ANN search on the text index (k' = max(k, rerank) candidates, rerank per
+//                request, default ShardOptions::rerank), fetch the
 //                candidates' text vectors from the tiers, rerank by exact L2, return top k.
 //   multimodal : as text, then also fetch the top k's image vectors (in the same Fetch as the
 //                candidates' text vectors when no rerank is needed, i.e. candidates == k; else a
@@ -70,7 +71,8 @@ struct ShardOptions {
   IndexOptions index;
   coloc::TieredStoreOptions tiers;
   int max_k = 1000;             // larger k is InvalidArgument
-  int rerank = 32;              // ANN candidates fetched and reranked exactly (>= k)
+  int rerank = 32;              // ANN candidates fetched and reranked exactly (>= k); the
+                                // default of a request's own `rerank` (SearchRequest)
   bool wal_sync = true;         // fsync the log before acknowledging a write
   size_t query_log_window = 100000;
 };
@@ -93,6 +95,10 @@ struct SearchRequest {
   int k = 10;
   int ef = 0;                               // 0 = index default
   int nprobe = 0;                           // 0 = index default
+  // ANN candidates reranked by exact distance: max(k, rerank) are fetched, the best k returned.
+  // -1 = ShardOptions::rerank; 0..k = no rerank beyond k (what a HiLO level with rerank off asks).
+  // At most max(max_k, ShardOptions::rerank): each candidate costs a tier read.
+  int rerank = -1;
   std::map<std::string, std::string> filter;  // every attribute must equal
   bool include_vectors = false;
 };

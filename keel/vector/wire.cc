@@ -151,6 +151,7 @@ Status ParseSearchRequest(const json& body, int max_k, SearchRequest* r) {
   KEEL_RETURN_IF_ERROR(GetInt(body, "k", 1, max_k, &r->k));
   KEEL_RETURN_IF_ERROR(GetInt(body, "ef", 0, 1 << 16, &r->ef));
   KEEL_RETURN_IF_ERROR(GetInt(body, "nprobe", 0, 1 << 20, &r->nprobe));
+  KEEL_RETURN_IF_ERROR(GetInt(body, "rerank", -1, 1 << 16, &r->rerank));
   if (auto f = body.find("filter"); f != body.end() && !f->is_null()) KEEL_RETURN_IF_ERROR(GetStringMap(*f, "filter", &r->filter));
   if (auto v = body.find("include_vectors"); v != body.end() && !v->is_null()) {
     if (!v->is_boolean()) return Status::InvalidArgument("include_vectors must be true or false");

@@ -26,7 +26,8 @@ namespace keel::vector::wire {
 Result<nlohmann::json> ParseBody(std::string_view body, size_t max_values);
 
 // /v1/search: kind, text, image, ids (at most max_k), k in [1, max_k], ef in [0, 2^16],
-// nprobe in [0, 2^20], filter, include_vectors. Numbers must be finite as float32. Text and
+// nprobe in [0, 2^20], rerank in [-1, 2^16] (the shard bounds it further), filter,
+// include_vectors. Numbers must be finite as float32. Text and
 // multimodal queries need "text". Dimensions are checked by the shard, not here.
 Status ParseSearchRequest(const nlohmann::json& body, int max_k, SearchRequest* out);
 // The optional "nonce" of /v1/search: a string of 1..trust::kMaxNonceBytes printable ASCII

@@ -157,6 +157,11 @@ QueryDigest DigestQuery(const SearchRequest& r, std::string_view nonce) {
   }
   Put<uint8_t>(&buf, r.include_vectors ? 1 : 0);
   PutBytes(&buf, nonce);
+  // Appended only when asked, so the digest of a request without it is what it always was.
+  if (r.rerank >= 0) {
+    buf += "rerank";
+    Put<int32_t>(&buf, r.rerank);
+  }
   QueryDigest d;
   unsigned int len = 0;
   if (EVP_Digest(buf.data(), buf.size(), d.bytes.data(), &len, EVP_sha256(), nullptr) != 1 || len != 32) std::abort();

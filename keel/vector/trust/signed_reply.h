@@ -42,7 +42,8 @@ struct QueryDigest {
 };
 
 // SHA-256 over a canonical encoding of everything that decides a search's answer (kind, k, ef,
-// nprobe, the vectors' float bits, ids, filter, include_vectors) and the requester's nonce. Two
+// nprobe, rerank when not -1, the vectors' float bits, ids, filter, include_vectors) and the
+// requester's nonce. Two
 // requests that parse to the same SearchRequest have the same digest whatever their JSON spelling.
 QueryDigest DigestQuery(const SearchRequest& request, std::string_view nonce);
 
