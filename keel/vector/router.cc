@@ -146,6 +146,7 @@ void Router::Impl::HandleStats(const HttpRequest&, HttpResponder& res) {
   json out = {{"mode", options.mode == RouterMode::kTrust ? "trust" : "plain"},
               {"text_dim", options.text_dim},
               {"image_dim", options.image_dim},
+              {"hilo_state", options.hilo ? json(options.hilo->Current().name) : json(nullptr)},
               {"shards", std::move(out_shards)}};
   if (options.mode == RouterMode::kTrust) {
     const auto& t = options.trust;
@@ -237,6 +238,7 @@ Result<std::unique_ptr<Router>> Router::Start(const RouterOptions& options) {
   h.host = options.host;
   h.port = options.port;
   h.max_connections = options.max_connections;
+  h.max_active_requests = options.max_active_requests;
   h.max_body_bytes = options.max_body_bytes;
   h.server_name = "keel-vector-router";
   self->http = std::make_unique<HttpServer>(h, [self](const HttpRequest& q, HttpResponder& r) { self->Route(q, r); });
@@ -246,6 +248,11 @@ Result<std::unique_ptr<Router>> Router::Start(const RouterOptions& options) {
 }
 
 int RunVectorRouterMain(const std::string& config_path, const std::string& host_override, int port_override) {
+  return RunVectorRouterMain(config_path, host_override, port_override, HiloLinkFlags{});
+}
+
+int RunVectorRouterMain(const std::string& config_path, const std::string& host_override, int port_override,
+                        const HiloLinkFlags& hilo) {
   auto options = LoadRouterConfig(config_path);
   if (!options.ok()) {
     Log().error("{}", options.status().ToString());
@@ -253,6 +260,16 @@ int RunVectorRouterMain(const std::string& config_path, const std::string& host_
   }
   if (!host_override.empty()) options->host = host_override;
   if (port_override >= 0) options->port = port_override;
+  auto link = OpenHiloLink(hilo, options->max_active_requests);
+  if (!link.ok()) {
+    Log().error("vector router: hilo: {}", link.status().ToString());
+    return link.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  options->hilo = *link;
+  if (options->hilo) {
+    Log().info("vector router: following HiLO ({}), state {}", hilo.url.empty() ? "pinned, " + hilo.catalog : hilo.url,
+               options->hilo->Current().name);
+  }
   auto router = Router::Start(*options);
   if (!router.ok()) {
     Log().error("vector router: {}", router.status().ToString());
@@ -267,6 +284,7 @@ int RunVectorRouterMain(const std::string& config_path, const std::string& host_
   auto sig = WaitForTerminationSignal();
   if (sig.ok()) Log().info("vector router: {} received, draining", SignalName(*sig));
   (*router)->Stop();
+  if (options->hilo) options->hilo->Stop();
   return 0;
 }
 

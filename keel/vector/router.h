@@ -19,7 +19,17 @@
 //       without a valid reply: in trust mode it is "unverified" (the verifier's reason says
 //       why) and the answer is 200; in plain mode, which has no verdict to carry the hole, 503.
 //   POST /v1/snapshot   every replica snapshots (503 naming any that failed)
-//   GET /v1/stats, /healthz, /metrics
+//   GET /v1/stats ("hilo_state": null without a HiLO link), /healthz, /metrics
+//
+// HiLO (RouterOptions::hilo): a router applies its state's vector `fanout` and nothing else. The
+// replicas have links of their own and clamp nprobe/k/rerank themselves, so the router forwards a
+// client's request unchanged. Plain mode asks PlainFanout(level, R) replicas per shard at first
+// (in place of plain_fanout), and the next ones only when all of those failed. Trust mode ignores
+// the level's fanout: how many replicas answer is the verifier's quorum and zone rule, and asking
+// fewer than the quorum saves nothing (the verifier escalates to reach it) while a load
+// controller must not be able to weaken verification. Search answers carry x-keel-hilo-state.
+// Searches are metered on the link as in keel/vector/service.h (the server's own 503s folded in
+// as shed); writes, snapshots and stats are not.
 //
 // Versions: a shard's committed version is the highest a majority of its replicas applied; a
 // search reply from an older index is stale. At start the router reads every replica's
@@ -35,6 +45,8 @@
 
 #include "keel/core/metrics.h"
 #include "keel/core/status.h"
+#include "keel/hilo/service_link.h"
+#include "keel/vector/hilo_link.h"
 #include "keel/vector/replica_client.h"
 #include "keel/vector/trust/verifier.h"
 
@@ -68,12 +80,16 @@ struct RouterOptions {
   size_t max_body_bytes = size_t{64} << 20;
   size_t max_json_values = size_t{4} << 20;  // per client body and per replica answer
   int max_connections = 128;
+  int max_active_requests = 256;   // HTTP handler threads (searches served at once)
   int write_timeout_ms = 10000;    // one write, log read or log post to one replica
   int stats_timeout_ms = 1000;     // one /v1/stats read
   int sync_interval_ms = 1000;     // background stats + catch-up; 0 = no loop
   size_t log_batch_bytes = size_t{16} << 20;  // max_bytes of one GET /v1/log during catch-up
   int call_threads = 0;            // replica calls in flight at once; 0 = max(128, 16 x replicas)
   ReplicaClientOptions client;
+  // The HiLO link whose state's fanout plain-mode searches apply (started and stopped by its
+  // owner). Null: plain_fanout. Its workers should be max_active_requests.
+  std::shared_ptr<hilo::ServiceLink> hilo;
 
   // InvalidArgument naming the field: dimensions, k, shard ids 0..S-1, replica ids unique,
   // urls, zones, keys present in trust mode, verifier options.
@@ -120,5 +136,8 @@ class Router {
 // `keel vector-router --config F [--host H] [--port P]`: loads, starts, serves until SIGINT or
 // SIGTERM. Returns the process exit code (2 for a bad config).
 int RunVectorRouterMain(const std::string& config_path, const std::string& host_override, int port_override);
+// The same following HiLO (`--hilo URL` or `--hilo-catalog F --hilo-state S`, keel/vector/hilo_link.h).
+int RunVectorRouterMain(const std::string& config_path, const std::string& host_override, int port_override,
+                        const HiloLinkFlags& hilo);
 
 }  // namespace keel::vector

@@ -68,6 +68,7 @@ class Router::Impl {
   std::unique_ptr<trust::Verifier> verifier;
   std::vector<std::unique_ptr<ShardState>> shards;
   std::atomic<uint64_t> plain_rotation{0};
+  std::atomic<int64_t> rejections_seen{0};  // the HTTP server's rejected count already metered
 
   // Replica calls run on `calls`; per-shard work that waits for calls (verification, a shard's
   // write) runs on `shard_tasks`, so a pool thread never waits for its own pool.
@@ -102,6 +103,7 @@ class Router::Impl {
 
   // router_search.cc
   void HandleSearch(const HttpRequest& req, HttpResponder& res);
+  void Search(const HttpRequest& req, HttpResponder& res, const hilo::State* state);
 
  private:
   void ReadStats(ShardState& shard, int i);

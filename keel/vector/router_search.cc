@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "keel/core/log.h"
+#include "keel/vector/hilo_link.h"
 #include "keel/vector/replica_reply.h"
 #include "keel/vector/router_impl.h"
 #include "keel/vector/wire.h"
@@ -40,6 +41,7 @@ std::string ShardRequestBody(const SearchRequest& r, const std::string& nonce) {
   if (!r.image_query.empty()) j["image"] = r.image_query;
   if (!r.ids.empty()) j["ids"] = r.ids;
   if (!r.filter.empty()) j["filter"] = r.filter;
+  if (r.rerank >= 0) j["rerank"] = r.rerank;  // the client's own; a replica's HiLO level may lower it
   return j.dump();
 }
 
@@ -69,6 +71,7 @@ struct ShardQuery {
   trust::QueryDigest digest;
   uint64_t min_version = 0;
   Clock::time_point deadline;
+  int plain_fanout = 0;   // plain mode: replicas asked at first (0 = all)
 };
 
 // What one shard contributes to the answer.
@@ -83,7 +86,7 @@ struct ShardResult {
   int tiers_touched = 0;
 };
 
-std::vector<ShardQuery> Plan(Router::Impl& router, const SearchRequest& request) {
+std::vector<ShardQuery> Plan(Router::Impl& router, const SearchRequest& request, const hilo::State* state) {
   const auto n = static_cast<uint32_t>(router.shards.size());
   std::vector<std::vector<uint64_t>> ids(n);
   for (uint64_t id : request.ids) ids[trust::ShardOf(id, n)].push_back(id);
@@ -110,6 +113,8 @@ std::vector<ShardQuery> Plan(Router::Impl& router, const SearchRequest& request)
     q.digest = trust::DigestQuery(q.request, nonce);
     q.min_version = q.shard->committed.load();
     q.deadline = Clock::now() + router.options.trust.deadline;
+    const int replicas = static_cast<int>(q.shard->replicas.size());
+    q.plain_fanout = state != nullptr ? PlainFanout(state->vector, replicas) : router.options.plain_fanout;
     plan.push_back(std::move(q));
   }
   return plan;
@@ -210,7 +215,7 @@ ShardResult AskVerified(Router::Impl& router, const ShardQuery& q) {
   return out;
 }
 
-// Plain mode: the first valid reply among `plain_fanout` replicas (rotating), unverified. When
+// Plain mode: the first valid reply among `q.plain_fanout` replicas (rotating), unverified. When
 // every replica asked failed (unreachable, refused, stale), the next ones are asked, as a
 // load-balancing router retries elsewhere.
 ShardResult AskFirst(Router::Impl& router, const ShardQuery& q) {
@@ -224,7 +229,7 @@ ShardResult AskFirst(Router::Impl& router, const ShardQuery& q) {
   auto first = std::make_shared<First>();
   auto query = std::make_shared<ShardQuery>(q);
   const int n = static_cast<int>(q.shard->replicas.size());
-  const int fanout = router.options.plain_fanout > 0 ? std::min(router.options.plain_fanout, n) : n;
+  const int fanout = q.plain_fanout > 0 ? std::min(q.plain_fanout, n) : n;
   const int start = static_cast<int>(router.plain_rotation.fetch_add(1) % static_cast<uint64_t>(n));
   int asked = 0;
   auto ask_next = [&](int count) {  // called with first->mu held
@@ -318,7 +323,7 @@ json ShardsJson(const std::vector<ShardResult>& results) {
 }
 
 void Answer(Router::Impl& router, const SearchRequest& r, std::vector<ShardResult> results, Clock::time_point t0,
-            HttpResponder& res) {
+            const hilo::State* state, HttpResponder& res) {
   json shards = ShardsJson(results);
   bool verified = router.options.mode == RouterMode::kTrust;
   int tiers = 0;
@@ -336,12 +341,39 @@ void Answer(Router::Impl& router, const SearchRequest& r, std::vector<ShardResul
   json out = {{"hits", std::move(hits)}, {"tiers_touched", tiers}, {"search_us", us}, {"verified", verified},
               {"shards", std::move(shards)}};
   router.search_seconds->Get().Observe(static_cast<double>(us) / 1e6);
-  res.Send(200, "application/json", out.dump(-1, ' ', false, json::error_handler_t::replace));
+  HttpHeaderList headers;
+  if (state != nullptr) headers.emplace_back("x-keel-hilo-state", state->name);
+  res.Send(200, "application/json", out.dump(-1, ' ', false, json::error_handler_t::replace), headers);
 }
 
 }  // namespace
 
 void Router::Impl::HandleSearch(const HttpRequest& req, HttpResponder& res) {
+  hilo::ServiceLink* link = options.hilo.get();
+  if (link == nullptr) return Search(req, res, nullptr);
+  hilo::LoadMeter& meter = link->meter();
+  // The server's own 503s (every handler thread or connection busy) reach no handler: each is a
+  // search shed for overload, metered when the next one arrives (as in service.cc).
+  const int64_t rejected = http->connection_stats().rejected;
+  int64_t seen = rejections_seen.load();
+  while (rejected > seen) {
+    if (rejections_seen.compare_exchange_weak(seen, rejected)) {
+      for (int64_t i = seen; i < rejected; ++i) {
+        meter.Arrive();
+        meter.Shed();
+      }
+      break;
+    }
+  }
+  meter.Arrive();
+  meter.Started();  // no queue of its own: a handler thread is serving it
+  const Clock::time_point t0 = Clock::now();
+  Search(req, res, &link->Current());
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  meter.Finish(seconds, seconds);  // the handler thread waits for the replicas all along
+}
+
+void Router::Impl::Search(const HttpRequest& req, HttpResponder& res, const hilo::State* state) {
   const Clock::time_point t0 = Clock::now();
   auto body = wire::ParseBody(req.body, options.max_json_values);
   if (!body.ok()) return SendRouterError(res, 400, body.status().message());
@@ -351,13 +383,13 @@ void Router::Impl::HandleSearch(const HttpRequest& req, HttpResponder& res) {
   if (s.ok()) s = wire::ParseNonce(*body, &client_nonce);
   if (s.ok()) s = ValidateSearch(request, options);
   if (!s.ok()) return SendRouterError(res, 400, s.message());
-  std::vector<ShardQuery> plan = Plan(*this, request);
+  std::vector<ShardQuery> plan = Plan(*this, request, state);
   std::vector<ShardResult> results(plan.size());
   shard_tasks->RunAll(static_cast<int>(plan.size()), [&](int i) {
     const ShardQuery& q = plan[static_cast<size_t>(i)];
     results[static_cast<size_t>(i)] = options.mode == RouterMode::kTrust ? AskVerified(*this, q) : AskFirst(*this, q);
   });
-  Answer(*this, request, std::move(results), t0, res);
+  Answer(*this, request, std::move(results), t0, state, res);
 }
 
 }  // namespace keel::vector

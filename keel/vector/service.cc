@@ -9,6 +9,7 @@
 
 #include "keel/core/http_metrics.h"
 #include "keel/core/log.h"
+#include "keel/vector/hilo_link.h"
 #include "keel/vector/wire.h"
 
 namespace keel::vector {
@@ -112,6 +113,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServiceOptions& options) {
   h.host = options.host;
   h.port = options.port;
   h.max_connections = options.max_connections;
+  h.max_active_requests = options.max_active_requests;
   h.max_body_bytes = options.max_body_bytes;
   h.server_name = "keel-vector";
   s->http_ = std::make_unique<HttpServer>(h, [self](const HttpRequest& q, HttpResponder& r) { self->Route(q, r); });
@@ -144,6 +146,10 @@ void Service::RegisterMetrics() {
   metrics_.AddGauge("keel_vector_index_version", "Writes applied to the shard (its index version).").Get().SetCallback([shard] {
     return static_cast<double>(shard->version());
   });
+  if (hilo::ServiceLink* link = options_.hilo.get()) {
+    metrics_.AddGauge("keel_vector_hilo_state", "Index of the HiLO state the searches apply (0 = full quality).")
+        .Get().SetCallback([link] { return static_cast<double>(link->CurrentIndex()); });
+  }
   auto& items = metrics_.AddGauge("keel_vector_tier_items", "Vectors placed in each tier.", {"tier"});
   auto& bytes = metrics_.AddGauge("keel_vector_tier_bytes", "Vector payload bytes placed in each tier.", {"tier"});
   coloc::TieredStore* store = &shard_->store();
@@ -207,6 +213,39 @@ void Service::ApplyWrite(HttpResponder& res, const Status& parsed, const std::fu
 }
 
 void Service::HandleSearch(const HttpRequest& req, HttpResponder& res) {
+  hilo::ServiceLink* link = options_.hilo.get();
+  if (link == nullptr) return Search(req, res, nullptr);
+  if (!options_.hilo_meter) return Search(req, res, &link->Current());
+  hilo::LoadMeter& meter = link->meter();
+  FoldServerRejections(meter);
+  // No queue of its own: a request that reaches a handler is being served (the server sheds the
+  // rest), so it starts as it arrives.
+  meter.Arrive();
+  meter.Started();
+  const auto t0 = std::chrono::steady_clock::now();
+  Search(req, res, &link->Current());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  meter.Finish(seconds, seconds);  // the handler thread is busy for the whole search
+}
+
+// The server answers 503 itself when every handler thread (or every connection) is busy; those
+// requests are searches refused for overload as far as HiLO can tell, so each counts as one shed
+// arrival. Folded in here because no handler runs for them.
+void Service::FoldServerRejections(hilo::LoadMeter& meter) {
+  const int64_t rejected = http_->connection_stats().rejected;
+  int64_t seen = rejections_seen_.load();
+  while (rejected > seen) {
+    if (rejections_seen_.compare_exchange_weak(seen, rejected)) {
+      for (int64_t i = seen; i < rejected; ++i) {
+        meter.Arrive();
+        meter.Shed();
+      }
+      return;
+    }
+  }
+}
+
+void Service::Search(const HttpRequest& req, HttpResponder& res, const hilo::State* state) {
   auto body = wire::ParseBody(req.body, options_.max_json_values);
   if (!body.ok()) return SendStatus(res, body.status());
   SearchRequest r;
@@ -220,8 +259,14 @@ void Service::HandleSearch(const HttpRequest& req, HttpResponder& res) {
   trust::QueryDigest digest;
   if (key_ || tamper) digest = trust::DigestQuery(r, nonce);
   const bool targeted = tamper && adversary.Targets(digest);
+  if (const int most = std::max(shard_->options().max_k, shard_->options().rerank); r.rerank > most) {
+    // Refused whatever the level: a level with rerank off would otherwise hide the client's error.
+    return SendBad(res, "rerank must be in [-1, " + std::to_string(most) + "], got " + std::to_string(r.rerank));
+  }
   SearchRequest asked = r;
-  if (targeted && r.kind != QueryKind::kImage) asked.k = std::min(r.k + adversary.ExtraHits(), shard_->options().max_k);
+  if (state != nullptr) ApplyVectorLevel(state->vector, &asked);
+  const int level_k = asked.k;  // what the answer may hold: the client's k, capped by the level
+  if (targeted && r.kind != QueryKind::kImage) asked.k = std::min(level_k + adversary.ExtraHits(), shard_->options().max_k);
   if (targeted && adversary.mode == trust::AdversaryMode::kSlow) std::this_thread::sleep_for(adversary.delay);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -238,7 +283,7 @@ void Service::HandleSearch(const HttpRequest& req, HttpResponder& res) {
     for (const SearchHit& h : result->hits) signed_hits.push_back(trust::ToSignedHit(h));
     if (tamper) {
       // An image lookup answers every id it found, not k of them.
-      const int k = r.kind == QueryKind::kImage ? static_cast<int>(signed_hits.size()) : r.k;
+      const int k = r.kind == QueryKind::kImage ? static_cast<int>(signed_hits.size()) : level_k;
       auto in_shard = [&id](uint64_t item) { return trust::ShardOf(item, id.shards) == id.shard; };
       adversary.Apply(digest, k, in_shard, &signed_hits, &version);
     }
@@ -269,7 +314,11 @@ void Service::HandleSearch(const HttpRequest& req, HttpResponder& res) {
     const std::string signature = trust::SignReply(*key_, reply);
     out["trust"] = wire::TrustJson(reply, signature);
   }
-  res.Send(200, "application/json", Dump(out));
+  if (state == nullptr) {
+    res.Send(200, "application/json", Dump(out));
+  } else {
+    res.Send(200, "application/json", Dump(out), {{"x-keel-hilo-state", state->name}});
+  }
 }
 
 void Service::HandleLogRead(const HttpRequest& req, HttpResponder& res) {
@@ -335,6 +384,7 @@ void Service::HandleStats(const HttpRequest&, HttpResponder& res) {
               {"index_version", st.index_version},
               {"log_start_version", st.log_start_version},
               {"signed", key_ != nullptr},
+              {"hilo_state", options_.hilo ? json(options_.hilo->Current().name) : json(nullptr)},
               {"tiers", std::move(tiers)}};
   if (placer_) {
     coloc::PlacerStats p = placer_->stats();

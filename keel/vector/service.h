@@ -11,7 +11,8 @@
 //                      {"error":{"message":"stale: replica at version cur, write is version V",
 //                      "code":409},"version":cur}. Every write answer, errors too, has "version".
 //   POST /v1/search    {"kind":"text|multimodal|image","text":[...],"image":[...],"ids":[...],
-//                       "k":10,"ef":64,"nprobe":16,"filter":{"k":"v"},"include_vectors":false,
+//                       "k":10,"ef":64,"nprobe":16,"rerank":32 (-1 = shard default),
+//                       "filter":{"k":"v"},"include_vectors":false,
 //                       "nonce":"..." (optional, 1..64 printable ASCII)}
 //                      -> {"hits":[{"id":7,"text_distance":..,"image_distance":..}],
 //                          "index_version":V,"tiers_touched":1,"search_us":..,"fetch_us":..,
@@ -25,8 +26,17 @@
 //                      skipped; a gap: 409 as for writes; a corrupt or truncated record: 400,
 //                      nothing after it applied) -> {"version":cur,"applied":n,"skipped":m}
 //   POST /v1/snapshot  writes a snapshot now (and truncates the log)
-//   GET  /v1/stats     shard, replica, tier and placer state as JSON
+//   GET  /v1/stats     shard, replica, tier and placer state as JSON; "hilo_state" (null
+//                      without a HiLO link)
 //   GET  /healthz, GET /metrics (Prometheus)
+//
+// HiLO (ServiceOptions::hilo, keel/vector/hilo_link.h): each search reads the link's current
+// state and clamps itself to its vector level (nprobe/ef, k, rerank; ApplyVectorLevel), and its
+// answer carries the header x-keel-hilo-state: <state name>. Each search is metered on the link
+// (Arrive, Started, Finish with its latency); the HTTP server's own 503s (every handler thread
+// busy, or every connection busy at the cap) never reach a handler and are folded in as shed
+// searches when the next search arrives. Writes, log traffic and stats are not metered: HiLO
+// trades search quality for search capacity, and a write's cost does not change with the level.
 //
 // Bad input (malformed JSON, wrong types, wrong dimensions, numbers that are not finite
 // float32, k out of range, ids that are not unsigned integers, JSON nested deeper than 8 or with
@@ -43,6 +53,7 @@
 
 #include "keel/core/http_server.h"
 #include "keel/core/metrics.h"
+#include "keel/hilo/service_link.h"
 #include "keel/vector/coloc/placement.h"
 #include "keel/vector/shard.h"
 #include "keel/vector/trust/adversary.h"
@@ -74,6 +85,7 @@ struct ServiceOptions {
   // image vectors is ~2.6M values; larger batches split, or raise this.
   size_t max_json_values = size_t{4} << 20;
   int max_connections = 128;
+  int max_active_requests = 256;          // HTTP handler threads (requests served at once)
   bool placer = false;                    // run a background Placer
   coloc::PlacerOptions placer_options;
   bool snapshot_on_stop = true;
@@ -81,6 +93,13 @@ struct ServiceOptions {
   // answers (searches continue meanwhile), so restarts never replay an unbounded log. 0 = never.
   int64_t snapshot_wal_bytes = int64_t{1} << 30;
   ReplicaIdentity identity;
+  // The HiLO link whose state each search applies (not started or stopped here: its owner
+  // does that). Null: no HiLO, searches as requested. Its workers should be max_active_requests.
+  std::shared_ptr<hilo::ServiceLink> hilo;
+  // Meter searches on the link. Off for replicas behind a `keel vector-router` that reports the
+  // tier's searches itself: the controller sums every instance of a service, and each router
+  // search is several replica searches. (An unmetered link still reports, with zero load.)
+  bool hilo_meter = true;
 };
 
 class Service {
@@ -98,6 +117,7 @@ class Service {
   Status Stop();
 
   int port() const { return http_ ? http_->port() : 0; }
+  int active_requests() const { return http_ ? http_->active_requests() : 0; }  // handlers running now
   Shard& shard() { return *shard_; }
   MetricsRegistry& metrics() { return metrics_; }
   coloc::Placer* placer() { return placer_.get(); }
@@ -111,6 +131,8 @@ class Service {
   void ApplyWrite(HttpResponder& res, const Status& parsed, const std::function<Status(WriteOutcome*)>& apply,
                   const char* count_name, size_t count);
   void HandleSearch(const HttpRequest& req, HttpResponder& res);
+  void Search(const HttpRequest& req, HttpResponder& res, const hilo::State* state);
+  void FoldServerRejections(hilo::LoadMeter& meter);
   void HandleSnapshot(const HttpRequest& req, HttpResponder& res);
   void HandleStats(const HttpRequest& req, HttpResponder& res);
   void HandleLogRead(const HttpRequest& req, HttpResponder& res);
@@ -128,6 +150,7 @@ class Service {
   HttpRouter router_;
   std::unique_ptr<HttpServer> http_;
   std::atomic<bool> snapshotting_{false};
+  std::atomic<int64_t> rejections_seen_{0};  // the HTTP server's rejected count already metered
   bool stopped_ = false;
 };
 

@@ -1,0 +1,65 @@
+#include "keel/vector/hilo_link.h"
+
+#include <algorithm>
+
+#include "keel/core/mapped_file.h"
+
+namespace keel::vector {
+
+namespace {
+
+constexpr int kMaxEf = 1 << 16;  // the shard's bound on ef (wire.h)
+
+// A request's own width is kept only when it asks for less than the level.
+int Clamp(int asked, int64_t level, int most) {
+  const int cap = static_cast<int>(std::clamp<int64_t>(level, 1, most));
+  return asked > 0 ? std::min(asked, cap) : cap;
+}
+
+}  // namespace
+
+void ApplyVectorLevel(const hilo::VectorLevel& level, SearchRequest* r) {
+  if (r->kind == QueryKind::kImage) return;
+  r->nprobe = Clamp(r->nprobe, level.nprobe, 1 << 20);
+  r->ef = Clamp(r->ef, level.nprobe, kMaxEf);
+  if (r->k > level.k) r->k = static_cast<int>(std::max<int64_t>(level.k, 1));
+  if (!level.rerank) r->rerank = 0;
+}
+
+int PlainFanout(const hilo::VectorLevel& level, int replicas) {
+  return static_cast<int>(std::clamp<int64_t>(level.fanout, 1, std::max(replicas, 1)));
+}
+
+Result<std::shared_ptr<hilo::ServiceLink>> OpenHiloLink(const HiloLinkFlags& f, int workers) {
+  if (f.url.empty() && f.catalog.empty()) {
+    if (!f.state.empty() || !f.instance.empty() || !f.meter) {
+      return Status::InvalidArgument("--hilo-state, --hilo-instance and --hilo-no-meter need --hilo URL or --hilo-catalog FILE");
+    }
+    return std::shared_ptr<hilo::ServiceLink>();
+  }
+  if (!f.url.empty() && !f.catalog.empty()) {
+    return Status::InvalidArgument("--hilo and --hilo-catalog exclude each other: with a controller the catalog is the controller's");
+  }
+  hilo::ServiceLinkOptions o;
+  o.service = hilo::Service::kVector;
+  o.instance = f.instance;
+  o.workers = std::max(workers, 1);
+  std::unique_ptr<hilo::ServiceLink> link;
+  if (!f.catalog.empty()) {
+    if (f.state.empty()) return Status::InvalidArgument("--hilo-catalog needs --hilo-state (the state to pin)");
+    auto text = ReadFileToString(f.catalog);
+    if (!text.ok()) return text.status();
+    if (text->size() > hilo::kMaxCatalogBytes) return Status::InvalidArgument(f.catalog + ": larger than 1 MiB");
+    auto catalog = hilo::ParseCatalog(*text);
+    if (!catalog.ok()) return Status::InvalidArgument(f.catalog + ": " + catalog.status().message());
+    KEEL_ASSIGN_OR_RETURN(link, hilo::ServiceLink::Pinned(std::move(*catalog), f.state, o));
+  } else {
+    KEEL_ASSIGN_OR_RETURN(hilo::ControllerCall call, hilo::HttpControllerCallForUrl(f.url));
+    KEEL_ASSIGN_OR_RETURN(link, hilo::ServiceLink::Connect(std::move(call), o, DeadlineIn(f.connect_timeout_ms)));
+    if (!f.state.empty()) KEEL_RETURN_IF_ERROR(link->Pin(f.state));
+  }
+  KEEL_RETURN_IF_ERROR(link->Start());
+  return std::shared_ptr<hilo::ServiceLink>(std::move(link));
+}
+
+}  // namespace keel::vector
