@@ -266,6 +266,7 @@ struct VectorArgs {
   std::string adversary = "honest";
   int64_t adversary_delay_ms = 200;
   std::string keygen_out;
+  vector::HiloLinkFlags hilo;  // vector-hilo
 };
 
 int RunVectorKeygen(const std::string& prefix) {
@@ -275,6 +276,22 @@ int RunVectorKeygen(const std::string& prefix) {
   Log().info("wrote {}.key (private, 0600) and {}.pub", prefix, prefix);
   return 0;
 }
+
+// ---- vector-hilo (begin): `keel vector` and `keel vector-router` follow HiLO (keel/vector/hilo_link.h)
+void AddVectorHiloFlags(CLI::App* cmd, vector::HiloLinkFlags& f) {
+  auto* url = cmd->add_option("--hilo", f.url, "follow the HiLO controller at this URL (http://host:port): apply its state's vector level, report load");
+  auto* cat = cmd->add_option("--hilo-catalog", f.catalog, "without a controller: a HiLO state catalog to pin one state of (with --hilo-state)")
+      ->check(CLI::ExistingFile);
+  url->excludes(cat);
+  cmd->add_option("--hilo-state", f.state, "the HiLO state to pin (required with --hilo-catalog; with --hilo it freezes the state)");
+  cmd->add_option("--hilo-instance", f.instance, "this instance's name in HiLO load reports (default vector-<pid>)");
+}
+void AddVectorReplicaHiloFlags(CLI::App* cmd, vector::HiloLinkFlags& f) {
+  AddVectorHiloFlags(cmd, f);
+  cmd->add_flag("--hilo-no-meter{false}", f.meter,
+                "behind a vector-router: follow the state but meter no searches (the router reports the tier's load)");
+}
+// ---- vector-hilo (end)
 
 int RunVector(VectorArgs a) {
   auto& sh = a.service.shard;
@@ -303,6 +320,10 @@ int RunVector(VectorArgs a) {
     a.service.placer = true;
     a.service.placer_options.policy = *policy;
   }
+  auto hilo_link = vector::OpenHiloLink(a.hilo, a.service.max_active_requests);  // vector-hilo
+  if (!hilo_link.ok()) return Fail(hilo_link.status());  // vector-hilo
+  a.service.hilo = *hilo_link;  // vector-hilo
+  a.service.hilo_meter = a.hilo.meter;  // vector-hilo
   auto service = vector::Service::Start(a.service);
   if (!service.ok()) return Fail(service.status());
   const auto& id = a.service.identity;
@@ -315,6 +336,7 @@ int RunVector(VectorArgs a) {
   if (!sig.ok()) return Fail(sig.status());
   Log().info("received {}; stopping (snapshot)", SignalName(*sig));
   if (Status s = (*service)->Stop(); !s.ok()) return Fail(s);
+  if (a.service.hilo) a.service.hilo->Stop();  // vector-hilo
   return 0;
 }
 
@@ -686,6 +708,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{600000}));
   auto* vec_keygen = vecs->add_subcommand("keygen", "Write a replica signing key pair: PREFIX.key (private, 0600) and PREFIX.pub");
   vec_keygen->add_option("--out", vec.keygen_out, "path prefix of the two files (refused if PREFIX.key exists)")->required();
+  AddVectorReplicaHiloFlags(vecs, vec.hilo);  // vector-hilo
 
   // ---- vector-router (begin)
   std::string vr_config, vr_host;
@@ -694,6 +717,8 @@ int main(int argc, char** argv) {
   vrs->add_option("--config,-c", vr_config, "cluster config (JSON: shards, replicas, zones, public keys, trust options)")->required()->check(CLI::ExistingFile);
   vrs->add_option("--host", vr_host, "address to bind (overrides the config; default 127.0.0.1)");
   vrs->add_option("--port", vr_port, "port to bind, 0 = any free port (overrides the config; default 7403)")->check(CLI::Range(0, 65535));
+  vector::HiloLinkFlags vr_hilo;  // vector-hilo
+  AddVectorHiloFlags(vrs, vr_hilo);  // vector-hilo
   // ---- vector-router (end)
 
   // ---- gateway (begin)
@@ -862,7 +887,7 @@ int main(int argc, char** argv) {
   if (kvs->parsed()) return RunKvstore(kv);
   if (vec_keygen->parsed()) return RunVectorKeygen(vec.keygen_out);
   if (vecs->parsed()) return RunVector(vec);
-  if (vrs->parsed()) return vector::RunVectorRouterMain(vr_config, vr_host, vr_port);
+  if (vrs->parsed()) return vector::RunVectorRouterMain(vr_config, vr_host, vr_port, vr_hilo);  // vector-hilo
   if (gws->parsed()) return keel::gateway::RunGatewayMain(gw_config, gw_host, gw_port);
   if (gwps->parsed()) return RunGatewayPolicy(gwp);  // gateway-policy
   if (fvs->parsed()) {  // fake-vendor
