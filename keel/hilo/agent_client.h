@@ -39,15 +39,27 @@ using ControllerCall = std::function<Result<ControllerReply>(std::string_view me
                                                               std::string_view body, std::string_view content_type,
                                                               Deadline deadline)>;
 
+// What a controller sends is small (a catalog is at most kMaxCatalogBytes): replies are bounded
+// to 2 MiB rather than HttpClient's 64 MiB default.
+inline HttpClientOptions ControllerHttpOptions() {
+  HttpClientOptions o;
+  o.max_response_bytes = size_t{2} << 20;
+  o.max_idle_connections = 4;  // the poll and a report, with room to spare
+  return o;
+}
 // A ControllerCall over keel::HttpClient: keep-alive connections to `endpoint`, shared by the
 // copies of the returned function. Replies over options.max_response_bytes fail the call.
-ControllerCall HttpControllerCall(const HttpEndpoint& endpoint, HttpClientOptions options = {});
+ControllerCall HttpControllerCall(const HttpEndpoint& endpoint, HttpClientOptions options = ControllerHttpOptions());
 // The same for "http://host:port" (ParseHttpUrl); InvalidArgument naming what is wrong with `url`.
-Result<ControllerCall> HttpControllerCallForUrl(std::string_view url, HttpClientOptions options = {});
+Result<ControllerCall> HttpControllerCallForUrl(std::string_view url,
+                                                HttpClientOptions options = ControllerHttpOptions());
 
 struct AgentClientOptions {
   AgentOptions agent;
-  int wait_ms = 10000;          // long-poll wait asked of the controller (<= its max_wait_ms)
+  // Long-poll wait asked of the controller (<= its max_wait_ms). Short: Stop() waits for the poll
+  // in flight, and each answer is a heartbeat, so under the agent's hold_s the agent never counts a
+  // healthy controller as lost. One request a second per instance costs the controller nothing.
+  int wait_ms = 1000;
   int slack_ms = 2000;          // a poll's deadline is wait_ms + slack_ms
   int retry_ms = 500;           // pause after a failed poll
   int report_timeout_ms = 1000;  // deadline of one Report()

@@ -9,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/core/http_client.h"
 #include "keel/hilo/agent_client.h"
 #include "keel/hilo/report.h"
 #include "keel/hilo/server.h"
-#include "keel/vector/replica_client.h"
 #include "tests/hilo/test_catalog.h"
 
 namespace keel::hilo {
@@ -44,22 +44,14 @@ ControllerServerOptions TestOptions() {
 }
 
 struct Client {
-  explicit Client(int port) : rc(vector::HttpEndpoint{"127.0.0.1", port}) {}
-  vector::HttpReply Call(std::string_view method, std::string_view target, std::string_view body = "") {
+  explicit Client(int port) : rc(HttpEndpoint{"127.0.0.1", port}) {}
+  HttpReply Call(std::string_view method, std::string_view target, std::string_view body = "") {
     auto r = rc.Call(method, target, body, "application/json", DeadlineIn(kTimeoutMs));
     EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : vector::HttpReply{};
+    return r.ok() ? *r : HttpReply{};
   }
-  vector::ReplicaClient rc;
+  HttpClient rc;
 };
-
-ControllerCall CallVia(std::shared_ptr<vector::ReplicaClient> rc) {
-  return [rc](std::string_view method, std::string_view target, std::string_view body, std::string_view ctype,
-              Deadline deadline) -> Result<ControllerReply> {
-    KEEL_ASSIGN_OR_RETURN(vector::HttpReply r, rc->Call(method, target, body, ctype, deadline));
-    return ControllerReply{r.status, std::move(r.body)};
-  };
-}
 
 LoadReport Report(Service s, double rate) {
   LoadReport r;
@@ -186,7 +178,7 @@ TEST(HiloServer, WaitersBeyondTheBoundAre503) {
   auto server = StartServer(o);
   ASSERT_TRUE(server);
   const std::string target = "/v1/state?version=" + std::to_string(server->version()) + "&wait_ms=30000";
-  std::vector<std::future<vector::HttpReply>> polls;
+  std::vector<std::future<HttpReply>> polls;
   for (int i = 0; i < 2; ++i) {
     polls.push_back(std::async(std::launch::async, [&] { return Client(server->port()).Call("GET", target); }));
   }
@@ -260,13 +252,12 @@ TEST(HiloAgentClient, FollowsThenHoldsThenFallsBack) {
   o.decide_interval_ms = 60000;
   auto server = StartServer(o);
   ASSERT_TRUE(server);
-  auto rc = std::make_shared<vector::ReplicaClient>(vector::HttpEndpoint{"127.0.0.1", server->port()});
   AgentClientOptions ao;
   ao.agent.hold_s = 3;
   ao.agent.fallback_s = 30;
   ao.wait_ms = 5000;
   ao.retry_ms = 20;
-  auto made = AgentClient::Create(FreshCatalog(), CallVia(rc), ao);
+  auto made = AgentClient::Create(FreshCatalog(), HttpControllerCall({"127.0.0.1", server->port()}), ao);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   auto& agent = **made;
   EXPECT_EQ(agent.Current(NowMs()).mode, StateAgent::Mode::kNeverHeard);
