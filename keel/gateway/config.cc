@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/core/http_client.h"
 #include "keel/core/json_reader.h"
 #include "keel/gateway/gateway.h"
 #include "keel/gateway/vendor.h"
@@ -44,6 +45,78 @@ Status ReadString(const json& obj, const char* key, const std::string& where, st
   *out = obj[key].get<std::string>();
   if (required && out->empty()) return Status::InvalidArgument("gateway config: " + where + key + ": empty");
   return Status::Ok();
+}
+
+// HiLO names (instance, state) end up in metric labels and load reports: 1..64 of [A-Za-z0-9_.:-],
+// the rule keel/hilo applies.
+bool IsHiloName(std::string_view s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char ch : s) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                    ch == '.' || ch == ':' || ch == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// The "hilo" member (docs/gateway.md "HiLO"). Strict, unlike the older members: an operator's typo
+// in a degradation setting would otherwise go unnoticed until the surge it is for.
+Result<HiloGatewayConfig> ParseHiloConfig(const json& h, const std::set<std::string>& model_names) {
+  KEEL_RETURN_IF_ERROR(Expect(h.is_object(), "hilo", "an object"));
+  for (const auto& [key, value] : h.items()) {
+    if (key != "controller" && key != "catalog" && key != "state" && key != "instance" && key != "tiers") {
+      return Status::InvalidArgument("gateway config: hilo." + key.substr(0, 64) +
+                                     ": unknown member (controller, catalog, state, instance, tiers)");
+    }
+  }
+  HiloGatewayConfig c;
+  KEEL_RETURN_IF_ERROR(ReadString(h, "controller", "hilo.", &c.controller, false));
+  KEEL_RETURN_IF_ERROR(ReadString(h, "catalog", "hilo.", &c.catalog_path, false));
+  KEEL_RETURN_IF_ERROR(ReadString(h, "state", "hilo.", &c.state, false));
+  KEEL_RETURN_IF_ERROR(ReadString(h, "instance", "hilo.", &c.instance, false));
+  if (c.controller.empty() == c.catalog_path.empty()) {
+    return Status::InvalidArgument(
+        "gateway config: hilo: give either \"controller\" (follow a controller) or \"catalog\" and \"state\" "
+        "(pinned to one state)");
+  }
+  if (!c.controller.empty()) {
+    auto endpoint = ParseHttpUrl(c.controller);
+    if (!endpoint.ok()) return Status::InvalidArgument("gateway config: hilo.controller: " + endpoint.status().message());
+  } else if (!h.contains("state")) {
+    return Status::InvalidArgument("gateway config: hilo.state: missing (a gateway pinned to a catalog needs its state)");
+  }
+  if (h.contains("state") && !IsHiloName(c.state)) {
+    return Status::InvalidArgument("gateway config: hilo.state: expected a state name (1..64 of [A-Za-z0-9_.:-])");
+  }
+  if (h.contains("instance") && !IsHiloName(c.instance)) {
+    return Status::InvalidArgument("gateway config: hilo.instance: expected 1..64 of [A-Za-z0-9_.:-]");
+  }
+  if (h.contains("tiers")) {
+    const json& tiers = h["tiers"];
+    KEEL_RETURN_IF_ERROR(Expect(tiers.is_object(), "hilo.tiers", "an object {virtual model: {tier: model}}"));
+    for (const auto& [name, map] : tiers.items()) {
+      const std::string where = "hilo.tiers." + name.substr(0, 64);
+      KEEL_RETURN_IF_ERROR(Expect(!name.empty(), where, "a non-empty model name"));
+      if (model_names.count(name)) {
+        // Every request for it would be re-tiered: the model itself could never be reached.
+        return Status::InvalidArgument("gateway config: " + where + ": \"" + name +
+                                       "\" is also in models; a tiered name must not be");
+      }
+      KEEL_RETURN_IF_ERROR(Expect(map.is_object() && !map.empty(), where, "a non-empty object {tier: model}"));
+      auto& out = c.tiers[name];
+      for (const auto& [tier, model] : map.items()) {
+        const std::string tw = where + "." + tier.substr(0, 64);
+        if (!IsHiloName(tier)) return Status::InvalidArgument("gateway config: " + tw + ": not a tier name");
+        KEEL_RETURN_IF_ERROR(Expect(model.is_string(), tw, "a model name"));
+        const std::string target = model.get<std::string>();
+        if (!model_names.count(target)) {
+          return Status::InvalidArgument("gateway config: " + tw + ": no model named \"" + target.substr(0, 128) + "\"");
+        }
+        out[tier] = target;
+      }
+    }
+  }
+  return c;
 }
 
 }  // namespace
@@ -152,6 +225,11 @@ Result<GatewayConfig> ParseGatewayConfig(std::string_view text) {
       return Status::InvalidArgument("gateway config: " + where + "name: duplicate model \"" + vm.name + "\"");
     }
     c.models.push_back(std::move(vm));
+  }
+  if (root.contains("hilo")) {
+    auto hilo = ParseHiloConfig(root["hilo"], model_names);
+    if (!hilo.ok()) return hilo.status();
+    c.hilo = std::move(hilo).value();
   }
   return c;
 }

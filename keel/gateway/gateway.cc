@@ -2,8 +2,10 @@
 // is in gateway_chat.cc, the other API routes in gateway_endpoints.cc (see gateway_internal.h).
 #include "keel/gateway/gateway.h"
 
+#include <fstream>
 #include <optional>
 #include <random>
+#include <sstream>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -209,6 +211,12 @@ Task<void> Gateway::Impl::Handle(const HttpRequest& req, AsyncResponder& resp) {
   x.request_id = NextRequestId();
   // OpenAI's SDKs read x-request-id, Anthropic's request-id.
   x.headers = {{"x-request-id", x.request_id}, {"request-id", x.request_id}};
+  if (hilo) {
+    // One read of the product state per request (an atomic load): every filter of this request
+    // applies the same state, and the client sees which one.
+    x.hilo_index = hilo->CurrentIndex();
+    x.headers.emplace_back("x-keel-hilo-state", hilo->catalog().states[x.hilo_index].name);
+  }
   // An if-chain, not a switch: GCC 12 mishandles co_await inside switch cases.
   const std::string_view path(req.path);
   if (m.kind == RouteKind::kChat) {
@@ -247,7 +255,72 @@ Task<void> Gateway::Impl::FlushLoop() {
   }
 }
 
+namespace {
+
+Result<hilo::Catalog> ReadCatalogFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::InvalidArgument("gateway config: hilo.catalog: cannot open " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto c = hilo::ParseCatalog(ss.str());
+  if (!c.ok()) return Status::InvalidArgument("gateway config: hilo.catalog: " + path + ": " + c.status().message());
+  return c;
+}
+
+}  // namespace
+
+Status Gateway::Impl::StartHilo(int workers) {
+  const HiloGatewayConfig& h = *config.hilo;
+  hilo::ServiceLinkOptions lo;
+  lo.service = hilo::Service::kGateway;
+  lo.instance = h.instance;
+  lo.workers = workers;
+  lo.metrics = &metrics;
+  Result<std::unique_ptr<hilo::ServiceLink>> link = Status::InvalidArgument("unset");
+  if (!h.controller.empty()) {
+    // Called from the link's own threads (blocking, keel/core's HttpClient), never the io threads.
+    auto call = hilo::HttpControllerCallForUrl(h.controller);
+    if (!call.ok()) return Status::InvalidArgument("gateway config: hilo.controller: " + call.status().message());
+    // The catalog comes from the controller: the gateway cannot start without knowing its states.
+    link = hilo::ServiceLink::Connect(std::move(call).value(), lo, DeadlineIn(5000));
+    if (!link.ok()) {
+      return Status::InvalidArgument("gateway config: hilo.controller: " + h.controller + ": " + link.status().message());
+    }
+  } else {
+    auto catalog = ReadCatalogFile(h.catalog_path);
+    if (!catalog.ok()) return catalog.status();
+    link = hilo::ServiceLink::Pinned(std::move(catalog).value(), h.state, lo);
+    if (!link.ok()) return Status::InvalidArgument("gateway config: hilo.state: " + link.status().message());
+  }
+  hilo = std::move(link).value();
+  const hilo::Catalog& catalog = hilo->catalog();
+  // Every tier a state can route to must have a model in every tiers entry; found now, not at
+  // the surge that first enters that state.
+  for (const auto& [name, tiers] : h.tiers) {
+    std::vector<std::string>& routes = hilo_routes[name];
+    for (const hilo::State& s : catalog.states) {
+      auto it = tiers.find(s.gateway.model);
+      if (it == tiers.end()) {
+        return Status::InvalidArgument("gateway config: hilo.tiers." + name + ": no model for tier \"" +
+                                       s.gateway.model + "\", which catalog state \"" + s.name + "\" routes to");
+      }
+      routes.push_back(it->second);
+    }
+  }
+  if (!h.controller.empty() && !h.state.empty()) {
+    if (Status s = hilo->Pin(h.state); !s.ok()) return Status::InvalidArgument("gateway config: hilo.state: " + s.message());
+  }
+  if (Status s = hilo->Start(); !s.ok()) return s;
+  const hilo::State& now = hilo->Current();
+  const std::string source = h.controller.empty() ? "pinned to " + h.catalog_path : "following " + h.controller;
+  Log().info("gateway: HiLO {}, state {} (tier {}, max_tokens clamp {})", source, now.name, now.gateway.model,
+             now.gateway.max_tokens_clamp);
+  return Status::Ok();
+}
+
 Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+hilo::ServiceLink* Gateway::hilo_link() { return impl_->hilo.get(); }
 
 Gateway::~Gateway() { Stop(); }
 
@@ -280,6 +353,11 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayConfig config) {
   };
   p->server = std::make_unique<AsyncHttpServer>(
       so, [p](const HttpRequest& req, AsyncResponder& resp) -> Task<void> { return p->Handle(req, resp); });
+  if (p->config.hilo) {
+    // Workers: the connection cap. A request holds its connection (not an io thread: it yields
+    // while the upstream answers) for its whole life, so utilisation = busy connections / cap.
+    if (Status s = p->StartHilo(so.max_connections); !s.ok()) return s;
+  }
   auto& io = p->server->io_context();
   for (const UpstreamConfig& u : p->config.upstreams) {
     Upstream& up = p->upstreams[u.name];
@@ -315,6 +393,7 @@ void Gateway::Stop() {
     if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) break;
   }
   impl_->server->Stop();
+  if (impl_->hilo) impl_->hilo->Stop();
 }
 
 int RunGatewayMain(const std::string& config_path, const std::string& host_override, int port_override) {

@@ -12,12 +12,18 @@
 // (stale) decision; both are logged and counted in keel_gateway_policy_unavailable_total.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "keel/core/status.h"
 #include "keel/gateway/chat.h"
+
+namespace keel::hilo {
+class ServiceLink;
+}
 
 namespace keel::gateway {
 
@@ -42,6 +48,18 @@ struct VirtualModel {
   int tokenizer_vocab = 0;
 };
 
+// HiLO (docs/gateway.md "HiLO"): the gateway follows the product state and applies its gateway
+// level (keel/hilo/catalog.h GatewayLevel) per request: the model tier and the max_tokens clamp.
+struct HiloGatewayConfig {
+  std::string controller;    // "http://host:port": follow this controller (its catalog); or
+  std::string catalog_path;  // a catalog file, pinned to `state`, with no controller
+  std::string state;         // the pinned state; with a controller optional (pinned while set)
+  std::string instance;      // in load reports; "" = "gateway-<pid>"
+  // Tiered virtual model -> tier name -> the virtual model (in `models`) serving that tier, e.g.
+  // "answer" -> {"large": "answer-large", "small": "answer-small"}.
+  std::map<std::string, std::map<std::string, std::string>> tiers;
+};
+
 struct GatewayConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
@@ -55,6 +73,7 @@ struct GatewayConfig {
   int64_t default_max_tokens = 4096;    // for upstreams that require max_tokens (Anthropic)
   std::vector<UpstreamConfig> upstreams;
   std::vector<VirtualModel> models;
+  std::optional<HiloGatewayConfig> hilo;  // absent: no HiLO, nothing clamped or re-tiered
 };
 
 // Reads the JSON config (format in docs/gateway.md). InvalidArgument names the field; api keys
@@ -67,6 +86,9 @@ class Gateway {
   static Result<std::unique_ptr<Gateway>> Start(GatewayConfig config);
   ~Gateway();  // Stop()
   int port() const;
+  // The HiLO link (null without a "hilo" config member): Pin() it to freeze a state, meter() for
+  // the load it reports. Valid while the gateway lives.
+  hilo::ServiceLink* hilo_link();
   // Stops accepting, drains requests in progress, flushes usage once more.
   void Stop();
 

@@ -71,14 +71,50 @@ GatewayError ClientFacingError(const Upstream& up, int status, std::string_view 
 }
 
 Task<void> Gateway::Impl::HandleChat(Exchange& x) {
-  // Each filter answers the client itself when it stops the chain. The result is named before
-  // it is tested: GCC 12 miscompiles `if (!co_await f(x))` here (the callee got a bad reference).
-  if (const bool go = co_await Authenticate(x); !go) co_return;
-  if (const bool go = co_await Parse(x); !go) co_return;
-  if (const bool go = co_await ApplyPolicy(x); !go) co_return;
-  if (const bool go = co_await Route(x); !go) co_return;
-  if (const bool go = co_await Reserve(x); !go) co_return;
-  co_await Relay(x);
+  // Each filter answers the client itself when it stops the chain. Results are named before they
+  // are tested: GCC 12 miscompiles `if (!co_await f(x))` here (the callee got a bad reference).
+  //
+  // With HiLO the chain is metered for the load report: arrived now; shed when the gateway itself
+  // answers 429; otherwise started once admitted (or refused for another reason: a 4xx that cost
+  // the gateway a little work) and finished with its whole latency. A request holds its
+  // connection all along, so its busy time is its latency (workers = the connection cap).
+  const auto arrived = Clock::now();
+  hilo::LoadMeter* meter = hilo ? &hilo->meter() : nullptr;
+  if (meter) meter->Arrive();
+  bool go = co_await Authenticate(x);
+  if (go) go = co_await Parse(x);
+  if (go) go = co_await ApplyPolicy(x);
+  if (go && hilo) ApplyHilo(x);
+  if (go) go = co_await Route(x);
+  if (go) go = co_await Reserve(x);
+  if (meter && x.shed) {
+    meter->Shed();
+    co_return;
+  }
+  if (meter) meter->Started();
+  if (go) co_await Relay(x);
+  if (meter) {
+    const double seconds = SecondsSince(arrived);
+    meter->Finish(seconds, seconds);
+  }
+}
+
+// The product state's gateway level (docs/gateway.md "HiLO"), after the team's policy: the allow
+// list and deny rules see the model the client asked for ("answer"), not the tier's model, so a
+// state change never turns an allowed request into a 403.
+void Gateway::Impl::ApplyHilo(Exchange& x) {
+  const hilo::GatewayLevel& level = hilo->catalog().states[x.hilo_index].gateway;
+  if (auto it = hilo_routes.find(x.model); it != hilo_routes.end()) {
+    x.model = it->second[x.hilo_index];
+    x.headers.emplace_back("x-keel-hilo-tier", level.model);
+  }
+  // Clamped in the neutral request, so every client form (max_tokens, max_completion_tokens,
+  // max_output_tokens, maxOutputTokens) and every upstream form is covered, and Reserve (next)
+  // reserves the clamped figure. No max_tokens at all means "as long as the model likes": the
+  // clamp then sets it, as a team policy's max_tokens does.
+  if (!x.request.max_tokens || *x.request.max_tokens > level.max_tokens_clamp) {
+    x.request.max_tokens = level.max_tokens_clamp;
+  }
 }
 
 Task<bool> Gateway::Impl::Authenticate(Exchange& x) {
@@ -178,6 +214,7 @@ Task<bool> Gateway::Impl::ReserveBudget(Exchange& x, int64_t tokens, double cost
     // sooner than that (or at all, for a budget without a window) -- their backoff is seconds.
     const HttpHeaderList extra = BudgetDenialHeaders(denial);
     const GatewayError e{429, ErrorKind::kRateLimit, s.message()};
+    x.shed = true;
     co_await Fail(x, e, extra);
     co_return false;
   }

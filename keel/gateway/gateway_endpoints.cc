@@ -116,6 +116,7 @@ Task<void> Gateway::Impl::HandleCountTokens(Exchange& x) {
   x.request = std::move(parsed).value();
   x.client_model = x.request.model;
   if (const bool go = co_await ApplyPolicy(x); !go) co_return;
+  if (hilo) ApplyHilo(x);  // a tiered name routes here as it does for chat
   if (const bool go = co_await Route(x); !go) co_return;
   const int64_t n = CountRequestTokens(*x.counter, x.request);
   std::string answer = gemini ? BuildGeminiCountTokensResponse(n) : Dump(json{{"input_tokens", n}});
@@ -148,6 +149,7 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
   }
   x.client_model = body["model"].get<std::string>();
   if (const bool go = co_await ApplyPolicy(x); !go) co_return;
+  if (hilo) ApplyHilo(x);  // a tiered name routes here as it does for chat
   if (const bool go = co_await Route(x); !go) co_return;
   int64_t input_tokens = 0;
   if (body["input"].is_string()) {

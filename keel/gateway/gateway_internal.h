@@ -6,6 +6,9 @@
 //                 (fails open on staleness, logged and counted).
 //   Parse         the front's format -> ChatRequest (400 naming the field).
 //   ApplyPolicy   the team's rewrites, allow list, deny rules, max_tokens clamp (closed: 403).
+//   ApplyHilo     with a "hilo" config: the product state's gateway level -- the tier's model
+//                 for a tiered virtual model, and max_tokens clamped to the level's clamp. The
+//                 state is read once per request (Handle), so one request sees one state.
 //   Route         the virtual model (404).
 //   Reserve       counts input tokens, reserves them plus max_tokens against every budget
 //                 (closed: 429 with retry-after; local figures, so it works while the policy
@@ -19,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -31,6 +35,7 @@
 #include "keel/gateway/gateway_governance.h"
 #include "keel/gateway/token_counter.h"
 #include "keel/gateway/vendor.h"
+#include "keel/hilo/service_link.h"
 
 namespace keel::gateway {
 
@@ -56,6 +61,8 @@ struct Exchange {
   const TokenCounter* counter = nullptr;
   int64_t input_tokens = 0;
   Reservation reservation;
+  int hilo_index = -1;        // the HiLO state applied to this request (catalog index); -1 = none
+  bool shed = false;          // the gateway itself refused it with a 429 (budget): the meter's Shed
 };
 
 // What one attempt at one target came to.
@@ -70,6 +77,11 @@ struct Upstream {
 struct Gateway::Impl {
   GatewayConfig config;
   MetricsRegistry metrics;
+  // HiLO (null without a "hilo" config member). Declared before the server so that it outlives
+  // every request that read a state from it.
+  std::unique_ptr<hilo::ServiceLink> hilo;
+  // Tiered virtual model -> per catalog state index, the virtual model the state's tier routes to.
+  std::map<std::string, std::vector<std::string>, std::less<>> hilo_routes;
   std::unique_ptr<AsyncHttpServer> server;
   std::map<std::string, Upstream> upstreams;  // by name
   std::map<std::string, VirtualModel> models;
@@ -111,6 +123,9 @@ struct Gateway::Impl {
   Task<bool> Authenticate(Exchange& x);
   Task<bool> Parse(Exchange& x);
   Task<bool> ApplyPolicy(Exchange& x);
+  // Never stops the chain and never waits: a plain function, no coroutine frame per request.
+  void ApplyHilo(Exchange& x);
+  Status StartHilo(int workers);  // gateway.cc: the link, the tier table, the catalog checks
   Task<bool> Route(Exchange& x);
   Task<bool> Reserve(Exchange& x);
   Task<bool> Relay(Exchange& x);
