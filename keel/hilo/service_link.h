@@ -121,7 +121,10 @@ class ServiceLink {
   // report thread, which then reports nothing and only runs OnChange after a Pin(). Internal if
   // already started.
   Status Start();
-  void Stop();  // idempotent
+  // Wakes the report thread at once, then waits for the agent client's poll in flight (at most
+  // client.wait_ms + slack_ms; about 1 s with the defaults, at once when the controller stops
+  // first). Idempotent. No OnChange runs after it returns.
+  void Stop();
 
   // The state to apply now, never null; valid while the link lives. Cheap (an atomic load):
   // call it per request.
