@@ -8,6 +8,7 @@
 
 #include "keel/answer/corpus.h"
 #include "keel/answer/quality.h"
+#include "keel/answer/replay.h"
 #include "keel/answer/request.h"
 #include "tests/engine/test_util.h"
 
@@ -78,6 +79,29 @@ TEST(Quality, WindowMeansAverageArrivalsAndScoreShedAsZero) {
   EXPECT_DOUBLE_EQ(w[3].quality, 100.0);
   EXPECT_TRUE(WindowMeans({}, 1000).empty());
   EXPECT_TRUE(WindowMeans(o, 0).empty());
+}
+
+TEST(Quality, ScoreAgainstTheReference) {
+  std::vector<EvalQuery> q(3);
+  for (auto& e : q) e.truth = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<ReplayedAnswer> ref(3), ans(3);
+  for (auto& r : ref) {
+    r.status = 200;
+    r.content = "a b";
+  }
+  ref[2].status = 503;  // no reference: skipped
+  ans[0].status = 200;
+  ans[0].retrieved = {1, 2, 3, 4, 5};  // recall 0.5
+  ans[0].content = "a b c d";          // F1 2/3
+  ans[1].status = 429;                 // shed: 0
+  const StateQuality s = Score(q, ref, ans);
+  EXPECT_EQ(s.requests, 2);
+  EXPECT_EQ(s.served, 1);
+  EXPECT_EQ(s.skipped, 1);
+  EXPECT_NEAR(s.quality, (100 * 0.5 * 2.0 / 3.0) / 2, 1e-9);
+  EXPECT_DOUBLE_EQ(s.recall, 0.5);
+  EXPECT_NEAR(s.agreement, 2.0 / 3.0, 1e-12);
+  EXPECT_EQ(Score(q, ref, std::span<const ReplayedAnswer>(ans.data(), 2)).requests, 0);  // length mismatch
 }
 
 TEST(Corpus, SplitsOnBlankLines) {

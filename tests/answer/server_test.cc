@@ -4,6 +4,8 @@
 // No wall-clock assertions; waits are bounded only to turn a hang into a failure.
 #include "keel/answer/server.h"
 
+#include <cstdio>
+
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -16,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "keel/answer/replay.h"
+#include "keel/answer/quality.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/model.h"
 #include "keel/engine/scheduler.h"
@@ -99,16 +103,7 @@ class AnswerServerTest : public ::testing::Test {
     auto vs = vector::Service::Start(vo);
     ASSERT_TRUE(vs.ok()) << vs.status().ToString();
     vector_ = vs->release();
-    auto base = vector::ReadBvecs(test::SharedDir() + "/data/vectors/bigann10k_base.bvecs", kBase);
-    ASSERT_TRUE(base.ok()) << base.status().ToString();
-    json items = json::array();
-    for (int i = 0; i < kBase; ++i) {
-      std::vector<float> v(base->values.begin() + i * 128, base->values.begin() + (i + 1) * 128);
-      items.push_back({{"id", i}, {"text", v}});
-    }
-    HttpTestClient c(vector_->port());
-    HttpTestResponse r = c.Request("POST", "/v1/upsert", json{{"items", items}}.dump());
-    ASSERT_EQ(r.status, 200) << r.body;
+    Upsert(0, kBase);
 
     engine_ = new EngineRig;
     StartEngine(*engine_, true);
@@ -124,6 +119,22 @@ class AnswerServerTest : public ::testing::Test {
     delete corpus_;
     engine_ = nullptr;
     vector_ = nullptr;
+  }
+
+  // Upserts SIFT base vectors [begin, end) with their ids, in batches.
+  static void Upsert(int begin, int end) {
+    auto base = vector::ReadBvecs(test::SharedDir() + "/data/vectors/bigann10k_base.bvecs", end);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    for (int b = begin; b < end; b += 2000) {
+      json items = json::array();
+      for (int i = b; i < std::min(end, b + 2000); ++i) {
+        std::vector<float> v(base->values.begin() + i * 128, base->values.begin() + (i + 1) * 128);
+        items.push_back({{"id", i}, {"text", v}});
+      }
+      HttpTestClient c(vector_->port());
+      HttpTestResponse r = c.Request("POST", "/v1/upsert", json{{"items", items}}.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+    }
   }
 
   static void StartEngine(EngineRig& rig, bool run_scheduler) {
@@ -380,6 +391,57 @@ TEST_F(AnswerServerTest, UpstreamFailuresNameTheUpstream) {
   auto s = AnswerServer::Start(*corpus_, bad);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("vector URL"), std::string::npos) << s.status().message();
+}
+
+// The quality half of `keel hilo validate` on real parts: all 10,000 SIFT base vectors (so the
+// exact ground truth applies), 30 evaluation queries, three pinned states scored against the full
+// state's answers. Runs last in this file: it grows the shared shard (the other tests compare with
+// direct searches, so the size does not matter to them).
+TEST_F(AnswerServerTest, ReplayScoresStatesAgainstTheFullState) {
+  Upsert(kBase, 10000);
+  hilo::ServiceLinkOptions lo;
+  lo.service = hilo::Service::kAnswer;
+  auto link = hilo::ServiceLink::Pinned(hilo::testing::TestCatalog(), "full", lo);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  ASSERT_TRUE((*link)->Start().ok());
+  StartAnswer({}, link->get());
+  HttpClient client(HttpEndpoint{"127.0.0.1", answer_->port()});
+  const std::span<const EvalQuery> queries(eval_->data(), 30);
+  ReplayOptions ro;
+  ro.max_tokens = 8;
+
+  const std::vector<ReplayedAnswer> full = Replay(client, queries, ro);
+  const std::vector<ReplayedAnswer> again = Replay(client, queries, ro);
+  ASSERT_EQ(full.size(), queries.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    ASSERT_EQ(full[i].status, 200) << full[i].error;
+    EXPECT_EQ(full[i].state, "full");
+    // Temperature 0: the reference is stable, so agreement measures the state, not sampling.
+    EXPECT_EQ(again[i].content, full[i].content) << i;
+  }
+  const StateQuality self = Score(queries, full, again);
+  EXPECT_EQ(self.served, 30);
+  EXPECT_DOUBLE_EQ(self.agreement, 1.0);
+  EXPECT_NEAR(self.quality, 100 * self.recall, 1e-9);
+  EXPECT_GE(self.recall, 0.8);  // HNSW (ef 64) against exact truth on 10k SIFT vectors
+
+  ASSERT_TRUE((*link)->Pin("fewer_docs").ok());
+  const std::vector<ReplayedAnswer> fewer = Replay(client, queries, ro);
+  const StateQuality fq = Score(queries, full, fewer);
+  EXPECT_EQ(fq.served, 30);
+  EXPECT_DOUBLE_EQ(fq.recall, self.recall);  // same vector level, same hits; fewer in the prompt
+  EXPECT_LE(fq.quality, self.quality);
+
+  ASSERT_TRUE((*link)->Pin("bare").ok());
+  const std::vector<ReplayedAnswer> bare = Replay(client, queries, ro);
+  const StateQuality bq = Score(queries, full, bare);
+  EXPECT_EQ(bq.served, 30);
+  EXPECT_DOUBLE_EQ(bq.recall, 0.0);
+  EXPECT_DOUBLE_EQ(bq.quality, 0.0);  // retrieval off scores 0 by definition
+  std::printf("quality over %zu eval queries (max_tokens 8): full %.2f (recall %.3f), fewer_docs %.2f (recall %.3f, "
+              "agreement %.3f), bare %.2f (agreement %.3f)\n",
+              queries.size(), self.quality, self.recall, fq.quality, fq.recall, fq.agreement, bq.quality, bq.agreement);
+  (*link)->Stop();
 }
 
 }  // namespace
