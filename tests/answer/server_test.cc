@@ -296,10 +296,17 @@ TEST_F(AnswerServerTest, ContextDocsFollowsTheState) {
 TEST_F(AnswerServerTest, BeyondMaxInflightIs429) {
   EngineRig held;  // an engine whose scheduler the test steps: a request waits in its queue
   StartEngine(held, false);
+  // A pinned link, so the HiLO meter is there to read (its windows are taken at test times).
+  hilo::ServiceLinkOptions lo;
+  lo.service = hilo::Service::kAnswer;
+  auto link = hilo::ServiceLink::Pinned(hilo::testing::TestCatalog(), "fewer_docs", lo);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  hilo::LoadMeter& meter = (*link)->meter();
+  meter.Take(1000000);  // opens a window at t = 1000 s
   AnswerServerOptions o;
   o.max_inflight = 1;
   o.gateway_url = Url(held.server->port());
-  StartAnswer(o);
+  StartAnswer(o, link->get());
   json body = AskBody((*eval_)[0]);
   HttpTestResponse first;
   std::thread t([&] { first = Ask(body.dump()); });
@@ -309,6 +316,11 @@ TEST_F(AnswerServerTest, BeyondMaxInflightIs429) {
   EXPECT_EQ(r.Header("Retry-After"), "1");
   EXPECT_NE(ErrorMessage(r).find("limit of 1 requests in flight"), std::string::npos) << r.body;
   EXPECT_NE(r.body.find("rate_limit_exceeded"), std::string::npos);
+  // Both arrived (the shed one too), one is being served, none waits.
+  const hilo::LoadReport during = meter.Take(1001000);
+  EXPECT_DOUBLE_EQ(during.arrival_rate, 2.0);
+  EXPECT_EQ(during.in_flight, 1);
+  EXPECT_EQ(during.queue_depth, 0);
   std::atomic<bool> stop{false};
   std::thread stepper([&] { held.scheduler->Run(stop); });
   t.join();
@@ -318,6 +330,10 @@ TEST_F(AnswerServerTest, BeyondMaxInflightIs429) {
   EXPECT_EQ(again.status, 200) << again.body;
   stop = true;
   stepper.join();
+  const hilo::LoadReport after = meter.Take(1002000);
+  EXPECT_DOUBLE_EQ(after.arrival_rate, 1.0);
+  EXPECT_EQ(after.in_flight, 0);
+  EXPECT_GT(after.p99_ms, 0.0);  // two finished in this window
 }
 
 TEST_F(AnswerServerTest, BadInputIs400And413) {
