@@ -571,6 +571,8 @@ int RunAnswer(AnswerArgs a) {
   }
   auto corpus = answer::Corpus::Load(a.corpus);
   if (!corpus.ok()) return Fail(corpus.status());
+  // Room for the vector of a large --dim (about 12 bytes a number) and the rest of the body.
+  a.o.max_body_bytes = std::max(a.o.max_body_bytes, static_cast<size_t>(a.o.limits.dim) * 32 + (size_t{64} << 10));
   auto link = answer::OpenAnswerLink(a.hilo, a.o.max_inflight);
   if (!link.ok()) return Fail(link.status());
   auto server = answer::AnswerServer::Start(*corpus, a.o, link->get());

@@ -1,5 +1,6 @@
 #include "keel/answer/server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string_view>
 #include <vector>
@@ -56,7 +57,7 @@ struct Failure {
 
 AnswerServer::AnswerServer(const Corpus& corpus, AnswerServerOptions options, hilo::ServiceLink* link)
     : corpus_(corpus), opt_(std::move(options)), link_(link) {
-  requests_ = &metrics_.AddCounter("keel_answer_requests_total", "Answer requests by HTTP status.", {"code"});
+  requests_ = &metrics_.AddCounter("keel_answer_requests_total", "Answer requests by route and HTTP status.", {"route", "code"});
   inflight_gauge_ = &metrics_.AddGauge("keel_answer_inflight", "Answer requests being served now.").Get();
   search_seconds_ = &metrics_.AddHistogram("keel_answer_search_seconds", "Vector search calls.", LatencyBuckets()).Get();
   generate_seconds_ =
@@ -75,6 +76,12 @@ Result<std::unique_ptr<AnswerServer>> AnswerServer::Start(const Corpus& corpus, 
   if (options.context_bytes > (size_t{1} << 20)) return Status::InvalidArgument("context_bytes: at most 1 MiB");
   if (link != nullptr && link->service() != hilo::Service::kAnswer) {
     return Status::InvalidArgument("the HiLO link must be the answer service's");
+  }
+  // A large --dim must not trip the generic bounds: room for the vector plus the rest.
+  const size_t dim = static_cast<size_t>(options.limits.dim);
+  options.limits.max_json_values = std::max(options.limits.max_json_values, dim + 10000);
+  if (options.max_body_bytes < dim * 16 + 4096) {
+    return Status::InvalidArgument("max_body_bytes: at least dim x 16 + 4096 bytes, so a request's vector fits");
   }
   auto vec = ParseHttpUrl(options.vector_url);
   if (!vec.ok()) return Status::InvalidArgument("vector URL: " + vec.status().message());

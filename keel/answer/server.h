@@ -12,7 +12,7 @@
 //       4. answer: the generator's chat completion with one more member,
 //          "keel":{"retrieved":[all k ids, in order],"docs":[document indices put in the prompt],
 //                  "state":name,"retrieval":bool,"context_docs":n,"search_ms":x,"generate_ms":y}
-//   GET /healthz, GET /metrics (keel_answer_requests_total{code}, keel_answer_inflight,
+//   GET /healthz, GET /metrics (keel_answer_requests_total{route,code}, keel_answer_inflight,
 //       keel_answer_search_seconds, keel_answer_generate_seconds)
 //
 // HiLO: with a ServiceLink, each request reads link->Current().answer once at its start and
@@ -67,8 +67,9 @@ struct AnswerServerOptions {
   // model with a longer context.
   size_t context_bytes = 100;
   int max_inflight = 16;            // requests served at once; beyond: 429 (Shed)
-  size_t max_body_bytes = 256 << 10;
-  RequestLimits limits;             // limits.dim must be the vector service's dim
+  size_t max_body_bytes = 256 << 10;  // 413 beyond; at least dim x 16 + 4096 (Start refuses less)
+  RequestLimits limits;             // limits.dim must be the vector service's dim; max_json_values
+                                    // is raised to dim + 10000 when that is larger
   int vector_timeout_ms = 2000;
   int gateway_timeout_ms = 120000;
 };

@@ -338,7 +338,7 @@ TEST_F(AnswerServerTest, BeyondMaxInflightIs429) {
 
 TEST_F(AnswerServerTest, BadInputIs400And413) {
   AnswerServerOptions o;
-  o.max_body_bytes = 4096;
+  o.max_body_bytes = 8192;
   StartAnswer(o);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{", "malformed JSON"},
@@ -351,13 +351,23 @@ TEST_F(AnswerServerTest, BadInputIs400And413) {
     EXPECT_EQ(r.status, 400) << b;
     EXPECT_NE(ErrorMessage(r).find(want), std::string::npos) << b << " -> " << r.body;
   }
-  HttpTestResponse big = Ask(R"({"messages":[{"role":"user","content":")" + std::string(5000, 'x') + "\"}]}");
+  HttpTestResponse big = Ask(R"({"messages":[{"role":"user","content":")" + std::string(9000, 'x') + "\"}]}");
   EXPECT_EQ(big.status, 413) << big.body;
   // An unknown model is the gateway's (here the engine's) 404, passed through.
   HttpTestResponse m = Ask(R"({"model":"nope","messages":[{"role":"user","content":"q"}],"max_tokens":2})");
   EXPECT_EQ(m.status, 404) << m.body;
   EXPECT_EQ(ErrorMessage(m).rfind("gateway: ", 0), 0u) << m.body;
   EXPECT_EQ(answer_->searches(), 0u);
+  // Every answer is counted by route and status.
+  HttpTestClient c(answer_->port());
+  HttpTestResponse metrics = c.Request("GET", "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("keel_answer_requests_total{route=\"/v1/chat/completions\",code=\"400\"} 4"),
+            std::string::npos)
+      << metrics.body;
+  EXPECT_NE(metrics.body.find("keel_answer_requests_total{route=\"/v1/chat/completions\",code=\"404\"} 1"),
+            std::string::npos)
+      << metrics.body;
 }
 
 TEST_F(AnswerServerTest, UpstreamFailuresNameTheUpstream) {
@@ -401,6 +411,12 @@ TEST_F(AnswerServerTest, UpstreamFailuresNameTheUpstream) {
         << r.body;
   }
   // Bad options are refused at start.
+  AnswerServerOptions small;
+  small.vector_url = small.gateway_url = Url(1);
+  small.max_body_bytes = 1000;
+  auto tiny = AnswerServer::Start(*corpus_, small);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("max_body_bytes"), std::string::npos) << tiny.status().message();
   AnswerServerOptions bad;
   bad.vector_url = "ftp://x";
   bad.gateway_url = Url(1);
