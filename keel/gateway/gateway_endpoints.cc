@@ -1,6 +1,8 @@
 // The API routes besides chat: embeddings, model lists (OpenAI, Anthropic and Gemini shapes)
 // and token counting (Anthropic's count_tokens, Gemini's countTokens). Each reuses the chat
 // chain's filters it needs, so auth, policy and budgets behave the same everywhere.
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "keel/core/json_reader.h"
@@ -35,6 +37,19 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 }  // namespace
 
+bool Gateway::Impl::ModelExists(const std::string& name) const {
+  return models.count(name) > 0 || hilo_routes.count(name) > 0;
+}
+
+std::vector<std::string> Gateway::Impl::ModelNames() const {
+  std::vector<std::string> names;
+  names.reserve(models.size() + hilo_routes.size());
+  for (const auto& [name, vm] : models) names.push_back(name);
+  for (const auto& [name, routes] : hilo_routes) names.push_back(name);
+  std::sort(names.begin(), names.end());  // one sorted list, as before (config rejects overlaps)
+  return names;
+}
+
 Task<void> Gateway::Impl::HandleModels(Exchange& x, std::string_view id) {
   if (const bool go = co_await Authenticate(x); !go) co_return;
   const KeyDecision& decision = *x.auth.decision;
@@ -42,7 +57,7 @@ Task<void> Gateway::Impl::HandleModels(Exchange& x, std::string_view id) {
   std::string body;
   if (!id.empty()) {
     const std::string name(id);
-    if (!models.count(name) || !ModelAllowed(decision.policy, name)) {
+    if (!ModelExists(name) || !ModelAllowed(decision.policy, name)) {
       const GatewayError e{404, ErrorKind::kNotFound, "model \"" + name + "\" does not exist"};
       co_await Fail(x, e);
       co_return;
@@ -50,7 +65,7 @@ Task<void> Gateway::Impl::HandleModels(Exchange& x, std::string_view id) {
     body = Dump(anthropic ? AnthropicModel(name) : OpenAIModel(name));
   } else {
     json data = json::array();
-    for (const auto& [name, vm] : models) {
+    for (const std::string& name : ModelNames()) {
       if (ModelAllowed(decision.policy, name)) data.push_back(anthropic ? AnthropicModel(name) : OpenAIModel(name));
     }
     json list;
@@ -74,7 +89,7 @@ Task<void> Gateway::Impl::HandleGeminiModels(Exchange& x, std::string_view id) {
   std::string body;
   if (!id.empty()) {
     const std::string name(id);
-    if (!models.count(name) || !ModelAllowed(decision.policy, name)) {
+    if (!ModelExists(name) || !ModelAllowed(decision.policy, name)) {
       const GatewayError e{404, ErrorKind::kNotFound, "models/" + name + " is not found"};
       co_await Fail(x, e);
       co_return;
@@ -82,7 +97,7 @@ Task<void> Gateway::Impl::HandleGeminiModels(Exchange& x, std::string_view id) {
     body = Dump(GeminiModel(name));
   } else {
     json list = json::array();
-    for (const auto& [name, vm] : models) {
+    for (const std::string& name : ModelNames()) {
       if (ModelAllowed(decision.policy, name)) list.push_back(GeminiModel(name));
     }
     body = Dump(json{{"models", std::move(list)}});

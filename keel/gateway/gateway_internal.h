@@ -138,6 +138,9 @@ struct Gateway::Impl {
                             GatewayError* last_error);
 
   // gateway_endpoints.cc: the other API routes (they reuse the filters they need).
+  // What the model lists show: the configured models and the tiered (HiLO) names, sorted.
+  bool ModelExists(const std::string& name) const;
+  std::vector<std::string> ModelNames() const;
   Task<void> HandleEmbeddings(Exchange& x);
   Task<void> HandleModels(Exchange& x, std::string_view id);
   Task<void> HandleGeminiModels(Exchange& x, std::string_view id);

@@ -300,6 +300,31 @@ TEST_F(GatewayHilo, BudgetReservesTheClampedMaxTokensAndItsRefusalIsShed) {
   })) << "queue_depth " << later.queue_depth << ", in_flight " << later.in_flight;
 }
 
+TEST_F(GatewayHilo, TieredNameIsListedRetrievedAndCounted) {
+  StartGateway(Pinned("small_model"));
+  ASSERT_TRUE(gateway_);
+  auto get = [&](const std::string& target) {
+    test::HttpTestClient c(gateway_->port(), 10);
+    EXPECT_TRUE(c.SendRaw(test::HttpTestClient::BuildRequest("GET", target, "", "", {{"Authorization", "Bearer " + api_key_}})));
+    test::HttpTestResponse r;
+    EXPECT_TRUE(c.ReadResponse(&r));
+    return r;
+  };
+  const test::HttpTestResponse list = get("/v1/models");
+  ASSERT_EQ(list.status, 200) << list.body;
+  std::vector<std::string> ids;
+  const json listed = json::parse(list.body);
+  for (const json& m : listed["data"]) ids.push_back(m["id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"answer", "answer-large", "answer-small", "plain"}));
+  EXPECT_EQ(get("/v1/models/answer").status, 200);
+  EXPECT_EQ(get("/v1/models/answer-medium").status, 404);
+  const json count = {{"model", "answer"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  const Reply counted = Send("/v1/messages/count_tokens", count, api_key_, {{"anthropic-version", "2023-06-01"}});
+  EXPECT_EQ(counted.status, 200) << counted.body.dump();
+  EXPECT_GT(counted.body.value("input_tokens", 0), 0);
+  EXPECT_EQ(counted.tier_header, "small");
+}
+
 TEST_F(GatewayHilo, MetricsShowTheAppliedState) {
   StartGateway(Pinned("no_rerank"));
   ASSERT_TRUE(gateway_);
