@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "keel/hilo/server.h"
 #include "keel/vector/service.h"
 #include "tests/vector/cluster_fixture.h"
 #include "tests/vector/sift_data.h"
@@ -286,10 +287,48 @@ TEST_F(SiftServiceTest, ServerRejectionsAreMeteredAsShed) {
   ASSERT_EQ(service_->active_requests(), 1);
   EXPECT_EQ(Search(2, 10).status, 503) << "no free handler thread: the server refuses";
   first.join();
+  // The handler may still be returning after its answer was read: wait (bounded) until it is free.
+  const auto free_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (service_->active_requests() != 0 && std::chrono::steady_clock::now() < free_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_EQ(Search(3, 10).status, 200);  // folds the refusal in as it arrives
   now_ms += 1000;
   const hilo::LoadReport r = meter.Take(now_ms.load());
   EXPECT_DOUBLE_EQ(r.arrival_rate, 3.0) << "two served, one shed";
+}
+
+// Polls `done` up to 30 s (a bound, so a broken link fails the test instead of hanging it).
+bool Eventually(const std::function<bool()>& done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+TEST_F(SiftServiceTest, FollowsAControllerOverHttp) {
+  hilo::ControllerServerOptions co;
+  co.allow_unvalidated = true;  // the test catalog has no binaries fingerprint
+  co.decide_interval_ms = 50;
+  auto server = hilo::ControllerServer::Create(VectorCatalog(), co);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ASSERT_TRUE((*server)->Start().ok());
+  ASSERT_TRUE((*server)->Pin("narrow").ok());
+  HiloLinkFlags f;
+  f.url = "http://127.0.0.1:" + std::to_string((*server)->port());
+  f.instance = "vector-follow";
+  auto link = OpenHiloLink(f, 256);  // fetches the controller's catalog, starts polling
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  ASSERT_NE(*link, nullptr);
+  StartService(*link);
+  EXPECT_TRUE(Eventually([&] { return Search(4, 10).Header("x-keel-hilo-state") == "narrow"; }));
+  ASSERT_TRUE((*server)->Pin("full").ok());  // the controller moves the product: the next searches follow
+  EXPECT_TRUE(Eventually([&] { return Search(4, 10).Header("x-keel-hilo-state") == "full"; }));
+  EXPECT_TRUE(Eventually([&] { return link_->reports_ok() > 0; })) << "load reports reach the controller";
+  link_->Stop();  // before the controller goes
+  (*server)->Stop();
 }
 
 // A plain-mode router over 2 shards x 3 replicas: the level's fanout is how many replicas each
