@@ -132,10 +132,16 @@ Result<HttpReply> HttpClient::CallOn(int fd, std::string_view head, std::string_
 }
 
 Result<HttpReply> HttpClient::Call(std::string_view method, std::string_view target, std::string_view body,
-                                   std::string_view content_type, Deadline deadline) {
+                                   std::string_view content_type, Deadline deadline, const HttpHeaderList& extra) {
   std::string head = fmt::format("{} {} HTTP/1.1\r\nHost: {}\r\n", method, target, Address());
   if (!body.empty() || method == "POST") {
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
+  }
+  for (const auto& [name, value] : extra) {
+    if (name.empty() || name.find_first_of("\r\n:") != std::string::npos || value.find_first_of("\r\n") != std::string::npos) {
+      return Status::InvalidArgument("http client: header name or value holds CR, LF or ':' in the name");
+    }
+    head += fmt::format("{}: {}\r\n", name, value);
   }
   head += "\r\n";
   for (int attempt = 0;; ++attempt) {

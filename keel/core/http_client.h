@@ -61,8 +61,10 @@ class HttpClient {
   // closed meanwhile is retried once on a fresh connection, so callers must only send requests
   // that are safe to repeat (the router's writes carry versions, log posts skip applied records;
   // HiLO's reports and state polls are idempotent).
+  // `extra` headers are sent as given (e.g. Authorization); names and values must not hold CR or
+  // LF (InvalidArgument: a header must not be able to inject another).
   Result<HttpReply> Call(std::string_view method, std::string_view target, std::string_view body,
-                         std::string_view content_type, Deadline deadline);
+                         std::string_view content_type, Deadline deadline, const HttpHeaderList& extra = {});
 
   const HttpEndpoint& endpoint() const { return endpoint_; }
   std::string Address() const;  // "host:port"

@@ -35,14 +35,20 @@ int64_t Ms(double seconds) { return static_cast<int64_t>(seconds * 1000.0); }
 
 Result<Controller> Controller::Create(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics) {
   KEEL_RETURN_IF_ERROR(ValidateCatalog(catalog));
-  for (const State& s : catalog.states) {
-    if (!s.figures) return Status::InvalidArgument("state '" + s.name + "' is not validated (no figures)");
+  // A pinned controller never reads capacities, so it may run on a catalog being validated.
+  if (options.pin.empty()) {
+    for (const State& s : catalog.states) {
+      if (!s.figures) return Status::InvalidArgument("state '" + s.name + "' is not validated (no figures)");
+    }
   }
   KEEL_RETURN_IF_ERROR(CheckOptions(options));
   if (!options.initial_state.empty() && catalog.IndexOf(options.initial_state) < 0) {
     return Status::InvalidArgument("controller option initial_state: '" + options.initial_state + "' is not a state");
   }
-  return Controller(std::move(catalog), std::move(options), metrics);
+  const std::string pin = options.pin;
+  Controller c(std::move(catalog), std::move(options), metrics);
+  if (!pin.empty()) KEEL_RETURN_IF_ERROR(c.Pin(pin));
+  return c;
 }
 
 Controller::Controller(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics)
@@ -142,6 +148,12 @@ Decision Controller::Stay(std::string reason) const {
 
 Status Controller::Pin(std::string_view state) {
   if (state.empty()) {
+    for (const State& s : catalog_.states) {
+      if (!s.figures) {
+        return Status::InvalidArgument("cannot unpin: state '" + s.name +
+                                       "' is not validated, and the controller decides from figures");
+      }
+    }
     pinned_ = -1;
     return Status::Ok();
   }
@@ -175,6 +187,12 @@ Decision Controller::Decide(int64_t now_ms) {
   }
   const bool all_known = silent < 0;
   const int n = static_cast<int>(catalog_.states.size());
+  if (pinned_ >= 0) {
+    // Coverage is not tracked while pinned: recovery after an unpin waits a full recover_dwell_s.
+    std::fill(covered_since_.begin(), covered_since_.end(), -1);
+    if (current_ != pinned_) return Move(pinned_, now_ms, "pinned by operator");
+    return Stay("pinned by operator");
+  }
 
   int target = n - 1;
   for (int i = 0; i < n; ++i) {
@@ -194,10 +212,6 @@ Decision Controller::Decide(int64_t now_ms) {
   if (!all_known) {
     silence = "service " + std::string(ServiceName(static_cast<Service>(silent))) + " silent for " +
               Fmt(silent_ms / 1000.0) + " s";
-  }
-  if (pinned_ >= 0) {
-    if (current_ != pinned_) return Move(pinned_, now_ms, "pinned by operator");
-    return Stay("pinned by operator");
   }
   const int safe = catalog_.SafeIndex();
   if (!all_known && silent_ms >= Ms(opt_.stale_fallback_s) && current_ < std::max(safe, target)) {

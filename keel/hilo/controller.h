@@ -45,6 +45,10 @@ struct ControllerOptions {
   double stale_fallback_s = 10;  // a silent service sends the product to the safe state after this
   size_t log_capacity = 1024;    // transitions kept in Log()
   std::string initial_state;     // "" = the catalog's safe state (load unknown at start)
+  // Start pinned to this state (see Pin). A controller started pinned may run on a catalog whose
+  // states have no figures yet (what `keel hilo validate` measures); it cannot be unpinned until
+  // every state has them.
+  std::string pin;
 };
 
 struct Decision {
@@ -76,7 +80,8 @@ class Controller {
   // Pins the product to `state` (an operator's freeze, or `keel hilo validate` measuring one
   // state): until unpinned, Decide moves to it at its next call and stays there whatever the
   // load (predictions still update). "" unpins: the normal rules resume from the pinned state
-  // (degrade at once; recover after recover_dwell_s). InvalidArgument for an unknown name.
+  // (degrade at once; recover after recover_dwell_s). InvalidArgument for an unknown name, or for
+  // unpinning while a state has no figures.
   Status Pin(std::string_view state);
   // The pinned state's name, or "" when not pinned.
   std::string pinned() const { return pinned_ < 0 ? std::string() : catalog_.states[pinned_].name; }

@@ -70,6 +70,7 @@ Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catal
   }
   std::unique_ptr<ControllerServer> server(new ControllerServer(std::move(options)));
   // The registry lives in the server, so the controller is created after it.
+  if (!server->opt_.pin.empty()) server->opt_.controller.pin = server->opt_.pin;
   KEEL_ASSIGN_OR_RETURN(Controller c, Controller::Create(std::move(catalog), server->opt_.controller, &server->metrics_));
   server->controller_.emplace(std::move(c));
   const Catalog& cat = server->controller_->catalog();
@@ -80,10 +81,7 @@ Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catal
     server->opt_.admin_token.assign(server->opt_.admin_token.size(), '\0');
     server->opt_.admin_token.clear();
   }
-  if (!server->opt_.pin.empty()) {
-    KEEL_RETURN_IF_ERROR(server->controller_->Pin(server->opt_.pin));
-    Log().warn("hilo: product pinned to '{}' from start (--pin)", server->opt_.pin);
-  }
+  if (!server->opt_.pin.empty()) Log().warn("hilo: product pinned to '{}' from start (--pin)", server->opt_.pin);
   Log().info("hilo: catalog of {} states, starting in '{}' (safe state '{}')", cat.states.size(),
              cat.states[server->controller_->current()].name, cat.safe_state);
   return server;

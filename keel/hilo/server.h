@@ -62,7 +62,9 @@ struct ControllerServerOptions {
   // Enables POST /v1/pin for a client presenting `Authorization: Bearer <admin_token>` (only a
   // hash is kept). Empty: pinning over HTTP is refused (403); Pin() still works in-process.
   std::string admin_token;
-  std::string pin;  // a state to pin at start ("" = none); see Controller::Pin
+  // A state to pin at start ("" = none; see Controller::Pin). Started pinned, the server accepts
+  // states without figures (with allow_unvalidated): what `keel hilo validate` needs.
+  std::string pin;
   // Unix ms now; null = the system clock. Tests may pin time; the decision loop still runs on
   // decide_interval_ms of real time.
   std::function<int64_t()> clock;

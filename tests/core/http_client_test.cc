@@ -38,6 +38,26 @@ class HttpClientTest : public ::testing::Test {
   std::unique_ptr<HttpServer> server_;
 };
 
+TEST_F(HttpClientTest, SendsExtraHeadersAndRefusesInjectedOnes) {
+  Serve([&](const HttpRequest& req, HttpResponder& res) {
+    res.Send(200, "text/plain", std::string(req.headers.Get("authorization")) + "|" + std::string(req.headers.Get("x-two")) +
+                                    "|" + (req.headers.Has("x-evil") ? "evil" : "clean"));
+  });
+  HttpClient client(endpoint());
+  auto r = client.Call("GET", "/", "", "", DeadlineIn(5000), {{"Authorization", "Bearer abc"}, {"X-Two", "2"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->body, "Bearer abc|2|clean");
+  for (const HttpHeaderList& bad : {HttpHeaderList{{"Authorization", "x\r\nX-Evil: 1"}}, HttpHeaderList{{"X-Evil: 1\r\nA", "b"}},
+                                    HttpHeaderList{{"", "b"}}, HttpHeaderList{{"A:B", "c"}}}) {
+    auto refused = client.Call("GET", "/", "", "", DeadlineIn(5000), bad);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  }
+  // The connection is still usable after the refusals (nothing was sent).
+  auto again = client.Call("GET", "/", "", "", DeadlineIn(5000));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->body, "||clean");
+}
+
 TEST_F(HttpClientTest, KeepsConnectionsAlive) {
   std::mutex mu;
   std::set<std::string> peers;

@@ -265,3 +265,31 @@ TEST(HiloFingerprint, ContentHashOfAFile) {
 
 }  // namespace
 }  // namespace keel::hilo
+
+namespace keel::hilo {
+namespace {
+
+TEST(HiloPin, APinnedControllerRunsOnACatalogWithoutFiguresAndCannotBeUnpinned) {
+  Catalog c = TestCatalog();
+  for (State& s : c.states) s.figures.reset();
+  ControllerOptions o;
+  EXPECT_FALSE(Controller::Create(c, o, nullptr).ok());  // unpinned: it needs figures
+  o.pin = "small_model";
+  auto ctl = Controller::Create(c, o, nullptr);
+  ASSERT_TRUE(ctl.ok()) << ctl.status().ToString();
+  int64_t t = 5000;
+  for (Service s : kAllServices) ctl->Observe(Load(s, 1e6, t));
+  Decision d = ctl->Decide(t);
+  EXPECT_EQ(d.state, "small_model");
+  ASSERT_TRUE(ctl->Pin("bare").ok());  // moving between pins is fine
+  EXPECT_EQ(ctl->Decide(t + 100).state, "bare");
+  Status un = ctl->Pin("");
+  EXPECT_EQ(un.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(un.message().find("not validated"), std::string::npos);
+  EXPECT_EQ(ctl->pinned(), "bare");
+  o.pin = "nope";
+  EXPECT_FALSE(Controller::Create(c, o, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace keel::hilo

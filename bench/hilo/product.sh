@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The whole HiLO product on this machine, every part a real `keel` process on loopback:
+#   controller  keel hilo serve      (the catalog; pins need the admin token in $DIR/admin.token)
+#   vector      keel vector          (IVF index of the 10,000 SIFT base vectors, loaded at start)
+#   engines     keel serve x 2       (tier "large": en-dense6L.bin; tier "small": en-moe8x)
+#   gateway     keel gateway         (virtual model "answer" -> answer-large | answer-small by tier)
+#   answer      keel answer serve    (the product's entry, OpenAI chat)
+# Every service follows the controller (--hilo) and reports its load to it.
+#
+#   bench/hilo/product.sh start DIR CATALOG [--pin STATE] [--allow-unvalidated]
+#   bench/hilo/product.sh stop DIR
+# `start` writes DIR/env (URLs, ports, pids) for the scripts that drive the product
+# (bench/hilo/validate.sh, bench/hilo/live.sh) and logs to DIR/*.log. Knobs (environment): BUILD
+# (default build), PORT_BASE (17500), KEEL_SHARED (default ../shared), ENGINE_MAX_RUNNING (8),
+# ANSWER_MAX_INFLIGHT (64), VECTOR_LISTS (64: IVF lists of the 10k index).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+BUILD=${BUILD:-build}
+KEEL=$ROOT/$BUILD/keel
+SHARED=${KEEL_SHARED:-$(cd .. && pwd)/shared}
+DATA=$SHARED/data
+PORT_BASE=${PORT_BASE:-17500}
+
+usage() { sed -n '2,17p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || usage
+CMD=$1
+DIR=$2
+
+wait_http() {  # wait_http URL NAME LOG
+  for _ in $(seq 1 300); do
+    curl -sf -o /dev/null "$1" && return 0
+    sleep 0.1
+  done
+  echo "product: $2 did not come up at $1; last lines of $3:" >&2
+  tail -20 "$3" >&2 || true
+  return 1
+}
+
+stop() {
+  [ -f "$DIR/pids" ] || return 0
+  # Reverse start order: the entry first, the controller last (services fall back when it goes).
+  tac "$DIR/pids" | while read -r pid; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 1 100); do
+    alive=0
+    while read -r pid; do kill -0 "$pid" 2>/dev/null && alive=1; done <"$DIR/pids"
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
+  while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$DIR/pids"
+  rm -f "$DIR/pids"
+}
+
+case "$CMD" in
+  stop) stop; exit 0 ;;
+  start) ;;
+  *) usage ;;
+esac
+[ $# -ge 3 ] || usage
+CATALOG=$(realpath "$3")
+shift 3
+CTL_FLAGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --pin) CTL_FLAGS+=(--pin "$2"); shift 2 ;;
+    --allow-unvalidated) CTL_FLAGS+=(--allow-unvalidated); shift ;;
+    *) usage ;;
+  esac
+done
+[ -x "$KEEL" ] || { echo "product: $KEEL missing (build keel)" >&2; exit 1; }
+[ -f "$DATA/models/en-dense6L.bin" ] || { echo "product: shared data not found under $SHARED (set KEEL_SHARED)" >&2; exit 1; }
+
+mkdir -p "$DIR"
+DIR=$(realpath "$DIR")
+stop
+: >"$DIR/pids"
+CTL_PORT=$PORT_BASE
+VEC_PORT=$((PORT_BASE + 1))
+ENG_L_PORT=$((PORT_BASE + 2))
+ENG_S_PORT=$((PORT_BASE + 3))
+GW_PORT=$((PORT_BASE + 4))
+ANS_PORT=$((PORT_BASE + 5))
+CTL=http://127.0.0.1:$CTL_PORT
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/admin.token"
+chmod 600 "$DIR/admin.token"
+
+run() {  # run NAME ARGS... : starts a keel process in the background, logs to DIR/NAME.log
+  local name=$1
+  shift
+  "$KEEL" "$@" >"$DIR/$name.log" 2>&1 &
+  echo $! >>"$DIR/pids"
+}
+
+run controller hilo serve --catalog "$CATALOG" --port "$CTL_PORT" --admin-token-file "$DIR/admin.token" "${CTL_FLAGS[@]}"
+wait_http "$CTL/health" controller "$DIR/controller.log"
+
+rm -rf "$DIR/vector"
+run vector vector --dir "$DIR/vector" --port "$VEC_PORT" --index ivf --hilo "$CTL" --hilo-instance vector-0
+wait_http "http://127.0.0.1:$VEC_PORT/healthz" vector "$DIR/vector.log"
+"$KEEL" answer index --vector "http://127.0.0.1:$VEC_PORT" --bvecs "$DATA/vectors/bigann10k_base.bvecs" >"$DIR/index.log" 2>&1 \
+  || { echo "product: loading the vectors failed:" >&2; tail -5 "$DIR/index.log" >&2; exit 1; }
+
+run engine-large serve --model "$DATA/models/en-dense6L.bin" --tokenizer "$DATA/models/tok354.bin" --port "$ENG_L_PORT" \
+  --max-running "${ENGINE_MAX_RUNNING:-8}" --hilo "$CTL" --hilo-instance engine-large
+run engine-small serve --model "$DATA/models/en-moe8x" --port "$ENG_S_PORT" \
+  --max-running "${ENGINE_MAX_RUNNING:-8}" --hilo "$CTL" --hilo-instance engine-small
+wait_http "http://127.0.0.1:$ENG_L_PORT/healthz" engine-large "$DIR/engine-large.log"
+wait_http "http://127.0.0.1:$ENG_S_PORT/healthz" engine-small "$DIR/engine-small.log"
+MODEL_L=$(curl -sf "http://127.0.0.1:$ENG_L_PORT/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
+MODEL_S=$(curl -sf "http://127.0.0.1:$ENG_S_PORT/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
+
+cat >"$DIR/gateway.json" <<JSON
+{
+  "listen": {"host": "127.0.0.1", "port": $GW_PORT},
+  "upstreams": [
+    {"name": "large", "format": "keel", "base_url": "http://127.0.0.1:$ENG_L_PORT", "timeout_s": 120},
+    {"name": "small", "format": "keel", "base_url": "http://127.0.0.1:$ENG_S_PORT", "timeout_s": 120}
+  ],
+  "models": [
+    {"name": "answer-large", "targets": [{"upstream": "large", "model": "$MODEL_L"}],
+     "tokenizer": {"path": "$DATA/models/tok354.bin", "vocab_size": 354}},
+    {"name": "answer-small", "targets": [{"upstream": "small", "model": "$MODEL_S"}],
+     "tokenizer": {"path": "$DATA/models/tok354.bin", "vocab_size": 354}}
+  ],
+  "hilo": {"controller": "$CTL", "instance": "gateway-0",
+           "tiers": {"answer": {"large": "answer-large", "small": "answer-small"}}}
+}
+JSON
+run gateway gateway --config "$DIR/gateway.json"
+wait_http "http://127.0.0.1:$GW_PORT/healthz" gateway "$DIR/gateway.log"
+
+run answer answer serve --port "$ANS_PORT" --vector "http://127.0.0.1:$VEC_PORT" --gateway "http://127.0.0.1:$GW_PORT" \
+  --model answer --corpus "$DATA/text/val.txt" --max-inflight "${ANSWER_MAX_INFLIGHT:-64}" --hilo "$CTL" --hilo-instance answer-0
+wait_http "http://127.0.0.1:$ANS_PORT/healthz" answer "$DIR/answer.log"
+
+cat >"$DIR/env" <<ENV
+CONTROLLER=$CTL
+ADMIN_TOKEN_FILE=$DIR/admin.token
+VECTOR=http://127.0.0.1:$VEC_PORT
+ENGINE_LARGE=http://127.0.0.1:$ENG_L_PORT
+ENGINE_SMALL=http://127.0.0.1:$ENG_S_PORT
+GATEWAY=http://127.0.0.1:$GW_PORT
+ANSWER=http://127.0.0.1:$ANS_PORT
+ENV
+echo "product: up in $DIR (controller $CTL, answer http://127.0.0.1:$ANS_PORT)" >&2

@@ -1,0 +1,337 @@
+#include "keel/hilo/validate/validate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "keel/core/http_client.h"
+#include "keel/core/json_reader.h"
+#include "keel/core/json_writer.h"
+#include "keel/core/log.h"
+#include "keel/hilo/loadgen.h"
+
+namespace keel::hilo {
+namespace {
+
+constexpr int kCallTimeoutMs = 10000;
+constexpr int64_t kFreshMs = 2000;  // an instance whose report is older is not counted
+
+struct Clients {
+  std::unique_ptr<HttpClient> controller;
+  std::unique_ptr<HttpClient> answer;
+  std::string bearer;
+};
+
+Result<Clients> Connect(const ValidateOptions& o) {
+  KEEL_ASSIGN_OR_RETURN(HttpEndpoint c, ParseHttpUrl(o.controller_url));
+  KEEL_ASSIGN_OR_RETURN(HttpEndpoint a, ParseHttpUrl(o.answer_url));
+  Clients out;
+  out.controller = std::make_unique<HttpClient>(c);
+  HttpClientOptions ao;
+  ao.max_idle_connections = std::max(16, o.workers);
+  out.answer = std::make_unique<HttpClient>(a, ao);
+  out.bearer = "Bearer " + o.admin_token;
+  return out;
+}
+
+Result<nlohmann::json> GetJson(HttpClient& c, std::string_view target) {
+  KEEL_ASSIGN_OR_RETURN(HttpReply r, c.Call("GET", target, "", "", DeadlineIn(kCallTimeoutMs)));
+  if (r.status != 200) return Status::Unavailable(fmt::format("{} {}: HTTP {}", c.Address(), target, r.status));
+  JsonLimits limits;
+  limits.require_object = true;
+  limits.max_values = 1 << 20;
+  return ParseUntrustedJson(r.body, limits);
+}
+
+Status Pin(Clients& cl, const std::string& state) {
+  std::string body = "{\"state\":";
+  AppendJsonString(state, &body);
+  body += "}";
+  KEEL_ASSIGN_OR_RETURN(HttpReply r, cl.controller->Call("POST", "/v1/pin", body, "application/json",
+                                                         DeadlineIn(kCallTimeoutMs), {{"Authorization", cl.bearer}}));
+  if (r.status != 200) {
+    return Status::InvalidArgument(fmt::format("controller refused to pin '{}': HTTP {}: {}", state, r.status,
+                                               r.body.substr(0, 300)));
+  }
+  return Status::Ok();
+}
+
+// Per service: the fresh instances and the states they report.
+struct ServiceView {
+  int fresh = 0;
+  int applied = 0;  // fresh instances reporting the wanted state
+  std::vector<std::string> states;
+  double max_utilisation = 0;
+};
+
+Result<std::array<ServiceView, kNumServices>> ReadServices(Clients& cl, const std::string& wanted) {
+  KEEL_ASSIGN_OR_RETURN(nlohmann::json j, GetJson(*cl.controller, "/v1/services"));
+  std::array<ServiceView, kNumServices> out;
+  const auto list = j.find("services");
+  if (list == j.end() || !list->is_array()) return Status::InvalidArgument("controller /v1/services: no services array");
+  for (const auto& e : *list) {
+    if (!e.is_object()) continue;
+    auto s = ServiceFromName(e.value("service", std::string()));
+    if (!s || e.value("age_ms", int64_t{1} << 40) > kFreshMs) continue;
+    ServiceView& v = out[static_cast<int>(*s)];
+    ++v.fresh;
+    const std::string applied = e.value("applied_state", std::string());
+    if (applied == wanted) ++v.applied;
+    v.states.push_back(e.value("instance", std::string()) + "=" + (applied.empty() ? "(none)" : applied));
+    v.max_utilisation = std::max(v.max_utilisation, e.value("utilisation", 0.0));
+  }
+  return out;
+}
+
+// Waits until every service has a fresh instance and all of them report `state`.
+Status WaitApplied(Clients& cl, const std::string& state, int timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string missing;
+  while (true) {
+    auto views = ReadServices(cl, state);
+    if (!views.ok()) return views.status();
+    missing.clear();
+    for (Service s : kAllServices) {
+      const ServiceView& v = (*views)[static_cast<int>(s)];
+      if (v.fresh == 0) {
+        missing += fmt::format("{}: no fresh report; ", ServiceName(s));
+      } else if (v.applied != v.fresh) {
+        missing += fmt::format("{}: {}; ", ServiceName(s), fmt::join(v.states, ", "));
+      }
+    }
+    if (missing.empty()) return Status::Ok();
+    if (std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return Status::Unavailable(fmt::format("state '{}' not applied by every service within {} ms ({}); are all four "
+                                         "services running with --hilo pointing at this controller?",
+                                         state, timeout_ms, missing));
+}
+
+RampStep RunStep(Clients& cl, const ValidateOptions& o, double rate, const std::string& state) {
+  RampStep step;
+  step.rate = rate;
+  Trace flat;
+  flat.name = "ramp";
+  flat.duration_s = o.step_s;
+  flat.points = {{0, 1}, {o.step_s, 1}};
+  OpenLoopOptions lo;
+  lo.baseline_rate = rate;
+  lo.seed = o.seed + static_cast<uint64_t>(rate * 1000);
+  lo.workers = o.workers;
+  lo.tick_s = 1;
+  std::mutex mu;
+  lo.on_tick = [&](double) {
+    auto views = ReadServices(cl, state);
+    if (!views.ok()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < kNumServices; ++i) step.utilisation[i] = std::max(step.utilisation[i], (*views)[i].max_utilisation);
+  };
+  const size_t n = o.eval.size();
+  auto outcomes = RunOpenLoop(flat, lo, [&](int64_t seq, Outcome& out) {
+    answer::ReplayOptions ro = o.replay;
+    ro.timeout_ms = static_cast<int>(std::min<double>(ro.timeout_ms, o.slo_ms * 4));
+    const answer::ReplayedAnswer a = answer::AskOne(*cl.answer, o.eval[static_cast<size_t>(seq) % n], ro);
+    out.status = a.status;
+    out.state = a.state;
+  });
+  if (!outcomes.ok()) return step;
+  std::vector<double> lat;
+  for (const Outcome& out : *outcomes) {
+    ++step.sent;
+    if (out.status == 200) {
+      ++step.ok;
+      lat.push_back(out.latency_ms);
+    } else if (out.status == 429 || out.status == 503) {
+      ++step.shed;
+    } else {
+      ++step.failed;
+    }
+  }
+  if (!lat.empty()) {
+    const size_t i = std::min(lat.size() - 1, static_cast<size_t>(std::ceil(0.99 * static_cast<double>(lat.size()))) - 1);
+    std::nth_element(lat.begin(), lat.begin() + static_cast<std::ptrdiff_t>(i), lat.end());
+    step.p99_ms = lat[i];
+  }
+  const double errors = static_cast<double>(step.sent - step.ok);
+  step.pass = step.sent > 0 && step.p99_ms <= o.slo_ms && errors <= o.max_error_fraction * static_cast<double>(step.sent);
+  return step;
+}
+
+std::string Describe(const RampStep& s) {
+  return fmt::format("{:.3g} req/s: {} sent, {} ok, {} shed, {} failed, p99 {:.0f} ms, utilisation answer {:.2f} "
+                     "vector {:.2f} engine {:.2f} gateway {:.2f} -> {}",
+                     s.rate, s.sent, s.ok, s.shed, s.failed, s.p99_ms, s.utilisation[0], s.utilisation[1],
+                     s.utilisation[2], s.utilisation[3], s.pass ? "pass" : "FAIL");
+}
+
+Status CheckOptions(const ValidateOptions& o) {
+  if (o.eval.empty()) return Status::InvalidArgument("validate: empty evaluation set");
+  if (!(o.slo_ms > 0)) return Status::InvalidArgument("validate: slo_ms must be > 0");
+  if (!(o.max_error_fraction >= 0 && o.max_error_fraction < 1)) return Status::InvalidArgument("validate: max_error_fraction must be in [0, 1)");
+  if (!(o.start_rate > 0) || !(o.max_rate >= o.start_rate)) return Status::InvalidArgument("validate: need 0 < start_rate <= max_rate");
+  if (!(o.growth > 1) || o.growth > 10) return Status::InvalidArgument("validate: growth must be in (1, 10]");
+  if (!(o.step_s >= 1) || o.step_s > 3600) return Status::InvalidArgument("validate: step_s must be in [1, 3600]");
+  if (o.refine_steps < 0 || o.refine_steps > 10) return Status::InvalidArgument("validate: refine_steps must be 0..10");
+  if (o.admin_token.empty()) return Status::InvalidArgument("validate: the controller's admin token is needed to pin states");
+  return Status::Ok();
+}
+
+Result<StateMeasurement> MeasureOne(Clients& cl, const ValidateOptions& o, const State& state,
+                                    std::vector<answer::ReplayedAnswer>* reference) {
+  auto say = [&](const std::string& line) {
+    if (o.progress) o.progress(line);
+    else Log().info("{}", line);
+  };
+  StateMeasurement m;
+  m.state = state.name;
+  KEEL_RETURN_IF_ERROR(Pin(cl, state.name));
+  KEEL_RETURN_IF_ERROR(WaitApplied(cl, state.name, o.apply_timeout_ms));
+  say(fmt::format("[{}] pinned and applied by every service; replaying {} evaluation queries", state.name, o.eval.size()));
+
+  std::vector<answer::ReplayedAnswer> answers = answer::Replay(*cl.answer, o.eval, o.replay);
+  for (const answer::ReplayedAnswer& a : answers) {
+    if (a.status == 200 && a.state != state.name) {
+      return Status::Unavailable(fmt::format("[{}] an answer ran in state '{}': the product left the pinned state",
+                                             state.name, a.state));
+    }
+  }
+  if (reference->empty()) {
+    int64_t served = 0;
+    for (const answer::ReplayedAnswer& a : answers) served += a.status == 200;
+    if (served == 0) {
+      return Status::Unavailable(fmt::format("[{}] the reference replay failed: no query answered 200 (first error: {})",
+                                             state.name, answers.empty() ? "" : answers[0].error));
+    }
+    *reference = answers;
+  }
+  m.quality = answer::Score(o.eval, *reference, answers);
+  say(fmt::format("[{}] quality {:.2f} (recall@10 {:.3f}, agreement {:.3f}; {} of {} served)", state.name,
+                  m.quality.quality, m.quality.recall, m.quality.agreement, m.quality.served, m.quality.requests));
+
+  double pass_rate = 0, fail_rate = 0;
+  for (double rate = o.start_rate;; rate *= o.growth) {
+    rate = std::min(rate, o.max_rate);
+    RampStep s = RunStep(cl, o, rate, state.name);
+    say(fmt::format("[{}] ramp {}", state.name, Describe(s)));
+    m.steps.push_back(s);
+    if (!s.pass) {
+      fail_rate = rate;
+      break;
+    }
+    pass_rate = rate;
+    if (rate >= o.max_rate) break;
+  }
+  for (int k = 0; k < o.refine_steps && fail_rate > 0 && pass_rate > 0; ++k) {
+    const double mid = std::sqrt(pass_rate * fail_rate);  // geometric: the steps grow geometrically
+    RampStep s = RunStep(cl, o, mid, state.name);
+    say(fmt::format("[{}] refine {}", state.name, Describe(s)));
+    m.steps.push_back(s);
+    (s.pass ? pass_rate : fail_rate) = mid;
+  }
+  m.capacity = pass_rate;
+  if (fail_rate > 0) {
+    // The bottleneck: highest utilisation at the first failing rate's step.
+    const RampStep* failing = nullptr;
+    for (const RampStep& s : m.steps) {
+      if (!s.pass && (!failing || s.rate < failing->rate)) failing = &s;
+    }
+    int worst = 0;
+    for (int i = 1; i < kNumServices; ++i) {
+      if (failing->utilisation[i] > failing->utilisation[worst]) worst = i;
+    }
+    m.bottleneck = std::string(ServiceName(static_cast<Service>(worst)));
+  }
+  say(fmt::format("[{}] capacity {:.3g} req/s{}", state.name, m.capacity,
+                  m.bottleneck.empty() ? " (max_rate reached)" : " (saturated: " + m.bottleneck + ")"));
+  return m;
+}
+
+}  // namespace
+
+Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, const ValidateOptions& o) {
+  KEEL_RETURN_IF_ERROR(CheckOptions(o));
+  KEEL_RETURN_IF_ERROR(ValidateCatalog(catalog));
+  KEEL_ASSIGN_OR_RETURN(Clients cl, Connect(o));
+  // The controller must hold the same states, or pins would measure something else.
+  KEEL_ASSIGN_OR_RETURN(HttpReply cr, cl.controller->Call("GET", "/v1/catalog", "", "", DeadlineIn(kCallTimeoutMs)));
+  if (cr.status != 200) return Status::Unavailable(fmt::format("controller /v1/catalog: HTTP {}", cr.status));
+  KEEL_ASSIGN_OR_RETURN(Catalog served, ParseCatalog(cr.body));
+  if (served.states.size() != catalog.states.size()) {
+    return Status::InvalidArgument("the controller runs a different catalog (state count differs)");
+  }
+  for (size_t i = 0; i < served.states.size(); ++i) {
+    if (served.states[i].name != catalog.states[i].name || WriteLevels(served.states[i]) != WriteLevels(catalog.states[i])) {
+      return Status::InvalidArgument(fmt::format("the controller runs a different catalog: state {} ('{}') differs", i,
+                                                 catalog.states[i].name));
+    }
+  }
+  std::vector<StateMeasurement> out;
+  std::vector<answer::ReplayedAnswer> reference;
+  Status failure;
+  for (const State& s : catalog.states) {
+    auto m = MeasureOne(cl, o, s, &reference);
+    if (!m.ok()) {
+      failure = m.status();
+      break;
+    }
+    out.push_back(std::move(*m));
+  }
+  if (Status u = Pin(cl, ""); !u.ok() && failure.ok()) failure = u;
+  if (!failure.ok()) return failure;
+  return out;
+}
+
+Result<Catalog> ApplyFigures(Catalog c, const std::vector<StateMeasurement>& measured, const std::string& fingerprint,
+                             int64_t now_s, std::vector<std::string>* notes) {
+  if (measured.size() != c.states.size()) return Status::InvalidArgument("validate: one measurement per state needed");
+  const size_t n = c.states.size();
+  std::vector<double> quality(n), capacity(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (measured[i].state != c.states[i].name) {
+      return Status::InvalidArgument(fmt::format("validate: measurement {} is for '{}', the catalog's state is '{}'", i,
+                                                 measured[i].state, c.states[i].name));
+    }
+    if (!(measured[i].capacity > 0)) {
+      return Status::InvalidArgument(fmt::format("validate: state '{}' failed its SLO at the first ramp step: no capacity "
+                                                 "(lower --start-rate or raise --slo-ms)",
+                                                 c.states[i].name));
+    }
+    quality[i] = std::clamp(measured[i].quality.quality, 0.0, 100.0);
+    capacity[i] = std::min(measured[i].capacity, 1e9);
+  }
+  for (size_t i = 1; i < n; ++i) {
+    if (quality[i] > quality[i - 1]) {
+      if (notes) notes->push_back(fmt::format("'{}': measured quality {:.3f} above '{}''s {:.3f}: recorded as {:.3f}",
+                                              c.states[i].name, quality[i], c.states[i - 1].name, quality[i - 1],
+                                              quality[i - 1]));
+      quality[i] = quality[i - 1];
+    }
+  }
+  for (size_t i = n - 1; i-- > 0;) {
+    if (capacity[i] > capacity[i + 1]) {
+      if (notes) notes->push_back(fmt::format("'{}': measured capacity {:.4g} above cheaper '{}''s {:.4g}: recorded as {:.4g}",
+                                              c.states[i].name, capacity[i], c.states[i + 1].name, capacity[i + 1],
+                                              capacity[i + 1]));
+      capacity[i] = capacity[i + 1];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Figures f;
+    f.quality = quality[i];
+    f.capacity.fill(capacity[i]);
+    f.validated_at = now_s;
+    c.states[i].figures = f;
+  }
+  c.binaries = fingerprint;
+  KEEL_RETURN_IF_ERROR(ValidateCatalog(c));
+  return c;
+}
+
+}  // namespace keel::hilo

@@ -1,0 +1,89 @@
+// `keel hilo validate`: measures every state's figures through the running product and writes
+// them into the catalog, so the controller decides from measurements, not guesses.
+//
+// The product must be running with every service following the controller (`--hilo URL`), and the
+// controller must accept pins (`keel hilo serve --admin-token-file F --allow-unvalidated`: the
+// catalog is not validated yet). For each state, in catalog order:
+//   1. pin it (POST /v1/pin) and wait until an instance of every service reports it applied
+//      (GET /v1/services), so no figure mixes two states;
+//   2. quality: replay the evaluation set through `keel answer`, one request at a time at
+//      temperature 0, and score it against the full state's replay (keel/answer/replay.h): the
+//      first state's own replay is the reference, so it scores 100 x its recall@10;
+//   3. capacity: an open-loop ramp of Poisson arrivals (keel/hilo/loadgen.h), step_s per step at
+//      start_rate x growth^k, until a step fails the product SLO (p99 over slo_ms, or more than
+//      max_error_fraction of answers not 200); then `refine_steps` bisections between the last
+//      passing and the first failing rate. The capacity is the highest passing rate.
+// Per-service capacity: every request passes every service once (vector is skipped with retrieval
+// off), so each service's demand equals the product's and the product's capacity is recorded for
+// every service. A service that is not the bottleneck may sustain more; the ramp cannot see that
+// through the product, so its figure is a lower bound. The report names the service that looked
+// saturated (highest utilisation reported at the failing step).
+//
+// Figures must descend (quality) and ascend (capacity) down the list (catalog rules). Measured
+// values that break that are adjusted conservatively, and each adjustment is reported: a state's
+// quality is lowered to the one above it; a state's capacity is lowered to the one below it.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "keel/answer/corpus.h"
+#include "keel/answer/replay.h"
+#include "keel/core/status.h"
+#include "keel/hilo/catalog.h"
+
+namespace keel::hilo {
+
+struct ValidateOptions {
+  std::string controller_url;  // http://host:port of `keel hilo serve`
+  std::string admin_token;     // its --admin-token-file token (for POST /v1/pin)
+  std::string answer_url;      // http://host:port of `keel answer serve`
+  std::vector<answer::EvalQuery> eval;  // the evaluation set (answer::LoadEvalSet)
+  answer::ReplayOptions replay;         // model and max_tokens of every request
+  double slo_ms = 2000;              // product p99 bound during the ramp
+  double max_error_fraction = 0.01;  // answers not 200 allowed in a passing step
+  double start_rate = 1;             // req/s of the first step
+  double growth = 1.5;               // rate multiplier per step, > 1
+  double max_rate = 10000;           // stop ramping here (recorded as the capacity if it passes)
+  double step_s = 10;                // seconds per step
+  int refine_steps = 2;              // bisections after the first failing step
+  int apply_timeout_ms = 30000;      // wait this long for every service to apply a pinned state
+  int workers = 256;                 // open-loop generator threads
+  uint64_t seed = 1;
+  std::function<void(const std::string&)> progress;  // one line per step; null = log
+};
+
+struct RampStep {
+  double rate = 0;       // offered req/s
+  int64_t sent = 0;
+  int64_t ok = 0;        // 200
+  int64_t shed = 0;      // 429/503
+  int64_t failed = 0;    // other statuses, no reply, dropped by the generator
+  double p99_ms = 0;     // of 200 answers
+  bool pass = false;
+  std::array<double, kNumServices> utilisation{};  // highest reported during the step, per service
+};
+
+struct StateMeasurement {
+  std::string state;
+  answer::StateQuality quality;
+  double capacity = 0;      // highest passing rate, req/s (0 when even start_rate failed)
+  std::string bottleneck;   // the service with the highest utilisation at the first failing step
+  std::vector<RampStep> steps;
+};
+
+// Runs steps 1-3 for every state of `catalog` (the controller's catalog: same states and levels)
+// and unpins at the end (also on error). Errors name the state and what failed (a service that
+// never applied the state, the controller refusing the pin, the reference replay failing).
+Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, const ValidateOptions& options);
+
+// The catalog with the measured figures (quality, capacity for every service, validated_at =
+// now_s) and binaries = fingerprint, adjusted as described above; `notes` receives one line per
+// adjustment. InvalidArgument when measurements do not match the catalog's states, a state has no
+// capacity (failed at start_rate), or the result fails ValidateCatalog.
+Result<Catalog> ApplyFigures(Catalog catalog, const std::vector<StateMeasurement>& measured,
+                             const std::string& fingerprint, int64_t now_s, std::vector<std::string>* notes);
+
+}  // namespace keel::hilo

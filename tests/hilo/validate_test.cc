@@ -1,0 +1,103 @@
+// ApplyFigures: measured figures into the catalog, with the conservative adjustments the catalog's
+// ordering rules need, and the refusals. MeasureStates runs against the real product in
+// bench/hilo/validate.sh and its CTest smoke run.
+#include <gtest/gtest.h>
+
+#include "keel/hilo/validate/validate.h"
+#include "tests/hilo/test_catalog.h"
+
+namespace keel::hilo {
+namespace {
+
+Catalog Unvalidated() {
+  Catalog c = testing::TestCatalog();
+  for (State& s : c.states) s.figures.reset();
+  c.binaries.clear();
+  return c;
+}
+
+std::vector<StateMeasurement> Measured(const Catalog& c, std::vector<double> quality, std::vector<double> capacity) {
+  std::vector<StateMeasurement> out;
+  for (size_t i = 0; i < c.states.size(); ++i) {
+    StateMeasurement m;
+    m.state = c.states[i].name;
+    m.quality.quality = quality[i];
+    m.capacity = capacity[i];
+    out.push_back(m);
+  }
+  return out;
+}
+
+TEST(HiloApplyFigures, WritesEveryStateAndTheFingerprint) {
+  Catalog c = Unvalidated();
+  std::vector<std::string> notes;
+  auto out = ApplyFigures(c, Measured(c, {98, 97, 90, 80, 40}, {10, 12, 15, 20, 40}), "keel-xxh3-ab", 1765000000, &notes);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_TRUE(notes.empty());
+  EXPECT_EQ(out->binaries, "keel-xxh3-ab");
+  for (size_t i = 0; i < out->states.size(); ++i) {
+    ASSERT_TRUE(out->states[i].figures.has_value());
+    EXPECT_EQ(out->states[i].figures->validated_at, 1765000000);
+    for (Service s : kAllServices) EXPECT_DOUBLE_EQ(out->states[i].figures->Capacity(s), (std::vector<double>{10, 12, 15, 20, 40})[i]);
+  }
+  EXPECT_DOUBLE_EQ(out->states[2].figures->quality, 90);
+  // Usable by the controller that reports this fingerprint.
+  EXPECT_TRUE(CheckUsable(*out, "keel-xxh3-ab", 1765000100, 86400).ok());
+  EXPECT_FALSE(CheckUsable(*out, "keel-xxh3-cd", 1765000100, 86400).ok());
+}
+
+TEST(HiloApplyFigures, AdjustsOutOfOrderMeasurementsConservatively) {
+  Catalog c = Unvalidated();
+  std::vector<std::string> notes;
+  // State 2 measured better quality than state 1; state 1 measured more capacity than state 2.
+  auto out = ApplyFigures(c, Measured(c, {98, 90, 92, 80, 40}, {10, 18, 15, 20, 40}), "fp", 1, &notes);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_DOUBLE_EQ(out->states[2].figures->quality, 90);   // lowered to the state above
+  EXPECT_DOUBLE_EQ(out->states[1].figures->Capacity(Service::kEngine), 15);  // lowered to the state below
+  EXPECT_NE(notes[0].find("fewer_docs"), std::string::npos);
+  EXPECT_NE(notes[1].find("small_model"), std::string::npos);
+}
+
+TEST(HiloApplyFigures, RefusesMismatchesAndStatesWithoutCapacity) {
+  Catalog c = Unvalidated();
+  auto m = Measured(c, {98, 97, 90, 80, 40}, {10, 12, 15, 20, 40});
+  m[3].capacity = 0;  // failed its SLO at the first ramp step
+  auto none = ApplyFigures(c, m, "fp", 1, nullptr);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no_rerank"), std::string::npos);
+  m = Measured(c, {98, 97, 90, 80, 40}, {10, 12, 15, 20, 40});
+  m[1].state = "other";
+  EXPECT_FALSE(ApplyFigures(c, m, "fp", 1, nullptr).ok());
+  m.pop_back();
+  EXPECT_FALSE(ApplyFigures(c, m, "fp", 1, nullptr).ok());
+}
+
+TEST(HiloApplyFigures, SafeStateNotLastMustStillHaveTheLargestCapacity) {
+  Catalog c = Unvalidated();
+  c.safe_state = "fewer_docs";  // index 2; states below it measure more capacity
+  auto out = ApplyFigures(c, Measured(c, {98, 97, 90, 80, 40}, {10, 12, 15, 20, 40}), "fp", 1, nullptr);
+  ASSERT_FALSE(out.ok());  // the catalog rule, reported rather than papered over
+}
+
+TEST(HiloValidate, MeasureStatesRefusesBadOptionsBeforeAnyCall) {
+  Catalog c = Unvalidated();
+  ValidateOptions o;
+  o.controller_url = "http://127.0.0.1:1";
+  o.answer_url = "http://127.0.0.1:1";
+  o.admin_token = "t";
+  EXPECT_FALSE(MeasureStates(c, o).ok());  // empty evaluation set
+  o.eval.resize(1);
+  o.growth = 1;
+  EXPECT_FALSE(MeasureStates(c, o).ok());
+  o.growth = 1.5;
+  o.admin_token.clear();
+  EXPECT_FALSE(MeasureStates(c, o).ok());
+  o.admin_token = "t";
+  auto unreachable = MeasureStates(c, o);  // nothing listens on port 1
+  ASSERT_FALSE(unreachable.ok());
+  EXPECT_EQ(unreachable.status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace keel::hilo
