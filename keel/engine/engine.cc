@@ -2,7 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <filesystem>
+
+#include "keel/core/log.h"
 
 namespace keel::engine {
 
@@ -65,11 +68,47 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options, Sched
   e->scheduler_ = std::make_unique<Scheduler>(*e->model_, *e->tokenizer_, *e->cache_, options.scheduler,
                                               std::move(observer));
   if (e->ffn_) e->scheduler_->SetFeedForward(e->ffn_.get());
+  e->kv_options_ = kv;
   if (!options.kvstore.address.empty()) {
     KEEL_ASSIGN_OR_RETURN(e->link_, KvStoreLink::Create(options.kvstore, *e->cache_));
     e->scheduler_->SetKvStoreLink(e->link_.get());
+  } else {
+    Engine* self = e.get();
+    e->scheduler_->SetCacheSwapper(
+        [self](const std::string& spec, Status* error) { return self->SwapCache(spec, error); });
   }
   return e;
+}
+
+Result<std::string> Engine::ResolveCodec(const std::string& codec_spec) const {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<kv::Codec> codec, MakeCacheCodec(*model_, codec_spec, kv_options_));
+  return codec->spec();
+}
+
+KvCache* Engine::SwapCache(const std::string& codec_spec, Status* error) {
+  Result<std::unique_ptr<kv::Codec>> codec = MakeCacheCodec(*model_, codec_spec, kv_options_);
+  if (!codec.ok()) {
+    *error = codec.status();
+    return cache_.get();
+  }
+  const std::string old_spec = cache_->codec().spec();
+  // One budget: the old arena is unmapped before the new one is mapped, so a switch never needs
+  // twice the KV memory. No sequence holds blocks now (the scheduler drained or preempted them).
+  cache_.reset();
+  Result<std::unique_ptr<KvCache>> next = KvCache::Create(*model_, std::move(*codec), kv_options_);
+  if (next.ok()) {
+    cache_ = std::move(*next);
+    return cache_.get();
+  }
+  *error = next.status();
+  Result<std::unique_ptr<KvCache>> again = KvCache::Create(*model_, old_spec, kv_options_);
+  if (!again.ok()) {
+    // The same codec and budget worked a moment ago; only a failing mmap gets here.
+    Log().error("kv cache: cannot rebuild the {} cache after a failed switch: {}", old_spec, again.status().ToString());
+    std::abort();
+  }
+  cache_ = std::move(*again);
+  return cache_.get();
 }
 
 Result<GenerationEvent> Engine::Generate(const std::string& prompt, const GenerationParams& params,

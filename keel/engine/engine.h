@@ -42,10 +42,18 @@ class Engine {
 
   const Model& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The current KV cache; a codec switch (Scheduler::RequestCodec) replaces it, so read it on
+  // the scheduler thread or while the scheduler is idle.
   KvCache& cache() { return *cache_; }
   Scheduler& scheduler() { return *scheduler_; }
   KvStoreLink* kvstore_link() { return link_.get(); }
   FeedForwardStack& feed_forward() { return scheduler_->feed_forward(); }
+  // The canonical spec (kv::Codec::spec(), e.g. "raw" -> "raw:f32") of a codec this engine can
+  // build for its cache (same model, block size and codec parameters), or why not.
+  Result<std::string> ResolveCodec(const std::string& codec_spec) const;
+  // Whether the scheduler may switch codecs at run time: not with a kvstore link, whose chunk
+  // keys and stored bytes belong to one codec.
+  bool can_switch_codec() const { return scheduler_->can_switch_codec(); }
 
   // Generates synchronously (runs the scheduler on the calling thread). `on_text` receives
   // text as it is produced. Returns the final event (finish reason, token counts). With
@@ -57,6 +65,11 @@ class Engine {
 
  private:
   Engine() = default;
+  // The scheduler's CacheSwapper: frees the old cache, then builds one with `codec_spec` in the
+  // same budget; on failure rebuilds the old codec's.
+  KvCache* SwapCache(const std::string& codec_spec, Status* error);
+
+  KvCacheOptions kv_options_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<FeedForwardStack> ffn_;  // custom feed-forward (null: the Transformer's own)

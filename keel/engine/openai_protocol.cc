@@ -340,8 +340,20 @@ std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
   return std::nullopt;
 }
 
+int CutPromptFront(std::vector<int>* prompt, int max_tokens) {
+  const int n = static_cast<int>(prompt->size());
+  max_tokens = std::max(1, max_tokens);
+  if (n <= max_tokens) return 0;
+  const int drop = n - max_tokens;
+  // Keep a BOS: the model was trained with one at position 0, and nothing else marks the start.
+  const int from = (*prompt)[0] == Tokenizer::kBos ? 1 : 0;
+  prompt->erase(prompt->begin() + from, prompt->begin() + from + drop);
+  return drop;
+}
+
 std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool chat, const std::string& model_name,
-                                             const Tokenizer& tok, int vocab, int context, ServerJob* job) {
+                                             const Tokenizer& tok, int vocab, int context, ServerJob* job,
+                                             int max_prompt_tokens) {
   // The body is parsed as JSON whatever the Content-Type says: `curl -d` sends form encoding.
   JsonReadError why = JsonReadError::kNone;
   Result<json> parsed = ParseUntrustedJson(body_text, kRequestJsonLimits, &why);
@@ -361,6 +373,7 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool 
   if (!err) {
     err = chat ? ParseMessages(body, tok, &job->prompt) : ParsePrompt(body, tok, vocab, &job->prompt);
   }
+  if (!err && max_prompt_tokens > 0) job->prompt_tokens_cut = CutPromptFront(&job->prompt, max_prompt_tokens);
   if (!err) err = ParseMaxTokens(body, chat, static_cast<int>(job->prompt.size()), context, &job->params);
   if (!err && job->prompt.empty()) err = BadParam(chat ? "messages" : "prompt", "the prompt is empty");
   return err;

@@ -42,6 +42,7 @@ struct ServerJob {
   GenerationParams params;
   bool stream = false;
   bool include_usage = false;
+  int prompt_tokens_cut = 0;  // dropped from the front of a prompt over max_prompt_tokens
   std::string id;
   int64_t created = 0;
   std::chrono::steady_clock::time_point start;
@@ -120,12 +121,19 @@ std::optional<ApiError> ParseLogprobs(const nlohmann::json& body, bool chat, Gen
 // (unless ""), for chat tools (unless []).
 std::optional<ApiError> RejectUnsupported(const nlohmann::json& body, bool chat);
 
+// Cuts a prompt longer than `max_tokens` (>= 1) from the front: a leading BOS stays, then the
+// last tokens that fit, so the newest text (the question, the last turn) survives. Returns how
+// many tokens were dropped (0 when it fits).
+int CutPromptFront(std::vector<int>* prompt, int max_tokens);
+
 // The whole request body of either endpoint, in the order the server checks it: nesting (at
 // most 32 levels), JSON syntax, a top-level object, ParseCommon, ParseLogprobs, RejectUnsupported, the prompt
-// (ParseMessages or ParsePrompt), ParseMaxTokens against `context`, then a non-empty prompt.
-// Fills the parsed fields of *job (job->chat, id, created and start are the caller's).
+// (ParseMessages or ParsePrompt), CutPromptFront to `max_prompt_tokens` when it is > 0 (HiLO's
+// max_context; job->prompt_tokens_cut), ParseMaxTokens against `context`, then a non-empty
+// prompt. Fills the parsed fields of *job (job->chat, id, created and start are the caller's).
 std::optional<ApiError> ParseGenerateRequest(const std::string& body, bool chat, const std::string& model_name,
-                                             const Tokenizer& tok, int vocab, int context, ServerJob* job);
+                                             const Tokenizer& tok, int vocab, int context, ServerJob* job,
+                                             int max_prompt_tokens = 0);
 
 // ---------------------------------------------------------------------------------------------
 // Response shaping

@@ -47,10 +47,17 @@ struct Scheduler::Active {
 
 Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, KvCache& cache,
                      const SchedulerOptions& options, SchedulerObserver observer)
-    : model_(model), tokenizer_(tokenizer), cache_(cache), options_(options),
+    : model_(model), tokenizer_(tokenizer), cache_(&cache), options_(options),
       observer_(std::move(observer)), transformer_(model) {
   options_.max_running = std::max(1, options_.max_running);
   options_.max_batch_tokens = std::max(1, options_.max_batch_tokens);
+  codec_spec_ = cache_->codec().spec();
+  SetCacheFigures();
+}
+
+void Scheduler::SetCacheFigures() {
+  block_tokens_ = cache_->block_tokens();
+  total_blocks_ = cache_->TotalBlocks();
 }
 
 Scheduler::~Scheduler() = default;
@@ -84,11 +91,13 @@ Status Scheduler::Submit(std::shared_ptr<Request> request) {
   if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
     return Status::InvalidArgument("logprobs must be -1 (off) or 0.." + std::to_string(kMaxTopLogprobs));
   }
-  if (cache_.BlocksFor(n + p.max_tokens) > cache_.TotalBlocks()) {
+  // From the cache's figures as published, not the cache: a codec switch may replace it meanwhile.
+  const int64_t bt = block_tokens_.load();
+  const int64_t need = (static_cast<int64_t>(n) + p.max_tokens + bt - 1) / bt;
+  if (need > total_blocks_.load()) {
     // Can never succeed with this server's budget, whatever the load: the request is at fault.
-    return Status::InvalidArgument("request needs " + std::to_string(cache_.BlocksFor(n + p.max_tokens)) +
-                                     " KV blocks but the whole cache holds " +
-                                     std::to_string(cache_.TotalBlocks()) + "; raise the KV budget");
+    return Status::InvalidArgument("request needs " + std::to_string(need) + " KV blocks but the whole cache holds " +
+                                   std::to_string(total_blocks_.load()) + "; raise the KV budget");
   }
   request->submitted = Clock::now();
   if (link_ != nullptr && QueueDepth() < options_.max_queue) request->fetched = link_->Fetch(request->prompt);
@@ -119,8 +128,12 @@ SchedulerStats Scheduler::Stats() const {
   s.generated_tokens = generated_tokens_.load();
   s.requests_finished = finished_.load();
   s.preemptions = preemptions_.load();
+  s.codec_switches = codec_switches_.load();
   std::lock_guard<std::mutex> lock(stats_mu_);
   s.kv = kv_stats_;
+  s.last_switch_drain_s = last_switch_drain_s_;
+  s.last_switch_build_s = last_switch_build_s_;
+  s.last_switch_preempted = last_switch_preempted_;
   return s;
 }
 
@@ -152,19 +165,19 @@ void Scheduler::Admit() {
       continue;
     }
     a->seq = next_seq_++;
-    Result<int> reused = cache_.BeginSequence(a->seq, a->context);
+    Result<int> reused = cache_->BeginSequence(a->seq, a->context);
     int adopted = 0;
     if (reused.ok() && !resumed && a->req->fetched && !a->req->fetched->values.empty()) {
       const FetchedPrefix& f = *a->req->fetched;
       std::vector<std::string_view> views;
       views.reserve(f.values.size());
       for (const auto& v : f.values) views.push_back(v->view());
-      Result<int> got = cache_.AdoptChunks(a->seq, a->context, f.first_chunk, views);
+      Result<int> got = cache_->AdoptChunks(a->seq, a->context, f.first_chunk, views);
       if (got.ok()) adopted = *got;
       else Log().warn("kvstore chunks not adopted: {}", got.status().ToString());
       reused = *reused + adopted;
     }
-    Status st = reused.ok() ? cache_.Reserve(a->seq, static_cast<int>(a->context.size())) : reused.status();
+    Status st = reused.ok() ? cache_->Reserve(a->seq, static_cast<int>(a->context.size())) : reused.status();
     if (!st.ok()) {
       ReleaseSequence(a->seq);
       if (st.code() == StatusCode::kResourceExhausted && !active_.empty()) {
@@ -182,6 +195,7 @@ void Scheduler::Admit() {
       continue;
     }
     a->computed = *reused;
+    if (!resumed && a->req->on_admitted) a->req->on_admitted();
     if (!resumed) {
       a->cached_prompt = *reused;
       a->store_prompt = adopted;
@@ -194,7 +208,7 @@ void Scheduler::Admit() {
 }
 
 void Scheduler::ReleaseSequence(SeqId seq) {
-  cache_.Release(seq);
+  cache_->Release(seq);
   transformer_.feed_forward().EndSequence(seq);
 }
 
@@ -216,7 +230,7 @@ void Scheduler::Preempt(size_t index) {
 bool Scheduler::ReserveDecode(size_t index) {
   Active& a = *active_[index];
   while (true) {
-    Status st = cache_.Reserve(a.seq, a.length());
+    Status st = cache_->Reserve(a.seq, a.length());
     if (st.ok()) return true;
     if (index + 1 < active_.size()) {
       Preempt(active_.size() - 1);  // the youngest yields
@@ -340,8 +354,8 @@ bool Scheduler::Step() {
     for (auto& a : active_) a->req->cancelled = true;
     for (auto& a : preempted_) a->req->cancelled = true;
   }
-  if (link_ != nullptr) link_->ReleaseFinished(cache_);
-  Admit();
+  if (link_ != nullptr) link_->ReleaseFinished(*cache_);
+  if (!AdvanceCodecSwitch()) Admit();
   // Drop cancelled sequences before spending compute on them.
   for (auto& a : active_) {
     if (a->req->cancelled.load()) Finish(*a, FinishReason::kCancelled);
@@ -392,7 +406,7 @@ bool Scheduler::Step() {
     return !active_.empty();
   }
 
-  Status st = transformer_.Forward(batch, cache_, logits_);
+  Status st = transformer_.Forward(batch, *cache_, logits_);
   ++steps_;
   if (!st.ok()) {
     Log().error("forward pass failed: {}", st.ToString());
@@ -407,7 +421,7 @@ bool Scheduler::Step() {
     Active& a = *owners[r];
     std::vector<int> toks;
     for (size_t j = r; j < e; ++j) toks.push_back(batch[j].token);
-    cache_.Commit(a.seq, toks.data(), static_cast<int>(toks.size()));
+    cache_->Commit(a.seq, toks.data(), static_cast<int>(toks.size()));
     if (a.prefilling()) {
       a.computed += static_cast<int>(e - r);
       prompt_tokens_ += static_cast<int64_t>(e - r);
@@ -438,11 +452,11 @@ bool Scheduler::Step() {
   if (link_ != nullptr) {
     // Prompts that finished prefilling this step: their full chunks go to the shared store.
     // After the tokens above were emitted, so publishing never delays one.
-    const int bt = cache_.block_tokens();
+    const int bt = cache_->block_tokens();
     for (Active* a : owners) {
       if (a->published || a->prefilling() || a->req->prompt.size() != a->context.size()) continue;
       a->published = true;
-      link_->Publish(cache_, a->seq, 0, static_cast<int>(a->req->prompt.size()) / bt);
+      link_->Publish(*cache_, a->seq, 0, static_cast<int>(a->req->prompt.size()) / bt);
     }
   }
   drop_done();
@@ -450,16 +464,117 @@ bool Scheduler::Step() {
   return true;
 }
 
+Status Scheduler::RequestCodec(const std::string& codec_spec, std::chrono::milliseconds drain) {
+  if (!swapper_) {
+    return Status::Unavailable("this engine cannot switch its KV codec at run time (a kvstore link ties the cache "
+                               "to one codec)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (codec_spec == codec_spec_) {
+      pending_codec_.clear();  // back to the codec in use: nothing to do
+    } else if (codec_spec != pending_codec_) {
+      // A switch already pending keeps its start: the drain bound runs from the first pause, so
+      // a controller flipping states cannot hold admission off for ever.
+      if (pending_codec_.empty()) pending_since_ = Clock::now();
+      pending_codec_ = codec_spec;
+      pending_drain_ = std::max(drain, std::chrono::milliseconds(0));
+    }
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+std::string Scheduler::codec_spec() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return codec_spec_;
+}
+
+std::string Scheduler::target_codec_spec() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_codec_.empty() ? codec_spec_ : pending_codec_;
+}
+
+bool Scheduler::AdvanceCodecSwitch() {
+  std::string target, from;
+  std::chrono::milliseconds drain{0};
+  Clock::time_point since;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_codec_.empty()) {
+      if (switch_draining_) Log().info("kv codec switch cancelled; keeping {}", codec_spec_);
+      switch_draining_ = false;
+      return false;
+    }
+    target = pending_codec_;
+    from = codec_spec_;
+    drain = pending_drain_;
+    since = pending_since_;
+  }
+  if (!switch_draining_) {
+    switch_draining_ = true;
+    Log().info("kv codec switch {} -> {}: admission paused, {} running, draining up to {} ms", from, target,
+               active_.size(), drain.count());
+  }
+  int64_t preempted = 0;
+  if (!active_.empty()) {
+    if (Clock::now() - since < drain) return true;  // running sequences keep going; nobody new joins
+    // Past the bound: the youngest first, so the oldest end up at the head of the resume line;
+    // each recomputes its context (prompt + what it generated) in the new cache.
+    while (!active_.empty()) {
+      if (active_.back()->done) {
+        ReleaseSequence(active_.back()->seq);
+        active_.pop_back();
+        --running_;
+        continue;
+      }
+      Preempt(active_.size() - 1);
+      ++preempted;
+    }
+  }
+  const Clock::time_point drained = Clock::now();
+  Status error;
+  cache_ = swapper_(target, &error);
+  SetCacheFigures();
+  const Clock::time_point built = Clock::now();
+  const std::string now_spec = cache_->codec().spec();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    codec_spec_ = now_spec;
+    if (pending_codec_ == target || pending_codec_ == now_spec) pending_codec_.clear();
+  }
+  switch_draining_ = false;
+  const double drain_s = std::chrono::duration<double>(drained - since).count();
+  const double build_s = std::chrono::duration<double>(built - drained).count();
+  if (!error.ok()) {
+    Log().error("kv codec switch {} -> {} failed after {:.1f} ms: {}; the cache uses {}", from, target,
+                (drain_s + build_s) * 1e3, error.ToString(), now_spec);
+  } else {
+    ++codec_switches_;
+    Log().info("kv codec switch {} -> {}: drained in {:.1f} ms ({} preempted), new cache in {:.1f} ms", from,
+               now_spec, drain_s * 1e3, preempted, build_s * 1e3);
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    last_switch_drain_s_ = drain_s;
+    last_switch_build_s_ = build_s;
+    last_switch_preempted_ = preempted;
+  }
+  PublishStats();
+  return false;
+}
+
 void Scheduler::PublishStats() {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  kv_stats_ = cache_.Stats();
+  kv_stats_ = cache_->Stats();
 }
 
 void Scheduler::Run(const std::atomic<bool>& stop) {
   while (!stop.load()) {
     if (Step()) continue;
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return !queue_.empty() || stop.load(); });
+    cv_.wait_for(lock, std::chrono::milliseconds(20),
+                 [&] { return !queue_.empty() || !pending_codec_.empty() || stop.load(); });
   }
 }
 

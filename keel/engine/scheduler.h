@@ -10,7 +10,13 @@
 // Events (text deltas, finish) are delivered through the request's callback on the scheduler
 // thread; callbacks must be quick and must not call back into the scheduler.
 //
-// Submit, Cancel, QueueDepth and Stats are thread-safe; Step/Run belong to one thread.
+// The KV codec can change at run time (HiLO, docs/engine.md "Switching the KV codec"): after
+// RequestCodec the scheduler stops admitting, lets running sequences finish for a bounded time,
+// preempts what is left, has the owner's CacheSwapper replace the cache (the old cache and its
+// prefix blocks are gone) and resumes. Queued and preempted requests wait through it; none fails.
+//
+// Submit, RequestCodec, codec_spec, QueueDepth and Stats are thread-safe; Step/Run belong to one
+// thread.
 #pragma once
 
 #include <atomic>
@@ -80,6 +86,9 @@ struct Request {
   std::atomic<bool> cancelled{false};
   std::chrono::steady_clock::time_point submitted;  // set by Submit
   std::shared_ptr<const FetchedPrefix> fetched;     // set by Submit when a kvstore is linked
+  // Called once, on the scheduler thread, when the request first enters the running batch (not
+  // for one cancelled or shut down while queued). Load meters count "started" here.
+  std::function<void()> on_admitted;
 };
 
 struct SchedulerOptions {
@@ -96,8 +105,18 @@ struct SchedulerStats {
   int64_t generated_tokens = 0;    // cumulative
   int64_t requests_finished = 0;
   int64_t preemptions = 0;
+  int64_t codec_switches = 0;        // KV cache replacements done (RequestCodec)
+  double last_switch_drain_s = 0;    // the last switch: from its request to an empty batch
+  double last_switch_build_s = 0;    // ...and the new cache's construction
+  int64_t last_switch_preempted = 0; // ...sequences preempted at the drain deadline
   KvCacheStats kv;
 };
+
+// Replaces the KV cache with one using another codec (HiLO codec switching). Called on the
+// scheduler thread when no sequence holds blocks of the current cache, which the swapper may
+// destroy first (to stay within one memory budget). Returns the cache to use from now on, never
+// null: the new one, or, with *error set, the current one or a rebuild with the current codec.
+using CacheSwapper = std::function<KvCache*(const std::string& codec_spec, Status* error)>;
 
 // Observers for metrics: called on the scheduler thread.
 struct SchedulerObserver {
@@ -122,6 +141,23 @@ class Scheduler {
   void SetFeedForward(FeedForwardStack* stack) { transformer_.SetFeedForward(stack); }
   FeedForwardStack& feed_forward() { return transformer_.feed_forward(); }
 
+  // Makes RequestCodec possible (Engine does this when no kvstore is linked). Set before the
+  // first Submit.
+  void SetCacheSwapper(CacheSwapper swapper) { swapper_ = std::move(swapper); }
+  bool can_switch_codec() const { return static_cast<bool>(swapper_); }
+  // Asks for the KV cache to be rebuilt with `codec_spec` (kv::MakeCodec syntax). Returns at once;
+  // the scheduler thread stops admitting, waits up to `drain` for running sequences to finish,
+  // then preempts the rest (they recompute their context in the new cache), swaps and resumes.
+  // A later request replaces a pending one (the drain bound still runs from the first request);
+  // asking for the current codec cancels a pending switch.
+  // Unavailable without a CacheSwapper. A codec the swapper cannot build is logged and the
+  // current one kept.
+  Status RequestCodec(const std::string& codec_spec, std::chrono::milliseconds drain);
+  // The codec the cache uses now (kv::Codec::spec(), e.g. "raw:f32").
+  std::string codec_spec() const;
+  // The codec a pending switch will install, else codec_spec().
+  std::string target_codec_spec() const;
+
   // Validates and enqueues. With a kvstore link, first looks the prompt up in the store, which
   // blocks the caller up to the link's lookup deadline. InvalidArgument when the prompt is empty, a token id is out of
   // range, prompt + max_tokens exceeds the context, or the request could never fit the KV
@@ -142,7 +178,10 @@ class Scheduler {
   SchedulerStats Stats() const;
   const Model& model() const { return model_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
-  const KvCache& cache() const { return cache_; }
+  const SchedulerOptions& options() const { return options_; }
+  // The current cache: read it on the scheduler thread or while the scheduler is idle (a codec
+  // switch replaces it).
+  const KvCache& cache() const { return *cache_; }
 
  private:
   struct Active;
@@ -154,11 +193,23 @@ class Scheduler {
   void Emit(Active& a, int token, TokenLogprob* logprob);
   void Deliver(Active& a, bool finished);
   void PublishStats();  // KV figures for Stats(), read by other threads
+  // A pending codec switch: true while it waits for running sequences (admission is paused).
+  bool AdvanceCodecSwitch();
+  void SetCacheFigures();  // the cache's block figures that Submit reads from other threads
 
   const Model& model_;
   const Tokenizer& tokenizer_;
-  KvCache& cache_;
+  KvCache* cache_;
   KvStoreLink* link_ = nullptr;
+  CacheSwapper swapper_;
+  // Guarded by mu_: the codec in use, and a requested switch (empty: none).
+  std::string codec_spec_;
+  std::string pending_codec_;
+  std::chrono::milliseconds pending_drain_{0};
+  std::chrono::steady_clock::time_point pending_since_;
+  bool switch_draining_ = false;  // scheduler thread: admission paused for the pending switch
+  std::atomic<int64_t> block_tokens_{16}, total_blocks_{0};
+  std::atomic<int64_t> codec_switches_{0};
   SchedulerOptions options_;
   SchedulerObserver observer_;
   Transformer transformer_;
@@ -181,6 +232,8 @@ class Scheduler {
       preemptions_{0};
   mutable std::mutex stats_mu_;
   KvCacheStats kv_stats_;
+  double last_switch_drain_s_ = 0, last_switch_build_s_ = 0;  // under stats_mu_
+  int64_t last_switch_preempted_ = 0;
 };
 
 }  // namespace keel::engine
