@@ -17,6 +17,7 @@
 #include "keel/engine/bellows_calibration.h"
 #include "keel/engine/convert.h"
 #include "keel/engine/engine.h"
+#include "keel/engine/hilo_levels.h"  // engine-hilo
 #include "keel/engine/server.h"
 #include "keel/engine/throughput.h"
 #include "keel/gateway/fake_vendor.h"  // fake-vendor
@@ -194,7 +195,30 @@ struct ServeArgs {
   double drain = 10;
   KvStoreLinkOptions kvstore;
   MoeArgs moe;
+  HiloFlags hilo;              // engine-hilo
+  int hilo_drain_ms = 1000;    // engine-hilo
 };
+
+// ---- engine-hilo (begin): `keel serve` follows HiLO (keel/engine/hilo_levels.h, docs/engine.md)
+void AddEngineHiloFlags(CLI::App* cmd, ServeArgs& a) {
+  auto* url = cmd->add_option("--hilo", a.hilo.url, "follow the HiLO controller at this URL (http://host:port): apply its state's engine level, report load");
+  auto* cat = cmd->add_option("--hilo-catalog", a.hilo.catalog, "without a controller: a HiLO state catalog to pin one state of (with --hilo-state)")
+      ->check(CLI::ExistingFile);
+  url->excludes(cat);
+  cmd->add_option("--hilo-state", a.hilo.state, "the HiLO state to pin (required with --hilo-catalog; with --hilo it freezes the state)");
+  cmd->add_option("--hilo-instance", a.hilo.instance, "this instance's name in HiLO load reports (default engine-<pid>)");
+  cmd->add_option("--hilo-switch-drain-ms", a.hilo_drain_ms, "on a KV codec switch, let running sequences finish this long before preempting them")
+      ->capture_default_str()->check(CLI::Range(0, 600000));
+}
+
+// Stops the link before the HiloLevels it calls back into goes (declared after it).
+struct StopHiloLink {
+  hilo::ServiceLink* link = nullptr;
+  ~StopHiloLink() {
+    if (link != nullptr) link->Stop();
+  }
+};
+// ---- engine-hilo (end)
 
 int RunServe(const ServeArgs& a) {
   EngineOptions opt;
@@ -218,12 +242,27 @@ int RunServe(const ServeArgs& a) {
   so.port = a.port;
   so.model_name = a.name;
   so.drain_seconds = a.drain;
-  Server server(e.scheduler(), e.tokenizer(), so, metrics);
-  if (Status s = server.Start(); !s.ok()) return Fail(s);
   const auto& c = e.model().config;
+  // Before the scheduler runs: a HiLO level may switch the cache once it does.  // engine-hilo
   Log().info("model {} ({} layers, dim {}, context {}, {} parameters), KV codec {}, KV budget {} blocks of {} tokens",
              e.model().source, c.n_layers, c.dim, c.max_seq_len, c.ParameterCount(), e.cache().codec().spec(),
              e.cache().Stats().blocks_total, e.cache().block_tokens());
+  auto hilo_link = OpenHiloLink(a.hilo, a.max_running, &metrics->registry);  // engine-hilo
+  if (!hilo_link.ok()) return Fail(hilo_link.status());  // engine-hilo
+  std::unique_ptr<HiloLevels> hilo_levels;  // engine-hilo
+  if (*hilo_link) {  // engine-hilo
+    auto levels = HiloLevels::Create(**hilo_link, e, {std::chrono::milliseconds(a.hilo_drain_ms)});  // engine-hilo
+    if (!levels.ok()) return Fail(levels.status());  // engine-hilo
+    hilo_levels = std::move(*levels);  // engine-hilo
+    so.hilo = hilo_levels.get();  // engine-hilo
+  }  // engine-hilo
+  StopHiloLink stop_hilo;  // engine-hilo
+  Server server(e.scheduler(), e.tokenizer(), so, metrics);
+  if (Status s = server.Start(); !s.ok()) return Fail(s);
+  if (*hilo_link) {  // engine-hilo
+    if (Status s = (*hilo_link)->Start(); !s.ok()) return Fail(s);  // engine-hilo
+    stop_hilo.link = hilo_link->get();  // engine-hilo
+  }  // engine-hilo
   Log().info("serving \"{}\" on http://{}:{}", server.model_name(), a.host, server.port());
   if (Status s = RunServerUntilSignal(server); !s.ok()) return Fail(s);
   Log().info("stopped");
@@ -640,6 +679,7 @@ int main(int argc, char** argv) {
   serve->add_option("--drain-seconds", serve_args.drain, "on SIGTERM, let streams finish this long")->capture_default_str();
   AddKvStoreLinkFlags(serve, serve_args.kvstore);
   AddMoeFlags(serve, serve_args.moe);
+  AddEngineHiloFlags(serve, serve_args);  // engine-hilo
 
   KvstoreArgs kv;
   auto* kvs = app.add_subcommand("kvstore", "Serve a shared KV cache (DRAM -> SSD -> Redis) to engine instances");

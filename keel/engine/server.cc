@@ -17,6 +17,7 @@
 #include "keel/core/http_metrics.h"
 #include "keel/core/log.h"
 #include "keel/core/signal.h"
+#include "keel/engine/hilo_levels.h"
 #include "keel/engine/openai_protocol.h"
 
 namespace keel::engine {
@@ -26,9 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Sends `e` as an OpenAI error body (429 also gets Retry-After).
-void SendError(HttpResponder& res, const ApiError& e) {
-  HttpHeaderList extra;
+// Sends `e` as an OpenAI error body (429 also gets Retry-After), with `headers` added.
+void SendError(HttpResponder& res, const ApiError& e, const HttpHeaderList& headers = {}) {
+  HttpHeaderList extra = headers;
   if (e.status == 429) extra.emplace_back("Retry-After", "1");
   res.Send(e.status, "application/json", Dump(ErrorObject(e)), extra);
 }
@@ -63,6 +64,8 @@ EngineMetrics::EngineMetrics()
                                             "Prompt tokens served from shared KV blocks.").Get()),
       prompt_tokens_computed(registry.AddCounter("keel_prompt_tokens_computed_total",
                                                  "Prompt tokens prefilled by this instance (not reused).").Get()),
+      kv_codec_switches(registry.AddCounter("keel_kv_codec_switches_total",
+                                            "KV cache rebuilds with another codec (HiLO levels).").Get()),
       queue_depth(registry.AddGauge("keel_queue_depth", "Requests waiting for admission.").Get()),
       running(registry.AddGauge("keel_running_sequences", "Sequences in the running batch.").Get()),
       kv_blocks_used(registry.AddGauge("keel_kv_blocks_used", "KV blocks referenced by sequences.").Get()),
@@ -151,6 +154,7 @@ Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, ServerOptions o
   metrics_->kv_bytes_total.SetCallback([s] { return static_cast<double>(s->Stats().kv.bytes_total); });
   metrics_->prefix_hit_tokens.SetCallback([s] { return static_cast<double>(s->Stats().kv.prefix_hit_tokens); });
   metrics_->prompt_tokens_computed.SetCallback([s] { return static_cast<double>(s->Stats().prompt_tokens); });
+  metrics_->kv_codec_switches.SetCallback([s] { return static_cast<double>(s->Stats().codec_switches); });
   if (KvStoreLink* link = scheduler_.kvstore_link()) link->RegisterMetrics(metrics_->registry);
 
   router_.Handle("GET", "/healthz", [this](const HttpRequest& q, HttpResponder& r) { HandleHealth(q, r); });
@@ -193,6 +197,7 @@ Server::~Server() {
   metrics_->kv_bytes_total.SetCallback(nullptr);
   metrics_->prefix_hit_tokens.SetCallback(nullptr);
   metrics_->prompt_tokens_computed.SetCallback(nullptr);
+  metrics_->kv_codec_switches.SetCallback(nullptr);
   metrics_->open_connections.SetCallback(nullptr);
   metrics_->connections_shed.SetCallback(nullptr);
   metrics_->connections_rejected.SetCallback(nullptr);
@@ -329,15 +334,57 @@ void Server::HandleGenerate(const HttpRequest& req, HttpResponder& res, bool cha
   job.id = (chat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
 
   const ModelConfig& config = scheduler_.model().config;
-  if (std::optional<ApiError> err = ParseGenerateRequest(req.body, chat, options_.model_name, tokenizer_,
-                                                         config.vocab_size, config.max_seq_len, &job)) {
-    SendError(res, *err);
+  HttpHeaderList headers;
+  std::optional<AppliedLevel> level;
+  if (options_.hilo != nullptr) {
+    level = options_.hilo->Current();
+    headers.emplace_back("x-keel-hilo-state", level->state->name);
+  }
+  if (std::optional<ApiError> err =
+          ParseGenerateRequest(req.body, chat, options_.model_name, tokenizer_, config.vocab_size, config.max_seq_len,
+                               &job, level ? level->max_prompt_tokens : 0)) {
+    SendError(res, *err, headers);
     return;
   }
-  RunJob(job, res);
+  if (level) job.params.max_tokens = std::min(job.params.max_tokens, level->max_new_tokens);
+  if (job.prompt_tokens_cut > 0) headers.emplace_back("x-keel-prompt-tokens-cut", std::to_string(job.prompt_tokens_cut));
+  RunJob(job, res, headers);
 }
 
-void Server::RunJob(ServerJob& job, HttpResponder& res) {
+namespace {
+
+// One request's passage through the HiLO load meter: exactly one of Shed (never admitted) or
+// Started then Finish, whichever of the scheduler thread (admission) and the connection thread
+// (the end of the request) comes first.
+struct MeterTicket {
+  hilo::LoadMeter* meter = nullptr;
+  Clock::time_point start;  // receipt
+  std::mutex mu;
+  int phase = 0;            // 0 queued, 1 admitted, 2 closed
+  Clock::time_point admitted;
+
+  void Admitted() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (phase != 0) return;
+    phase = 1;
+    admitted = Clock::now();
+    meter->Started();
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (phase == 0) meter->Shed();
+    if (phase == 1) {
+      const Clock::time_point now = Clock::now();
+      meter->Finish(std::chrono::duration<double>(now - start).count(),
+                    std::chrono::duration<double>(now - admitted).count());
+    }
+    phase = 2;
+  }
+};
+
+}  // namespace
+
+void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& headers) {
   auto queue = std::make_shared<EventQueue>();
   auto request = std::make_shared<Request>();
   request->prompt = job.prompt;
@@ -351,21 +398,36 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
     }
     queue->Push(ev);
   };
+  std::shared_ptr<MeterTicket> ticket;
+  if (options_.hilo != nullptr) {
+    ticket = std::make_shared<MeterTicket>();
+    ticket->meter = &options_.hilo->meter();
+    ticket->start = job.start;
+    request->on_admitted = [ticket] { ticket->Admitted(); };
+    ticket->meter->Arrive();
+  }
+  struct CloseTicket {
+    MeterTicket* t;
+    ~CloseTicket() {
+      if (t != nullptr) t->Close();
+    }
+  } close_ticket{ticket.get()};
 
   Status st = scheduler_.Submit(request);
   if (!st.ok()) {
+    if (ticket) ticket->Close();  // before the answer, so a client holding it sees it counted
     switch (st.code()) {
       case StatusCode::kInvalidArgument:
-        SendError(res, ApiError{400, st.message(), "invalid_request_error", {}, {}});
+        SendError(res, ApiError{400, st.message(), "invalid_request_error", {}, {}}, headers);
         break;
       case StatusCode::kResourceExhausted:
-        SendError(res, ApiError{429, st.message(), "rate_limit_exceeded", {}, "rate_limit_exceeded"});
+        SendError(res, ApiError{429, st.message(), "rate_limit_exceeded", {}, "rate_limit_exceeded"}, headers);
         break;
       case StatusCode::kUnavailable:
-        SendError(res, ApiError{503, st.message(), "server_error", {}, "server_shutting_down"});
+        SendError(res, ApiError{503, st.message(), "server_error", {}, "server_shutting_down"}, headers);
         break;
       default:
-        SendError(res, ApiError{500, st.message(), "server_error", {}, {}});
+        SendError(res, ApiError{500, st.message(), "server_error", {}, {}}, headers);
         break;
     }
     return;
@@ -374,8 +436,9 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
 
   bool client_ok = true;
   if (job.stream) {
-    client_ok = res.BeginStream(200, "text/event-stream",
-                                {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+    HttpHeaderList stream_headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+    stream_headers.insert(stream_headers.end(), headers.begin(), headers.end());
+    client_ok = res.BeginStream(200, "text/event-stream", stream_headers);
     if (client_ok && job.chat) client_ok = res.WriteChunk(StreamChunk(job, options_.model_name, "", nullptr, true));
   }
 
@@ -415,6 +478,7 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
   const char* finish = finished ? OpenAiFinishReason(ev.finish_reason) : nullptr;
   // Observed before the final write, so a client holding its response sees it counted.
   metrics_->request_duration.Observe(std::chrono::duration<double>(Clock::now() - job.start).count());
+  if (ticket) ticket->Close();
   if (!finish) {
     // Cancelled (by shutdown), failed, or abandoned at the hard stop.
     request->cancelled = true;
@@ -431,7 +495,7 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
       res.WriteChunk("data: [DONE]\n\n");
       res.EndStream();
     } else {
-      SendError(res, e);
+      SendError(res, e, headers);
     }
   } else if (job.stream) {
     bool ok = res.WriteChunk(StreamChunk(job, options_.model_name, "", finish, false));
@@ -440,7 +504,8 @@ void Server::RunJob(ServerJob& job, HttpResponder& res) {
     if (ok) res.EndStream();
   } else {
     json lp_obj = want_logprobs ? LogprobsObject(job.chat, tokenizer_, logprobs, &text_offset) : json(nullptr);
-    res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, text, finish, ev, lp_obj)));
+    res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, text, finish, ev, lp_obj)),
+             headers);
   }
 }
 

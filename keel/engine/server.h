@@ -42,6 +42,7 @@
 namespace keel::engine {
 
 struct ServerJob;  // one parsed generation request (defined in openai_protocol.h)
+class HiloLevels;  // hilo_levels.h
 
 // The engine's metrics and the registry that renders them. Create it before the Scheduler so
 // its observer (ObserverFor) can record time-to-first-token and inter-token latency, then hand
@@ -58,6 +59,7 @@ struct EngineMetrics {
   Counter& generation_tokens;        // keel_generation_tokens_total
   Counter& prefix_hit_tokens;        // keel_prefix_cache_hit_tokens_total (KV cache + kvstore)
   Counter& prompt_tokens_computed;   // keel_prompt_tokens_computed_total (prefilled, not reused)
+  Counter& kv_codec_switches;        // keel_kv_codec_switches_total (HiLO run-time codec changes)
   Gauge& queue_depth;                // keel_queue_depth
   Gauge& running;                    // keel_running_sequences
   Gauge& kv_blocks_used;             // keel_kv_blocks_used
@@ -90,6 +92,14 @@ struct ServerOptions {
   // When false the caller steps the scheduler itself (Run/Step on its own thread); the Server
   // then only submits and cancels. Tests use this to hold requests in the queue.
   bool run_scheduler = true;
+  // HiLO (hilo_levels.h; may be null): each generation request gets the current state's level
+  // (max_tokens clamped to max_new_tokens, the prompt cut from the front to max_context), the
+  // answer carries an `x-keel-hilo-state: <state>` header (and `x-keel-prompt-tokens-cut: N` when
+  // a prompt was cut), and the request is metered into the link's LoadMeter: Arrive once parsed,
+  // Shed when refused at submit (429 queue full, or a 400/503 from the scheduler) or cancelled
+  // before admission, Started when the scheduler admits it, Finish with its whole latency and
+  // the time it spent in the batch. Must outlive the Server.
+  HiloLevels* hilo = nullptr;
 };
 
 class Server {
@@ -126,7 +136,7 @@ class Server {
   void HandleModel(const HttpRequest& req, HttpResponder& res, std::string_view id);
   void HandleMetrics(const HttpRequest& req, HttpResponder& res);
   void HandleGenerate(const HttpRequest& req, HttpResponder& res, bool chat);
-  void RunJob(ServerJob& job, HttpResponder& res);
+  void RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& headers);
 
   Scheduler& scheduler_;
   const Tokenizer& tokenizer_;

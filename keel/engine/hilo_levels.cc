@@ -1,0 +1,143 @@
+#include "keel/engine/hilo_levels.h"
+
+#include <algorithm>
+#include <map>
+
+#include "keel/core/log.h"
+#include "keel/core/mapped_file.h"
+#include "keel/core/socket.h"
+
+namespace keel::engine {
+
+std::optional<bool> KvCodecIsLossless(std::string_view spec) {
+  const std::string_view family = spec.substr(0, spec.find(':'));
+  if (family == "raw" || family == "zipfusion") return true;
+  if (family == "bellows" || family == "minicache" || family == "kivi") return false;
+  return std::nullopt;
+}
+
+Result<std::unique_ptr<HiloLevels>> HiloLevels::Create(hilo::ServiceLink& link, Engine& engine,
+                                                       HiloLevelOptions options) {
+  if (link.service() != hilo::Service::kEngine) {
+    return Status::InvalidArgument("hilo: the engine needs a link for service 'engine', not '" +
+                                   std::string(hilo::ServiceName(link.service())) + "'");
+  }
+  std::unique_ptr<HiloLevels> h(new HiloLevels(link, engine, options));
+  const hilo::Catalog& catalog = link.catalog();
+  const std::string current = engine.scheduler().codec_spec();
+  std::map<std::string, Result<std::string>> resolved;  // catalog name -> canonical spec (built once)
+  for (size_t i = 0; i < catalog.states.size(); ++i) {
+    const hilo::State& st = catalog.states[i];
+    const std::string& name = st.engine.kv_codec;
+    const std::string where = "hilo catalog state '" + st.name + "': engine.kv_codec '" + name + "'";
+    if (st.engine.lossless && KvCodecIsLossless(name) == false) {
+      return Status::InvalidArgument(where + " is a lossy codec but engine.lossless is true");
+    }
+    auto it = resolved.find(name);
+    if (it == resolved.end()) it = resolved.emplace(name, engine.ResolveCodec(name)).first;
+    StateCodec sc;
+    if (it->second.ok()) {
+      sc.spec = *it->second;
+    } else {
+      sc.error = it->second.status().message();
+    }
+    if (!engine.can_switch_codec() && sc.spec != current) {
+      return Status::InvalidArgument(where + " differs from this engine's codec " + current +
+                                     ", and an engine with a kvstore link cannot switch codecs");
+    }
+    h->codecs_.push_back(std::move(sc));
+  }
+  Result<std::string> raw = engine.ResolveCodec("raw");
+  if (!raw.ok()) return raw.status();
+  h->lossless_fallback_ = *raw;
+  h->seq_len_ = engine.model().config.max_seq_len;
+
+  Scheduler* s = &engine.scheduler();
+  link.meter().SetQueueDepthProbe([s] { return static_cast<int64_t>(s->QueueDepth()); });
+  const double slots = std::max(1, s->options().max_running);
+  link.meter().SetUtilisationProbe([s, slots] { return static_cast<double>(s->Stats().running) / slots; });
+  HiloLevels* self = h.get();
+  link.OnChange([self](const hilo::State&, const hilo::State&) { self->Apply(); });
+  h->Apply();
+  return h;
+}
+
+HiloLevels::~HiloLevels() {
+  // The link may outlive us: its probes must not call into a scheduler that may go next. (Its
+  // OnChange callback is the owner's business: the link is stopped before we go.)
+  link_.meter().SetQueueDepthProbe(nullptr);
+  link_.meter().SetUtilisationProbe(nullptr);
+}
+
+void HiloLevels::Apply() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int index = link_.CurrentIndex();
+  if (index == applied_.load()) return;
+  const hilo::State& st = link_.catalog().states[static_cast<size_t>(index)];
+  StateCodec& sc = codecs_[static_cast<size_t>(index)];
+  Scheduler& sched = engine_.scheduler();
+  std::string want = sc.spec;
+  if (want.empty()) {
+    // A codec this engine lacks: keep the one in use (or about to be), unless that would put a
+    // lossless level on a lossy codec.
+    want = sched.target_codec_spec();
+    if (st.engine.lossless && KvCodecIsLossless(want) != true) want = lossless_fallback_;
+    if (!sc.logged) {
+      sc.logged = true;
+      Log().error("hilo: state '{}' asks for KV codec '{}', which this engine cannot build ({}); using {}", st.name,
+                  st.engine.kv_codec, sc.error, want);
+    }
+  }
+  if (Status s = sched.RequestCodec(want, options_.switch_drain); !s.ok() && want != sched.codec_spec()) {
+    Log().error("hilo: state '{}': {}", st.name, s.ToString());
+  }
+  Log().info("hilo: engine applies state '{}' (kv codec {}, max_context {}, max_new_tokens {})", st.name, want,
+             st.engine.max_context, st.engine.max_new_tokens);
+  applied_.store(index);
+}
+
+AppliedLevel HiloLevels::Current() {
+  const int index = link_.CurrentIndex();
+  if (index != applied_.load()) Apply();
+  const hilo::State& st = link_.catalog().states[static_cast<size_t>(index)];
+  AppliedLevel out;
+  out.state = &st;
+  // Catalog values are 1..2^20 (docs/hilo.md), so they fit an int.
+  out.max_new_tokens = static_cast<int>(std::max<int64_t>(1, st.engine.max_new_tokens));
+  // One token short of the model's context, so that a cut prompt always leaves room to answer.
+  out.max_prompt_tokens = static_cast<int>(std::clamp<int64_t>(st.engine.max_context, 1, std::max(1, seq_len_ - 1)));
+  return out;
+}
+
+Result<std::unique_ptr<hilo::ServiceLink>> OpenHiloLink(const HiloFlags& f, int workers, MetricsRegistry* metrics) {
+  if (f.url.empty() && f.catalog.empty()) {
+    if (!f.state.empty() || !f.instance.empty()) {
+      return Status::InvalidArgument("--hilo-state and --hilo-instance need --hilo URL or --hilo-catalog FILE");
+    }
+    return std::unique_ptr<hilo::ServiceLink>();
+  }
+  if (!f.url.empty() && !f.catalog.empty()) {
+    return Status::InvalidArgument(
+        "--hilo and --hilo-catalog exclude each other: with a controller the catalog is the controller's");
+  }
+  hilo::ServiceLinkOptions o;
+  o.service = hilo::Service::kEngine;
+  o.instance = f.instance;
+  o.workers = std::max(workers, 1);
+  o.metrics = metrics;
+  if (!f.catalog.empty()) {
+    if (f.state.empty()) return Status::InvalidArgument("--hilo-catalog needs --hilo-state (the state to pin)");
+    KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.catalog));
+    if (text.size() > hilo::kMaxCatalogBytes) return Status::InvalidArgument(f.catalog + ": larger than 1 MiB");
+    Result<hilo::Catalog> catalog = hilo::ParseCatalog(text);
+    if (!catalog.ok()) return Status::InvalidArgument(f.catalog + ": " + catalog.status().message());
+    return hilo::ServiceLink::Pinned(std::move(*catalog), f.state, o);
+  }
+  KEEL_ASSIGN_OR_RETURN(hilo::ControllerCall call, hilo::HttpControllerCallForUrl(f.url));
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<hilo::ServiceLink> link,
+                        hilo::ServiceLink::Connect(std::move(call), o, DeadlineIn(f.connect_timeout_ms)));
+  if (!f.state.empty()) KEEL_RETURN_IF_ERROR(link->Pin(f.state));
+  return link;
+}
+
+}  // namespace keel::engine
