@@ -598,6 +598,7 @@ struct AnswerArgs {
   answer::AnswerServerOptions o;
   std::string corpus;
   answer::AnswerHiloFlags hilo;
+  std::string gateway_key_file;
 };
 
 int RunAnswer(AnswerArgs a) {
@@ -610,6 +611,14 @@ int RunAnswer(AnswerArgs a) {
   }
   auto corpus = answer::Corpus::Load(a.corpus);
   if (!corpus.ok()) return Fail(corpus.status());
+  if (!a.gateway_key_file.empty()) {
+    auto key = ReadFileToString(a.gateway_key_file);
+    if (!key.ok()) return Fail(key.status());
+    a.o.gateway_api_key = key->substr(0, key->find_first_of("\r\n"));
+    if (a.o.gateway_api_key.empty() || a.o.gateway_api_key.size() > 1024) {
+      return Fail(Status::InvalidArgument(a.gateway_key_file + ": expected a key of 1..1024 bytes on the first line"));
+    }
+  }
   // Room for the vector of a large --dim (about 12 bytes a number) and the rest of the body.
   a.o.max_body_bytes = std::max(a.o.max_body_bytes, static_cast<size_t>(a.o.limits.dim) * 32 + (size_t{64} << 10));
   auto link = answer::OpenAnswerLink(a.hilo, a.o.max_inflight);
@@ -891,6 +900,7 @@ int main(int argc, char** argv) {
   ans_serve->add_option("--port", ans.o.port, "port to bind (0 = any free port)")->required()->check(CLI::Range(0, 65535));
   ans_serve->add_option("--vector", ans.o.vector_url, "the vector service or its router (http://host:port)")->required();
   ans_serve->add_option("--gateway", ans.o.gateway_url, "`keel gateway`, or an engine (`keel serve`): same OpenAI chat API (http://host:port)")->required();
+  ans_serve->add_option("--gateway-key-file", ans.gateway_key_file, "API key for the gateway (first line) when a request brings no Authorization or x-api-key of its own (those are forwarded)")->check(CLI::ExistingFile);
   ans_serve->add_option("--model", ans.o.default_model, "model asked of the gateway when a request names none (default: none; such requests get 400)");
   ans_serve->add_option("--corpus", ans.corpus, "documents separated by blank lines; vector id i is document i mod count (default: $KEEL_SHARED/data/text/val.txt)")->check(CLI::ExistingFile);
   ans_serve->add_option("--dim", ans.o.limits.dim, "length of keel_retrieval.vector: the vector service's text dim")->capture_default_str()->check(CLI::Range(1, 65536));

@@ -222,14 +222,21 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
   gen += ",\"temperature\":";
   AppendJsonNumber(q.temperature, &gen);
   gen += ",\"stream\":false}";
+  HttpHeaderList keys;
+  for (const char* name : {"Authorization", "x-api-key"}) {
+    const std::string_view v = req.headers.Get(name);
+    if (!v.empty()) keys.emplace_back(name, std::string(v));
+  }
+  if (keys.empty() && !opt_.gateway_api_key.empty()) keys.emplace_back("Authorization", "Bearer " + opt_.gateway_api_key);
   const auto tg = Clock::now();
   auto reply = gateway_->Call("POST", "/v1/chat/completions", gen, "application/json",
-                              DeadlineIn(opt_.gateway_timeout_ms));
+                              DeadlineIn(opt_.gateway_timeout_ms), keys);
   const double gsecs = SecondsSince(tg);
   generate_seconds_->Observe(gsecs);
   const std::string who = "gateway at " + gateway_->Address();
   if (!reply.ok()) return fail(503, who + " unreachable: " + reply.status().message());
-  if (reply->status == 400 || reply->status == 404 || reply->status == 413 || reply->status == 429) {
+  const int gs = reply->status;
+  if (gs == 400 || gs == 401 || gs == 403 || gs == 404 || gs == 413 || gs == 429) {
     HttpHeaderList extra;
     if (reply->status == 429) extra.emplace_back("Retry-After", "1");
     res.Send(reply->status, "application/json",

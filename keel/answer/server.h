@@ -26,9 +26,11 @@
 //   - vector service unreachable or timed out: 503 "vector service at host:port unreachable: ...";
 //     it answered non-200 or a body that is not a search answer: 502 "vector service ... answered
 //     <status>: <its message>";
-//   - gateway unreachable: 503 naming it; gateway 400/404/413/429: passed through with its status
-//     and message (prefixed "gateway: "), since they are the client's request; other non-200 or a
-//     malformed answer: 502 naming it.
+//   - gateway unreachable: 503 naming it; gateway 400/401/403/404/413/429: passed through with
+//     its status and message (prefixed "gateway: "), since they are about the client's request or
+//     key; other non-200 or a malformed answer: 502 naming it.
+// Keys: the client's Authorization and x-api-key headers go to the gateway (never to the vector
+// service); without them, options.gateway_api_key.
 // Upstream calls go through keel::HttpClient, which retries once on a pooled connection the peer
 // closed; a chat completion at temperature 0 is safe to repeat.
 //
@@ -70,6 +72,10 @@ struct AnswerServerOptions {
   size_t max_body_bytes = 256 << 10;  // 413 beyond; at least dim x 16 + 4096 (Start refuses less)
   RequestLimits limits;             // limits.dim must be the vector service's dim; max_json_values
                                     // is raised to dim + 10000 when that is larger
+  // Sent to the gateway as "Authorization: Bearer <key>" when the client sent neither
+  // Authorization nor x-api-key (those are forwarded as they are, so the gateway's budgets and
+  // policies apply to the client's key). "" = none.
+  std::string gateway_api_key;
   int vector_timeout_ms = 2000;
   int gateway_timeout_ms = 120000;
 };

@@ -1,0 +1,204 @@
+// keel answer through a real `keel gateway` (child processes of KEEL_BINARY: the gateway and its
+// policy service, with a key made through the admin API) in front of a real engine in-process:
+// the product's answer -> gateway -> engine hop, and the client's key forwarded to the gateway.
+// Retrieval is not exercised here (server_test.cc does): requests carry no vector.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "keel/answer/server.h"
+#include "keel/engine/kv_cache.h"
+#include "keel/engine/model.h"
+#include "keel/engine/scheduler.h"
+#include "keel/engine/server.h"
+#include "keel/engine/tokenizer.h"
+#include "tests/core/http_test_client.h"
+#include "tests/engine/test_util.h"
+#include "tests/kvstore/redis_process.h"  // FreeLoopbackPort, PortAccepts
+
+namespace keel::answer {
+namespace {
+
+using json = nlohmann::json;
+using test::HttpTestClient;
+using test::HttpTestResponse;
+
+// A child process running `keel <args>`, output to a log file; killed on destruction.
+class Process {
+ public:
+  void Start(const std::string& args, const std::string& log_path) {
+    const std::string cmd = std::string("exec ") + KEEL_BINARY + " " + args + " >>" + log_path + " 2>&1";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+bool WaitFor(const std::function<bool()>& ready) {
+  for (int i = 0; i < 1500; ++i) {  // 30 s: a bound, not a timing assertion
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return ready();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// curl over the policy service's Unix socket (its admin API): status and body.
+std::pair<int, std::string> Admin(const std::string& socket, const std::string& admin_key, const std::string& method,
+                                  const std::string& path, const std::string& body_file = "") {
+  std::string cmd = "curl -s -o - -w '\\n%{http_code}' --max-time 10 --unix-socket " + socket + " -X " + method +
+                    " -H 'Authorization: Bearer " + admin_key + "' -H 'Content-Type: application/json'";
+  if (!body_file.empty()) cmd += " --data-binary @" + body_file;
+  cmd += " 'http://localhost" + path + "'";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return {0, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = ::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  const size_t nl = out.rfind('\n');
+  if (nl == std::string::npos) return {0, out};
+  return {std::atoi(out.c_str() + nl + 1), out.substr(0, nl)};
+}
+
+class AnswerGatewayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string d = dir_.path();
+    const std::string socket = d + "/policy.sock";
+    const std::string admin_key = "admin-test-key-0123456789";
+    std::ofstream(d + "/admin.key") << admin_key;
+    ::chmod((d + "/admin.key").c_str(), 0600);
+    policy_.Start("gateway-policy --socket " + socket + " --db " + d + "/gw.db --admin-key-file " + d + "/admin.key",
+                  d + "/policy.log");
+    ASSERT_TRUE(WaitFor([&] { return Admin(socket, admin_key, "GET", "/healthz").first == 200; }))
+        << ReadFile(d + "/policy.log");
+    std::ofstream(d + "/key.json") << R"({"principal":"alice","team":"ml"})";
+    auto key = Admin(socket, admin_key, "POST", "/admin/keys", d + "/key.json");
+    ASSERT_EQ(key.first, 200) << key.second;
+    api_key_ = json::parse(key.second).at("api_key").get<std::string>();
+
+    auto model = engine::LoadLlama2c(test::ModelsDir() + "/en-dense6L.bin");
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    model_ = std::make_unique<engine::Model>(std::move(*model));
+    auto tok = engine::Tokenizer::Load(test::ModelsDir() + "/tok354.bin", model_->config.vocab_size);
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    tokenizer_ = std::make_unique<engine::Tokenizer>(std::move(*tok));
+    auto cache = engine::KvCache::Create(*model_, "raw", {});
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    cache_ = std::move(*cache);
+    scheduler_ = std::make_unique<engine::Scheduler>(*model_, *tokenizer_, *cache_, engine::SchedulerOptions{});
+    engine::ServerOptions so;
+    so.port = 0;
+    so.model_name = "en-dense6L";
+    engine_ = std::make_unique<engine::Server>(*scheduler_, *tokenizer_, so);
+    ASSERT_TRUE(engine_->Start().ok());
+
+    gateway_port_ = test::FreeLoopbackPort();
+    json cfg = {{"listen", {{"host", "127.0.0.1"}, {"port", gateway_port_}}},
+                {"policy", {{"socket", socket}}},
+                {"upstreams", {{{"name", "local"}, {"format", "keel"},
+                                {"base_url", "http://127.0.0.1:" + std::to_string(engine_->port())}}}},
+                {"models", {{{"name", "en-dense6L"}, {"targets", {{{"upstream", "local"}, {"model", "en-dense6L"}}}},
+                             {"tokenizer", {{"path", test::ModelsDir() + "/tok354.bin"}, {"vocab_size", 354}}}}}}};
+    std::ofstream(d + "/gateway.json") << cfg.dump();
+    gateway_.Start("gateway --config " + d + "/gateway.json", d + "/gateway.log");
+    ASSERT_TRUE(WaitFor([&] { return test::PortAccepts(gateway_port_); })) << ReadFile(d + "/gateway.log");
+  }
+
+  void TearDown() override {
+    answer_.reset();
+    if (engine_) engine_->Stop(true);
+  }
+
+  void StartAnswer(const std::string& key) {
+    AnswerServerOptions o;
+    o.vector_url = "http://127.0.0.1:1";  // never called: no request carries a vector
+    o.gateway_url = "http://127.0.0.1:" + std::to_string(gateway_port_);
+    o.default_model = "en-dense6L";
+    o.gateway_api_key = key;
+    auto s = AnswerServer::Start(corpus_, o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    answer_ = std::move(*s);
+  }
+
+  HttpTestResponse Ask(const std::vector<std::pair<std::string, std::string>>& headers) {
+    HttpTestClient c(answer_->port());
+    const std::string body = R"({"messages":[{"role":"user","content":"Who said it?"}],"max_tokens":4})";
+    if (!c.SendRaw(HttpTestClient::BuildRequest("POST", "/v1/chat/completions", body, "application/json", headers))) {
+      return {};
+    }
+    HttpTestResponse r;
+    c.ReadResponse(&r);
+    return r;
+  }
+
+  test::TempDir dir_{"keel-answer-gw"};
+  Corpus corpus_ = *Corpus::Parse("one document\n\nanother document");
+  Process policy_, gateway_;
+  std::string api_key_;
+  int gateway_port_ = 0;
+  std::unique_ptr<engine::Model> model_;
+  std::unique_ptr<engine::Tokenizer> tokenizer_;
+  std::unique_ptr<engine::KvCache> cache_;
+  std::unique_ptr<engine::Scheduler> scheduler_;
+  std::unique_ptr<engine::Server> engine_;
+  std::unique_ptr<AnswerServer> answer_;
+};
+
+TEST_F(AnswerGatewayTest, AnswersThroughTheGatewayWithTheClientsOrItsOwnKey) {
+  StartAnswer(api_key_);
+  // No key from the client: the server's own key is used.
+  HttpTestResponse own = Ask({});
+  ASSERT_EQ(own.status, 200) << own.body;
+  json j = json::parse(own.body);
+  EXPECT_EQ(j["model"], "en-dense6L");
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_string());
+  EXPECT_EQ(j["keel"]["state"], kBuiltinStateName);
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+  // The client's key wins over the server's, and the gateway's 401 reaches the client as a 401.
+  HttpTestResponse wrong = Ask({{"Authorization", "Bearer sk-keel-not-a-key"}});
+  EXPECT_EQ(wrong.status, 401) << wrong.body;
+  EXPECT_NE(wrong.body.find("gateway: "), std::string::npos) << wrong.body;
+  HttpTestResponse client = Ask({{"Authorization", "Bearer " + api_key_}});
+  EXPECT_EQ(client.status, 200) << client.body;
+}
+
+TEST_F(AnswerGatewayTest, WithoutAnyKeyTheGatewayRefuses) {
+  StartAnswer("");
+  HttpTestResponse r = Ask({});
+  EXPECT_EQ(r.status, 401) << r.body;
+  EXPECT_NE(r.body.find("gateway: missing API key"), std::string::npos) << r.body;
+}
+
+}  // namespace
+}  // namespace keel::answer
