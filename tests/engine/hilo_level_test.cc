@@ -245,6 +245,31 @@ TEST(HiloLevelUnit, OpenHiloLinkFlags) {
   EXPECT_EQ(OpenHiloLink(f, 8, nullptr).status().code(), StatusCode::kInvalidArgument);
 }
 
+// `keel serve` refuses bad HiLO flags and a contradictory catalog before it serves anything.
+TEST(HiloLevelCli, ServeRefusesBadFlagsAndALosslessLevelOnALossyCodec) {
+  const std::string model = " --model " + test::ModelsDir() + "/en-dense6L.bin --tokenizer " + test::ModelsDir() +
+                            "/tok354.bin --port 0";
+  test::CmdResult r = test::RunKeel("serve" + model + " --hilo-state full");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--hilo-state and --hilo-instance need --hilo URL or --hilo-catalog FILE"), std::string::npos)
+      << r.out;
+
+  test::TempDir dir;
+  hilo::Catalog c = TestCatalog();
+  c.states[4].engine.lossless = true;  // "kivi" is lossy
+  const std::string path = dir.file("catalog.json");
+  FILE* out = std::fopen(path.c_str(), "w");
+  ASSERT_NE(out, nullptr);
+  const std::string text = hilo::WriteCatalog(c);
+  std::fwrite(text.data(), 1, text.size(), out);
+  std::fclose(out);
+  r = test::RunKeel("serve" + model + " --hilo-catalog " + path + " --hilo-state full");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("state 'kivi': engine.kv_codec 'kivi' is a lossy codec but engine.lossless is true"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(HiloLevelTest, MaxNewTokensClampsEveryRequest) {
   Open("short");  // max_new_tokens 5
   HttpTestResponse r = Complete(kPrompt, 50);
