@@ -11,6 +11,7 @@
 
 #include "keel/answer/server.h"  // answer
 #include "keel/core/cpu.h"
+#include "keel/core/json_writer.h"  // answer-index
 #include "keel/core/log.h"
 #include "keel/core/mapped_file.h"  // hilo
 #include "keel/core/signal.h"
@@ -23,13 +24,18 @@
 #include "keel/gateway/fake_vendor.h"  // fake-vendor
 #include "keel/gateway/gateway.h"
 #include "keel/gateway/policy_service.h"  // gateway-policy
+#include "keel/hilo/fingerprint.h"  // hilo
 #include "keel/hilo/server.h"  // hilo
+#include "keel/hilo/validate/validate.h"  // hilo
+#include "keel/core/http_client.h"  // hilo
+#include <nlohmann/json.hpp>  // hilo
 #include "keel/kv/bellows/calibration.h"
 #include "keel/kv/registry.h"
 #include "keel/kvstore/service.h"
 #include "keel/moe/offload.h"
 #include "keel/vector/router.h"
 #include "keel/vector/service.h"
+#include "keel/vector/texmex.h"  // answer-index
 
 namespace {
 
@@ -533,8 +539,28 @@ int RunBellowsInspect(const std::string& path) {
 // ---- hilo
 struct HiloArgs {
   std::string catalog;
+  std::string admin_token_file;
   hilo::ControllerServerOptions o;
 };
+
+// --fingerprint when given, else the running executable's (every service is this binary).
+Status ResolveFingerprint(HiloArgs& a) {
+  if (!a.o.fingerprint.empty()) return Status::Ok();
+  KEEL_ASSIGN_OR_RETURN(a.o.fingerprint, hilo::ExecutableFingerprint());
+  return Status::Ok();
+}
+
+// The admin token: the file's first line, 16..256 printable bytes (so a short guessable one is refused).
+Result<std::string> ReadAdminToken(const std::string& path) {
+  KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  const size_t nl = text.find_first_of("\r\n");
+  if (nl != std::string::npos) text.resize(nl);
+  if (text.size() < 16 || text.size() > 256) return Status::InvalidArgument(path + ": admin token must be 16..256 bytes on the first line");
+  for (unsigned char c : text) {
+    if (c < 0x21 || c > 0x7e) return Status::InvalidArgument(path + ": admin token must be printable ASCII without spaces");
+  }
+  return text;
+}
 
 Result<hilo::Catalog> ReadHiloCatalog(const std::string& path) {
   auto text = ReadFileToString(path);
@@ -550,6 +576,12 @@ int64_t UnixSecondsNow() {
 }
 
 int RunHiloServe(HiloArgs a) {
+  if (Status s = ResolveFingerprint(a); !s.ok()) return Fail(s);
+  if (!a.admin_token_file.empty()) {
+    auto token = ReadAdminToken(a.admin_token_file);
+    if (!token.ok()) return Fail(token.status());
+    a.o.admin_token = std::move(*token);
+  }
   auto c = ReadHiloCatalog(a.catalog);
   if (!c.ok()) return Fail(c.status());
   auto server = hilo::ControllerServer::Create(std::move(*c), a.o);
@@ -563,7 +595,8 @@ int RunHiloServe(HiloArgs a) {
 }
 
 // Prints every state and whether the controller could act on it; exit 0 only when CheckUsable passes.
-int RunHiloCheck(const HiloArgs& a) {
+int RunHiloCheck(HiloArgs a) {
+  if (Status s = ResolveFingerprint(a); !s.ok()) return Fail(s);
   auto c = ReadHiloCatalog(a.catalog);
   if (!c.ok()) return Fail(c.status());
   const int64_t now = UnixSecondsNow();
@@ -591,7 +624,114 @@ int RunHiloCheck(const HiloArgs& a) {
   std::printf("%s\n", s.ok() ? "usable" : s.message().c_str());
   return s.ok() ? 0 : 1;
 }
+
+struct HiloValidateArgs {
+  std::string catalog;
+  std::string out;
+  std::string admin_token_file;
+  std::string corpus;
+  std::string vectors;
+  int queries = 100;
+  hilo::ValidateOptions o;
+};
+
+// $KEEL_SHARED/<rel> when `path` is empty; InvalidArgument naming `flag` when neither is set.
+Result<std::string> SharedDefault(const std::string& path, const char* rel, const char* flag) {
+  if (!path.empty()) return path;
+  const char* shared = std::getenv("KEEL_SHARED");
+  if (shared == nullptr || *shared == '\0') return Status::InvalidArgument(std::string(flag) + " is required (or set KEEL_SHARED)");
+  return std::string(shared) + "/" + rel;
+}
+
+int RunHiloValidate(HiloValidateArgs a) {
+  auto cat = ReadHiloCatalog(a.catalog);
+  if (!cat.ok()) return Fail(cat.status());
+  auto token = ReadAdminToken(a.admin_token_file);
+  if (!token.ok()) return Fail(token.status());
+  a.o.admin_token = std::move(*token);
+  auto corpus_path = SharedDefault(a.corpus, "data/text/val.txt", "--corpus");
+  auto vectors_dir = SharedDefault(a.vectors, "data/vectors", "--vectors");
+  if (!corpus_path.ok()) return Fail(corpus_path.status());
+  if (!vectors_dir.ok()) return Fail(vectors_dir.status());
+  auto corpus = answer::Corpus::Load(*corpus_path);
+  if (!corpus.ok()) return Fail(corpus.status());
+  auto eval = answer::LoadEvalSet(*vectors_dir, *corpus);
+  if (!eval.ok()) return Fail(eval.status());
+  if (static_cast<size_t>(a.queries) < eval->size()) eval->resize(static_cast<size_t>(a.queries));
+  a.o.eval = std::move(*eval);
+  // The fingerprint of the binaries the product runs: the controller's (GET /health).
+  auto ep = ParseHttpUrl(a.o.controller_url);
+  if (!ep.ok()) return Fail(ep.status());
+  HttpClient controller(*ep);
+  auto health = controller.Call("GET", "/health", "", "", DeadlineIn(10000));
+  if (!health.ok()) return Fail(health.status());
+  auto hj = nlohmann::json::parse(health->body, nullptr, false);
+  const std::string fingerprint = hj.is_object() ? hj.value("binaries", std::string()) : std::string();
+  if (fingerprint.empty()) return Fail(Status::InvalidArgument("the controller's /health reports no binaries fingerprint"));
+
+  const auto started = std::chrono::steady_clock::now();
+  auto measured = hilo::MeasureStates(*cat, a.o);
+  if (!measured.ok()) return Fail(measured.status());
+  std::vector<std::string> notes;
+  auto out = hilo::ApplyFigures(std::move(*cat), *measured, fingerprint, UnixSecondsNow(), &notes);
+  if (!out.ok()) return Fail(out.status());
+  if (Status s = WriteFileAtomic(a.out, hilo::WriteCatalog(*out)); !s.ok()) return Fail(s);
+  std::printf("%-16s %8s %8s %9s %12s  %s\n", "state", "quality", "recall", "agreement", "capacity/s", "saturated");
+  for (const hilo::StateMeasurement& m : *measured) {
+    std::printf("%-16s %8.2f %8.3f %9.3f %12.4g  %s\n", m.state.c_str(), m.quality.quality, m.quality.recall,
+                m.quality.agreement, m.capacity, m.bottleneck.empty() ? "(max rate)" : m.bottleneck.c_str());
+  }
+  for (const std::string& n : notes) std::printf("adjusted: %s\n", n.c_str());
+  std::printf("wrote %s (binaries %s) in %.0f s\n", a.out.c_str(), fingerprint.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  return 0;
+}
 // ---- hilo (end)
+
+// ---- answer-index (begin): `keel answer index` loads the corpus's vectors into the vector service
+struct AnswerIndexArgs {
+  std::string vector_url;
+  std::string bvecs;
+  int64_t limit = -1;
+  int batch = 1000;
+};
+
+// Upserts record i of the .bvecs file as vector id i (the id the answer service maps to document
+// i mod documents), in batches; versionless writes, so a re-run overwrites the same ids.
+int RunAnswerIndex(const AnswerIndexArgs& a) {
+  auto ep = ParseHttpUrl(a.vector_url);
+  if (!ep.ok()) return Fail(ep.status());
+  auto set = vector::ReadBvecs(a.bvecs, a.limit);
+  if (!set.ok()) return Fail(set.status());
+  HttpClient client(*ep);
+  const auto started = std::chrono::steady_clock::now();
+  for (int64_t first = 0; first < set->count; first += a.batch) {
+    const int64_t end = std::min<int64_t>(set->count, first + a.batch);
+    std::string body = "{\"items\":[";
+    for (int64_t i = first; i < end; ++i) {
+      if (i > first) body += ',';
+      body += "{\"id\":" + std::to_string(i) + ",\"text\":[";
+      for (int d = 0; d < set->dim; ++d) {
+        if (d > 0) body += ',';
+        AppendJsonNumber(static_cast<double>(set->values[static_cast<size_t>(i * set->dim + d)]), &body);
+      }
+      body += "]}";
+    }
+    body += "]}";
+    auto r = client.Call("POST", "/v1/upsert", body, "application/json", DeadlineIn(120000));
+    if (!r.ok()) return Fail(r.status());
+    if (r->status != 200) {
+      return Fail(Status::InvalidArgument(fmt::format("{}: upsert of ids {}..{}: HTTP {}: {}", a.vector_url, first, end - 1,
+                                                      r->status, r->body.substr(0, 300))));
+    }
+    Log().info("answer index: {} of {} vectors", end, set->count);
+  }
+  std::printf("indexed %lld vectors (dim %d) from %s into %s in %.1f s\n", static_cast<long long>(set->count), set->dim,
+              a.bvecs.c_str(), a.vector_url.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  return 0;
+}
+// ---- answer-index (end)
 
 // ---- answer (begin): `keel answer serve`, the retrieval-augmented answer endpoint (docs/answer.md)
 struct AnswerArgs {
@@ -882,13 +1022,36 @@ int main(int argc, char** argv) {
   auto* hl_check = hilo_cmd->add_subcommand("check", "Parse a catalog and say, state by state, whether the controller may use it (exit 0/1)");
   for (auto* sub : {hl_serve, hl_check}) {
     sub->add_option("--catalog", hl.catalog, "state catalog (JSON; see docs/hilo.md)")->required()->check(CLI::ExistingFile);
-    sub->add_option("--fingerprint", hl.o.fingerprint, "fingerprint of the running binaries; must equal the catalog's \"binaries\"");
+    sub->add_option("--fingerprint", hl.o.fingerprint, "fingerprint the catalog's \"binaries\" must equal (default: this executable's, as `keel hilo fingerprint` prints)");
     sub->add_option("--max-age-s", hl.o.max_age_s, "figures validated longer ago than this are stale")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   }
   hl_serve->add_option("--host", hl.o.host, "address to bind")->capture_default_str();
   hl_serve->add_option("--port", hl.o.port, "port to bind (0 = any free port)")->required()->check(CLI::Range(0, 65535));
   hl_serve->add_option("--decide-interval-ms", hl.o.decide_interval_ms, "run a decision this often")->capture_default_str()->check(CLI::Range(10, 60000));
   hl_serve->add_flag("--allow-unvalidated", hl.o.allow_unvalidated, "development only: start despite a stale or foreign catalog (states still need figures)");
+  hl_serve->add_option("--admin-token-file", hl.admin_token_file, "enables POST /v1/pin for clients presenting this token (first line, 16..256 printable bytes)")->check(CLI::ExistingFile);
+  hl_serve->add_option("--pin", hl.o.pin, "start pinned to this state (the controller ignores load until unpinned)");
+  HiloValidateArgs hv;
+  auto* hl_val = hilo_cmd->add_subcommand("validate", "Measure every state's quality and capacity through the running product and write them into the catalog (docs/hilo.md)");
+  hl_val->add_option("--catalog", hv.catalog, "state catalog to measure (the controller's; figures may be absent)")->required()->check(CLI::ExistingFile);
+  hl_val->add_option("--out", hv.out, "where to write the validated catalog")->required();
+  hl_val->add_option("--controller", hv.o.controller_url, "the controller (keel hilo serve, started with --admin-token-file and --allow-unvalidated)")->required();
+  hl_val->add_option("--admin-token-file", hv.admin_token_file, "the controller's admin token (to pin each state)")->required()->check(CLI::ExistingFile);
+  hl_val->add_option("--answer", hv.o.answer_url, "the product's entry: keel answer serve")->required();
+  hl_val->add_option("--corpus", hv.corpus, "corpus the answer service serves (default $KEEL_SHARED/data/text/val.txt)");
+  hl_val->add_option("--vectors", hv.vectors, "directory of bigann10k_query.bvecs and bigann10k_groundtruth.ivecs (default $KEEL_SHARED/data/vectors)");
+  hl_val->add_option("--queries", hv.queries, "evaluation queries used (the first N of the set)")->capture_default_str()->check(CLI::Range(1, 100000));
+  hl_val->add_option("--model", hv.o.replay.model, "model asked for (\"\" = the answer service's default)");
+  hl_val->add_option("--max-tokens", hv.o.replay.max_tokens, "max_tokens of every request")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  hl_val->add_option("--slo-ms", hv.o.slo_ms, "a ramp step passes while the product's p99 stays under this")->capture_default_str()->check(CLI::PositiveNumber);
+  hl_val->add_option("--max-error-fraction", hv.o.max_error_fraction, "...and at most this fraction of answers is not 200")->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  hl_val->add_option("--start-rate", hv.o.start_rate, "first ramp step, req/s")->capture_default_str()->check(CLI::PositiveNumber);
+  hl_val->add_option("--growth", hv.o.growth, "rate multiplier per ramp step")->capture_default_str()->check(CLI::Range(1.01, 10.0));
+  hl_val->add_option("--max-rate", hv.o.max_rate, "stop ramping at this rate")->capture_default_str()->check(CLI::PositiveNumber);
+  hl_val->add_option("--step-s", hv.o.step_s, "seconds per ramp step")->capture_default_str()->check(CLI::Range(1.0, 3600.0));
+  hl_val->add_option("--refine-steps", hv.o.refine_steps, "bisections between the last passing and first failing rate")->capture_default_str()->check(CLI::Range(0, 10));
+  hl_val->add_option("--apply-timeout-ms", hv.o.apply_timeout_ms, "wait this long for every service to apply a pinned state")->capture_default_str()->check(CLI::Range(100, 600000));
+  auto* hl_fp = hilo_cmd->add_subcommand("fingerprint", "Print this executable's fingerprint (what a validated catalog's \"binaries\" must equal)");
   // ---- hilo (end)
 
   // ---- answer (begin)
@@ -914,6 +1077,14 @@ int main(int argc, char** argv) {
   ans_serve->add_option("--hilo-state", ans.hilo.state, "the HiLO state to pin (required with --hilo-catalog; with --hilo it freezes the state). Neither --hilo nor --hilo-catalog: retrieval on, 3 documents");
   ans_serve->add_option("--hilo-instance", ans.hilo.instance, "this instance's name in HiLO load reports (default answer-<pid>)");
   // ---- answer (end)
+  // ---- answer-index (begin)
+  AnswerIndexArgs aidx;
+  auto* ans_index = ans_cmd->add_subcommand("index", "Load the corpus's vectors (.bvecs; record i = vector id i) into a keel vector service or router");
+  ans_index->add_option("--vector", aidx.vector_url, "the vector service or router (http://host:port)")->required();
+  ans_index->add_option("--bvecs", aidx.bvecs, "vectors to load, e.g. $KEEL_SHARED/data/vectors/bigann10k_base.bvecs")->required()->check(CLI::ExistingFile);
+  ans_index->add_option("--limit", aidx.limit, "load only the first N records (-1 = all)")->capture_default_str();
+  ans_index->add_option("--batch", aidx.batch, "vectors per upsert request")->capture_default_str()->check(CLI::Range(1, 100000));
+  // ---- answer-index (end)
 
   CLI11_PARSE(app, argc, argv);
   SetLogLevel(log_level);
@@ -933,7 +1104,15 @@ int main(int argc, char** argv) {
   if (bw_ins->parsed()) return RunBellowsInspect(bw_inspect);
   if (hl_serve->parsed()) return RunHiloServe(std::move(hl));  // hilo
   if (ans_serve->parsed()) return RunAnswer(std::move(ans));  // answer
-  if (hl_check->parsed()) return RunHiloCheck(hl);  // hilo
+  if (ans_index->parsed()) return RunAnswerIndex(aidx);  // answer-index
+  if (hl_check->parsed()) return RunHiloCheck(std::move(hl));  // hilo
+  if (hl_val->parsed()) return RunHiloValidate(std::move(hv));  // hilo
+  if (hl_fp->parsed()) {  // hilo
+    auto fp = hilo::ExecutableFingerprint();
+    if (!fp.ok()) return Fail(fp.status());
+    std::printf("%s\n", fp->c_str());
+    return 0;
+  }
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);
   if (kvs->parsed()) return RunKvstore(kv);

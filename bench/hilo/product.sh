@@ -3,7 +3,8 @@
 #   controller  keel hilo serve      (the catalog; pins need the admin token in $DIR/admin.token)
 #   vector      keel vector          (IVF index of the 10,000 SIFT base vectors, loaded at start)
 #   engines     keel serve x 2       (tier "large": en-dense6L.bin; tier "small": en-moe8x)
-#   gateway     keel gateway         (virtual model "answer" -> answer-large | answer-small by tier)
+#   gateway     keel gateway         (virtual model "answer" -> answer-large | answer-small by tier),
+#               with keel gateway-policy (one key for the answer service, a budget no run reaches)
 #   answer      keel answer serve    (the product's entry, OpenAI chat)
 # Every service follows the controller (--hilo) and reports its load to it.
 #
@@ -95,7 +96,7 @@ run controller hilo serve --catalog "$CATALOG" --port "$CTL_PORT" --admin-token-
 wait_http "$CTL/health" controller "$DIR/controller.log"
 
 rm -rf "$DIR/vector"
-run vector vector --dir "$DIR/vector" --port "$VEC_PORT" --index ivf --hilo "$CTL" --hilo-instance vector-0
+run vector vector --dir "$DIR/vector" --port "$VEC_PORT" --index ivf-flat --hilo "$CTL" --hilo-instance vector-0
 wait_http "http://127.0.0.1:$VEC_PORT/healthz" vector "$DIR/vector.log"
 "$KEEL" answer index --vector "http://127.0.0.1:$VEC_PORT" --bvecs "$DATA/vectors/bigann10k_base.bvecs" >"$DIR/index.log" 2>&1 \
   || { echo "product: loading the vectors failed:" >&2; tail -5 "$DIR/index.log" >&2; exit 1; }
@@ -109,9 +110,26 @@ wait_http "http://127.0.0.1:$ENG_S_PORT/healthz" engine-small "$DIR/engine-small
 MODEL_L=$(curl -sf "http://127.0.0.1:$ENG_L_PORT/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
 MODEL_S=$(curl -sf "http://127.0.0.1:$ENG_S_PORT/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
 
+# The gateway's governance: a policy service with one key for the answer service (team "product",
+# a budget far above any run, models "answer*" allowed).
+head -c 32 /dev/urandom | base64 >"$DIR/policy-admin.key"
+chmod 600 "$DIR/policy-admin.key"
+rm -f "$DIR/policy.db" "$DIR/policy.sock"
+run gateway-policy gateway-policy --socket "$DIR/policy.sock" --db "$DIR/policy.db" --admin-key-file "$DIR/policy-admin.key"
+for _ in $(seq 1 100); do [ -S "$DIR/policy.sock" ] && break; sleep 0.1; done
+ADMIN="Authorization: Bearer $(cat "$DIR/policy-admin.key")"
+admin() { curl -sf --unix-socket "$DIR/policy.sock" -H "$ADMIN" "$@"; }
+admin -X POST http://x/admin/keys -d '{"principal":"answer","team":"product"}' \
+  | sed -n 's/.*"api_key":"\([^"]*\)".*/\1/p' >"$DIR/gateway.key"
+[ -s "$DIR/gateway.key" ] || { echo "product: could not create a gateway key" >&2; tail -5 "$DIR/gateway-policy.log" >&2; exit 1; }
+chmod 600 "$DIR/gateway.key"
+admin -X PUT http://x/admin/budgets -d '{"scope":"team","subject":"product","window":"daily","limit_tokens":1000000000000,"limit_cost":1000000}' >/dev/null
+admin -X PUT http://x/admin/policies -d '{"team":"product","allowed_models":["answer*"]}' >/dev/null
+
 cat >"$DIR/gateway.json" <<JSON
 {
   "listen": {"host": "127.0.0.1", "port": $GW_PORT},
+  "policy": {"socket": "$DIR/policy.sock"},
   "upstreams": [
     {"name": "large", "format": "keel", "base_url": "http://127.0.0.1:$ENG_L_PORT", "timeout_s": 120},
     {"name": "small", "format": "keel", "base_url": "http://127.0.0.1:$ENG_S_PORT", "timeout_s": 120}
@@ -130,7 +148,7 @@ run gateway gateway --config "$DIR/gateway.json"
 wait_http "http://127.0.0.1:$GW_PORT/healthz" gateway "$DIR/gateway.log"
 
 run answer answer serve --port "$ANS_PORT" --vector "http://127.0.0.1:$VEC_PORT" --gateway "http://127.0.0.1:$GW_PORT" \
-  --model answer --corpus "$DATA/text/val.txt" --max-inflight "${ANSWER_MAX_INFLIGHT:-64}" --hilo "$CTL" --hilo-instance answer-0
+  --model answer --gateway-key-file "$DIR/gateway.key" --corpus "$DATA/text/val.txt" --max-inflight "${ANSWER_MAX_INFLIGHT:-64}" --hilo "$CTL" --hilo-instance answer-0
 wait_http "http://127.0.0.1:$ANS_PORT/healthz" answer "$DIR/answer.log"
 
 cat >"$DIR/env" <<ENV

@@ -283,7 +283,15 @@ Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, cons
     }
     out.push_back(std::move(*m));
   }
-  if (Status u = Pin(cl, ""); !u.ok() && failure.ok()) failure = u;
+  // Unpin. A controller started pinned on an unvalidated catalog refuses (it decides from figures it
+  // does not have): leave it pinned to the first state, the product's full quality, and say so.
+  if (Status u = Pin(cl, ""); !u.ok()) {
+    const std::string first = catalog.states.front().name;
+    if (Status p = Pin(cl, first); !p.ok() && failure.ok()) failure = p;
+    Log().warn("validate: the controller cannot be unpinned ({}); it stays pinned to '{}': restart it with the "
+               "validated catalog",
+               u.message(), first);
+  }
   if (!failure.ok()) return failure;
   return out;
 }

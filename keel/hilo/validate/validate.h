@@ -75,7 +75,8 @@ struct StateMeasurement {
 };
 
 // Runs steps 1-3 for every state of `catalog` (the controller's catalog: same states and levels)
-// and unpins at the end (also on error). Errors name the state and what failed (a service that
+// and unpins at the end (also on error); a controller that cannot be unpinned (started pinned on
+// this unvalidated catalog) is left pinned to the first state. Errors name the state and what failed (a service that
 // never applied the state, the controller refusing the pin, the reference replay failing).
 Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, const ValidateOptions& options);
 
