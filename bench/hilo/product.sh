@@ -8,12 +8,13 @@
 #   answer      keel answer serve    (the product's entry, OpenAI chat)
 # Every service follows the controller (--hilo) and reports its load to it.
 #
-#   bench/hilo/product.sh start DIR CATALOG [--pin STATE] [--allow-unvalidated]
+#   bench/hilo/product.sh start DIR CATALOG [--pin STATE] [--allow-unvalidated] [--policy hilo|per-service]
 #   bench/hilo/product.sh stop DIR
 # `start` writes DIR/env (URLs, ports, pids) for the scripts that drive the product
 # (bench/hilo/validate.sh, bench/hilo/live.sh) and logs to DIR/*.log. Knobs (environment): BUILD
 # (default build), PORT_BASE (17500), KEEL_SHARED (default ../shared), ENGINE_MAX_RUNNING (8),
-# ANSWER_MAX_INFLIGHT (64), VECTOR_LISTS (64: IVF lists of the 10k index).
+# ANSWER_MAX_INFLIGHT (64), ANSWER_GATEWAY_TIMEOUT_MS (5000: the answer service gives up on the
+# gateway after this, which cancels the generation, so abandoned requests do not pile up downstream).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -65,6 +66,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --pin) CTL_FLAGS+=(--pin "$2"); shift 2 ;;
     --allow-unvalidated) CTL_FLAGS+=(--allow-unvalidated); shift ;;
+    --policy) CTL_FLAGS+=(--policy "$2"); shift 2 ;;  # keel hilo serve --policy hilo|per-service
     *) usage ;;
   esac
 done
@@ -148,7 +150,8 @@ run gateway gateway --config "$DIR/gateway.json"
 wait_http "http://127.0.0.1:$GW_PORT/healthz" gateway "$DIR/gateway.log"
 
 run answer answer serve --port "$ANS_PORT" --vector "http://127.0.0.1:$VEC_PORT" --gateway "http://127.0.0.1:$GW_PORT" \
-  --model answer --gateway-key-file "$DIR/gateway.key" --corpus "$DATA/text/val.txt" --max-inflight "${ANSWER_MAX_INFLIGHT:-64}" --hilo "$CTL" --hilo-instance answer-0
+  --model answer --gateway-key-file "$DIR/gateway.key" --corpus "$DATA/text/val.txt" --max-inflight "${ANSWER_MAX_INFLIGHT:-64}" \
+  --gateway-timeout-ms "${ANSWER_GATEWAY_TIMEOUT_MS:-5000}" --hilo "$CTL" --hilo-instance answer-0
 wait_http "http://127.0.0.1:$ANS_PORT/healthz" answer "$DIR/answer.log"
 
 cat >"$DIR/env" <<ENV

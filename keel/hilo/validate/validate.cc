@@ -64,6 +64,7 @@ Status Pin(Clients& cl, const std::string& state) {
 
 // Per service: the fresh instances and the states they report.
 struct ServiceView {
+  int64_t busy = 0;  // in_flight + queue_depth over the fresh instances
   int fresh = 0;
   int applied = 0;  // fresh instances reporting the wanted state
   std::vector<std::string> states;
@@ -85,6 +86,7 @@ Result<std::array<ServiceView, kNumServices>> ReadServices(Clients& cl, const st
     if (applied == wanted) ++v.applied;
     v.states.push_back(e.value("instance", std::string()) + "=" + (applied.empty() ? "(none)" : applied));
     v.max_utilisation = std::max(v.max_utilisation, e.value("utilisation", 0.0));
+    v.busy += e.value("in_flight", int64_t{0}) + e.value("queue_depth", int64_t{0});
   }
   return out;
 }
@@ -114,7 +116,28 @@ Status WaitApplied(Clients& cl, const std::string& state, int timeout_ms) {
                                          state, timeout_ms, missing));
 }
 
+// Waits until no service reports work in flight or queued (two report rounds in a row), so a step
+// does not inherit the backlog of an overloaded one before it: requests whose clients gave up may
+// still run downstream. Gives up after settle_timeout_ms and says so (the step then runs anyway).
+void Settle(Clients& cl, const ValidateOptions& o, const std::string& state) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.settle_timeout_ms);
+  int quiet = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    auto views = ReadServices(cl, state);
+    int64_t busy = 0;
+    if (views.ok()) {
+      for (const ServiceView& v : *views) busy += v.busy;
+    }
+    quiet = views.ok() && busy == 0 ? quiet + 1 : 0;
+    if (quiet >= 2) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  Log().warn("validate: [{}] the product still reports work in flight after {} ms; measuring anyway", state,
+             o.settle_timeout_ms);
+}
+
 RampStep RunStep(Clients& cl, const ValidateOptions& o, double rate, const std::string& state) {
+  Settle(cl, o, state);
   RampStep step;
   step.rate = rate;
   Trace flat;

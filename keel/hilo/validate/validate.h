@@ -12,7 +12,9 @@
 //   3. capacity: an open-loop ramp of Poisson arrivals (keel/hilo/loadgen.h), step_s per step at
 //      start_rate x growth^k, until a step fails the product SLO (p99 over slo_ms, or more than
 //      max_error_fraction of answers not 200); then `refine_steps` bisections between the last
-//      passing and the first failing rate. The capacity is the highest passing rate.
+//      passing and the first failing rate. The capacity is the highest passing rate. Before each
+//      step the product must settle (no service reports work in flight or queued), so a step does
+//      not inherit an overloaded step's backlog.
 // Per-service capacity: every request passes every service once (vector is skipped with retrieval
 // off), so each service's demand equals the product's and the product's capacity is recorded for
 // every service. A service that is not the bottleneck may sustain more; the ramp cannot see that
@@ -50,6 +52,7 @@ struct ValidateOptions {
   double step_s = 10;                // seconds per step
   int refine_steps = 2;              // bisections after the first failing step
   int apply_timeout_ms = 30000;      // wait this long for every service to apply a pinned state
+  int settle_timeout_ms = 60000;     // before each step, wait this long at most for no work in flight
   int workers = 256;                 // open-loop generator threads
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // one line per step; null = log
