@@ -65,6 +65,10 @@ Result<std::unique_ptr<AgentClient>> AgentClient::Create(Catalog catalog, Contro
   if (options.wait_ms < 0 || options.slack_ms < 1 || options.retry_ms < 1 || options.report_timeout_ms < 1) {
     return Status::InvalidArgument("agent client: wait_ms >= 0 and slack_ms, retry_ms, report_timeout_ms >= 1");
   }
+  if (!options.service.empty() && !ServiceFromName(options.service)) {
+    return Status::InvalidArgument("agent client: service '" + options.service.substr(0, 64) +
+                                   "' is not one of answer, vector, engine, gateway");
+  }
   if (!options.clock) options.clock = SystemNowMs;
   KEEL_ASSIGN_OR_RETURN(StateAgent agent, StateAgent::Create(std::move(catalog), options.agent));
   return std::unique_ptr<AgentClient>(new AgentClient(std::move(agent), std::move(call), std::move(options)));
@@ -104,7 +108,8 @@ Status AgentClient::PollOnce() {
     std::lock_guard<std::mutex> lock(mu_);
     known = agent_.version();
   }
-  const std::string target = "/v1/state?version=" + std::to_string(known) + "&wait_ms=" + std::to_string(opt_.wait_ms);
+  std::string target = "/v1/state?version=" + std::to_string(known) + "&wait_ms=" + std::to_string(opt_.wait_ms);
+  if (!opt_.service.empty()) target += "&service=" + opt_.service;  // a checked name: nothing to escape
   KEEL_ASSIGN_OR_RETURN(ControllerReply reply, call_("GET", target, "", "", DeadlineIn(opt_.wait_ms + opt_.slack_ms)));
   if (reply.status != 200) {
     return Status::Unavailable("controller answered " + std::to_string(reply.status) + " to GET /v1/state");

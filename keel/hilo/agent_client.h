@@ -56,6 +56,11 @@ Result<ControllerCall> HttpControllerCallForUrl(std::string_view url,
 
 struct AgentClientOptions {
   AgentOptions agent;
+  // The service this client follows for ("answer", "vector", "engine", "gateway"), sent as
+  // `service=` on every poll: a controller under the per-service policy answers that service's own
+  // level (and refuses a poll without it); one under the hilo policy ignores it. "" = not sent.
+  // ServiceLink always sets it.
+  std::string service;
   // Long-poll wait asked of the controller (<= its max_wait_ms). Short: Stop() waits for the poll
   // in flight, and each answer is a heartbeat, so under the agent's hold_s the agent never counts a
   // healthy controller as lost. One request a second per instance costs the controller nothing.

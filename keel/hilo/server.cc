@@ -56,12 +56,17 @@ bool SameHash(const Hash128& a, const Hash128& b) {
 
 }  // namespace
 
+std::string_view StatePolicyName(StatePolicy p) { return p == StatePolicy::kHilo ? "hilo" : "per_service"; }
+
 Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catalog, ControllerServerOptions options) {
   if (options.decide_interval_ms < 10 || options.decide_interval_ms > 60000) {
     return Status::InvalidArgument("decide_interval_ms: expected 10..60000");
   }
   if (options.max_wait_ms < 0 || options.max_wait_ms > 300000) return Status::InvalidArgument("max_wait_ms: expected 0..300000");
   if (options.max_waiters < 1 || options.max_waiters > 10000) return Status::InvalidArgument("max_waiters: expected 1..10000");
+  if (options.policy != StatePolicy::kHilo && options.policy != StatePolicy::kPerService) {
+    return Status::InvalidArgument("policy: expected hilo or per_service");
+  }
   if (!options.clock) options.clock = SystemNowMs;
   const int64_t now_s = options.clock() / 1000;
   if (Status s = CheckUsable(catalog, options.fingerprint, now_s, options.max_age_s); !s.ok()) {
@@ -75,6 +80,20 @@ Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catal
   server->controller_.emplace(std::move(c));
   const Catalog& cat = server->controller_->catalog();
   server->reason_ = "initial state";
+  if (server->opt_.policy == StatePolicy::kPerService) {
+    for (Service s : kAllServices) {
+      const int i = static_cast<int>(s);
+      auto p = ServicePolicy::Create(static_cast<int>(cat.states.size()), server->opt_.per_service[i]);
+      if (!p.ok()) return Status::InvalidArgument("per_service." + std::string(ServiceName(s)) + ": " + p.status().message());
+      server->policies_.push_back(std::move(*p));
+      server->policy_reason_[i] = "initial level";
+      server->svc_index_[i] = server->ServiceIndexLocked(s);
+      server->svc_reason_[i] = server->opt_.pin.empty() ? "initial level" : "pinned to '" + server->opt_.pin + "'";
+      server->service_level_->WithLabels({std::string(ServiceName(s))}).Set(server->svc_index_[i]);
+    }
+    Log().warn("hilo: per-service policy (the evaluation's baseline): each service is answered its own level, "
+               "from its own reports only; the product state below is computed, not pushed");
+  }
   if (!server->opt_.admin_token.empty()) {
     server->admin_hash_ = Xxh3_128(server->opt_.admin_token);
     server->admin_enabled_ = true;
@@ -96,6 +115,13 @@ ControllerServer::ControllerServer(ControllerServerOptions options) : opt_(std::
   skew_ = &metrics_.AddGauge("keel_hilo_report_skew_ms", "Receive time minus the report's own unix_ms, last report.", {"service"});
   version_gauge_ = &metrics_.AddGauge("keel_hilo_version", "Version of the current product state.").Get();
   waiters_gauge_ = &metrics_.AddGauge("keel_hilo_waiters", "Long-polls waiting now.").Get();
+  if (opt_.policy == StatePolicy::kPerService) {
+    service_level_ = &metrics_.AddGauge("keel_hilo_service_level",
+                                        "Per-service policy: the catalog index each service is answered (its own level, or the pin).",
+                                        {"service"});
+    service_transitions_ = &metrics_.AddCounter("keel_hilo_service_transitions_total",
+                                                "Per-service policy: changes of the index a service is answered.", {"service"});
+  }
 }
 
 ControllerServer::~ControllerServer() { Stop(); }
@@ -111,6 +137,7 @@ Status ControllerServer::Start() {
     // (unless the clock stepped back by more than the changes it made).
     version_ = Now();
     version_gauge_->Set(static_cast<double>(version_));
+    svc_version_.fill(version_);
   }
   HttpRouter router(ErrorBody);
   auto counted = [this](std::string route, void (ControllerServer::*fn)(const HttpRequest&, HttpResponder&)) {
@@ -136,6 +163,7 @@ Status ControllerServer::Start() {
     nlohmann::ordered_json j;
     j["status"] = "ok";
     j["binaries"] = opt_.fingerprint;
+    j["policy"] = StatePolicyName(opt_.policy);
     r.Send(200, "application/json", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
   });
   HandleHealthAndMetrics(router, metrics_);
@@ -177,6 +205,44 @@ std::string ControllerServer::state() const {
   return controller_->catalog().states[controller_->current()].name;
 }
 
+int ControllerServer::service_index(Service s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return opt_.policy == StatePolicy::kPerService ? svc_index_[static_cast<int>(s)] : controller_->current();
+}
+
+int64_t ControllerServer::service_version(Service s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return opt_.policy == StatePolicy::kPerService ? svc_version_[static_cast<int>(s)] : version_;
+}
+
+int ControllerServer::ServiceIndexLocked(Service s) const {
+  const std::string pinned = controller_->pinned();
+  if (!pinned.empty()) return controller_->catalog().IndexOf(pinned);
+  return policies_[static_cast<size_t>(s)].level();
+}
+
+std::vector<std::string> ControllerServer::RefreshServicesLocked(int64_t now) {
+  std::vector<std::string> lines;
+  if (opt_.policy != StatePolicy::kPerService) return lines;
+  const Catalog& c = controller_->catalog();
+  const std::string pinned = controller_->pinned();
+  for (Service s : kAllServices) {
+    const int i = static_cast<int>(s);
+    const int want = ServiceIndexLocked(s);
+    if (want == svc_index_[i]) continue;
+    const std::string name(ServiceName(s));
+    lines.push_back("hilo per-service: " + name + " -> '" + c.states[want].name + "' (index " + std::to_string(want) +
+                    ", was '" + c.states[svc_index_[i]].name + "'): " +
+                    (pinned.empty() ? policy_reason_[i] : "pinned to '" + pinned + "'"));
+    svc_index_[i] = want;
+    svc_reason_[i] = pinned.empty() ? policy_reason_[i] : "pinned to '" + pinned + "'";
+    svc_version_[i] = std::max(svc_version_[i] + 1, now);
+    service_level_->WithLabels({name}).Set(want);
+    service_transitions_->WithLabels({name}).Inc();
+  }
+  return lines;
+}
+
 Decision ControllerServer::DecideNow() {
   const int64_t now = Now();
   Decision d;
@@ -194,17 +260,26 @@ Decision ControllerServer::DecideNow() {
     version_gauge_->Set(static_cast<double>(version_));
   }
   changed_.notify_all();
-  Log().info("hilo: state -> '{}' (index {}): {}", d.state, d.index, d.reason);
+  if (opt_.policy == StatePolicy::kPerService) {
+    Log().info("hilo: product state (computed, not pushed: per-service policy) -> '{}' (index {}): {}", d.state, d.index,
+               d.reason);
+  } else {
+    Log().info("hilo: state -> '{}' (index {}): {}", d.state, d.index, d.reason);
+  }
   return d;
 }
 
 Status ControllerServer::Pin(std::string_view state) {
+  std::vector<std::string> lines;
   {
     std::lock_guard<std::mutex> lock(mu_);
     KEEL_RETURN_IF_ERROR(controller_->Pin(state));
+    lines = RefreshServicesLocked(Now());
   }
+  if (!lines.empty()) changed_.notify_all();
   if (state.empty()) Log().warn("hilo: product unpinned");
   else Log().warn("hilo: product pinned to '{}'", state);
+  for (const std::string& l : lines) Log().info("{}", l);
   DecideNow();
   return Status::Ok();
 }
@@ -229,13 +304,23 @@ void ControllerServer::HandleReport(const HttpRequest& req, HttpResponder& r) {
   const int64_t now = Now();
   const int64_t reported_ms = report->unix_ms;
   report->unix_ms = now;  // freshness by our clock, not the service's
+  std::vector<std::string> lines;
   {
     std::lock_guard<std::mutex> lock(mu_);
     controller_->Observe(*report);
     std::erase_if(instances_, [&](const auto& kv) { return now - kv.second.unix_ms > kForgetMs; });
     auto key = std::make_pair(static_cast<int>(report->service), report->instance);
     if (instances_.size() < kMaxInstances || instances_.count(key)) instances_[std::move(key)] = *report;
+    if (opt_.policy == StatePolicy::kPerService) {
+      // Only this service's own report moves its level: the baseline has no view of the product.
+      const auto i = static_cast<size_t>(report->service);
+      const ServiceStep step = policies_[i].Observe(*report, now);
+      if (step.changed) policy_reason_[i] = step.reason;
+      lines = RefreshServicesLocked(now);
+    }
   }
+  if (!lines.empty()) changed_.notify_all();
+  for (const std::string& l : lines) Log().info("{}", l);
   const std::string service(ServiceName(report->service));
   reports_->WithLabels({service}).Inc();
   skew_->WithLabels({service}).Set(static_cast<double>(now - reported_ms));
@@ -314,6 +399,20 @@ std::string ControllerServer::StateBody() const {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
+std::string ControllerServer::ServiceStateBody(Service s) const {
+  const Catalog& c = controller_->catalog();
+  const int i = svc_index_[static_cast<int>(s)];
+  nlohmann::ordered_json j;
+  j["version"] = svc_version_[static_cast<int>(s)];
+  j["state"] = c.states[i].name;
+  j["index"] = i;
+  j["levels"] = nlohmann::ordered_json::parse(WriteLevels(c.states[i]));
+  j["reason"] = svc_reason_[static_cast<int>(s)];
+  j["pinned"] = !controller_->pinned().empty();
+  j["service"] = ServiceName(s);
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 void ControllerServer::HandleState(const HttpRequest& req, HttpResponder& r) {
   auto known = IntParam(req.query, "version", -1);
   auto wait = IntParam(req.query, "wait_ms", 0);
@@ -321,9 +420,30 @@ void ControllerServer::HandleState(const HttpRequest& req, HttpResponder& r) {
     r.Send(400, "application/json", ErrorBody(400, (!known.ok() ? known.status() : wait.status()).message()));
     return;
   }
+  // Under kHilo `service` is ignored (every service gets the product state); under kPerService it
+  // picks whose own level is answered.
+  std::optional<Service> service;
+  if (opt_.policy == StatePolicy::kPerService) {
+    const auto name = QueryParam(req.query, "service");
+    if (!name || name->empty()) {
+      r.Send(400, "application/json",
+             ErrorBody(400, "service: required under the per_service policy (GET /v1/state?service=NAME)"));
+      return;
+    }
+    service = ServiceFromName(*name);
+    if (!service) {
+      r.Send(400, "application/json",
+             ErrorBody(400, "service: unknown service '" + std::string(name->substr(0, 64)) +
+                                "' (expected answer, vector, engine or gateway)"));
+      return;
+    }
+  }
   const int64_t wait_ms = std::min<int64_t>(*wait, opt_.max_wait_ms);
+  // The version the caller is compared with: its service's own under kPerService, so another
+  // service's change does not wake it.
+  auto current = [&] { return service ? svc_version_[static_cast<int>(*service)] : version_; };
   std::unique_lock<std::mutex> lock(mu_);
-  if (version_ == *known && wait_ms > 0 && !stopping_) {
+  if (current() == *known && wait_ms > 0 && !stopping_) {
     if (waiters_ >= opt_.max_waiters) {
       lock.unlock();
       r.Send(503, "application/json", ErrorBody(503, "too many long-polls waiting; retry"), {{"Retry-After", "1"}});
@@ -333,9 +453,9 @@ void ControllerServer::HandleState(const HttpRequest& req, HttpResponder& r) {
     waiters_gauge_->Set(waiters_);
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
     // Wake in slices to notice a client that went away: its thread is returned to the pool.
-    while (version_ == *known && !stopping_ && std::chrono::steady_clock::now() < until) {
+    while (current() == *known && !stopping_ && std::chrono::steady_clock::now() < until) {
       changed_.wait_until(lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(500)));
-      if (version_ != *known || stopping_) break;
+      if (current() != *known || stopping_) break;
       lock.unlock();
       const bool gone = r.ClientGone();
       lock.lock();
@@ -344,7 +464,7 @@ void ControllerServer::HandleState(const HttpRequest& req, HttpResponder& r) {
     --waiters_;
     waiters_gauge_->Set(waiters_);
   }
-  std::string body = StateBody();
+  std::string body = service ? ServiceStateBody(*service) : StateBody();
   lock.unlock();
   r.Send(200, "application/json", std::move(body));
 }

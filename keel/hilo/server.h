@@ -7,10 +7,12 @@
 //                     field on bad input). Freshness is stamped with the server's receive time, so
 //                     a service whose clock is skewed cannot make its reports stale or eternal; the
 //                     report's own unix_ms only feeds keel_hilo_report_skew_ms.
-//   GET /v1/state?version=N&wait_ms=T
-//                     {version, state, index, levels, reason}: at once when the current version is
-//                     not N (or N is absent), else after the next change or T ms (clamped to
-//                     max_wait_ms), whichever is first.
+//   GET /v1/state?version=N&wait_ms=T[&service=NAME]
+//                     {version, state, index, levels, reason, pinned}: at once when the current
+//                     version is not N (or N is absent), else after the next change or T ms
+//                     (clamped to max_wait_ms), whichever is first. `service` is ignored under the
+//                     hilo policy; under per_service it is required (400 naming it otherwise) and
+//                     the answer is that service's own state (+ "service"), see below.
 //   GET /v1/catalog   the catalog (WriteCatalog).   GET /health, /healthz, /metrics.
 //   GET /v1/services  every instance heard from in the last minute: its latest report and age
 //                     ({"services":[{service, instance, applied_state, ..., age_ms}]}), so a tool
@@ -26,9 +28,20 @@
 // Versions start at the start time in unix ms and each change sets max(version + 1, now_ms), so
 // they grow across restarts, as StateAgent requires.
 //
+// Policies. kHilo (default): the Controller picks one product state and every service is answered
+// it. kPerService: the per-service baseline of the evaluation (baseline.h): each service's reports
+// feed that service's own ServicePolicy, and GET /v1/state?service=S answers the catalog state at
+// S's own level (S applies only its own level of it). The product Controller still runs, for
+// keel_hilo_state/transitions and /v1/services, but nothing pushes its state. Each service has its
+// own version (same numbering rule), bumped only when that service's answer changes, so a service's
+// long-poll is not woken by another's change. A pin (--pin, POST /v1/pin) beats both policies:
+// while pinned every service is answered the pinned state. The per-service levels live in this
+// process only for convenience; each depends on its own service's reports alone.
+//
 // Thread safety: Start and Stop from one owner thread; accessors from any thread.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -38,16 +51,22 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "keel/core/hash.h"
 #include "keel/core/http_server.h"
 #include "keel/core/metrics.h"
 #include "keel/core/status.h"
+#include "keel/hilo/baseline.h"
 #include "keel/hilo/catalog.h"
 #include "keel/hilo/controller.h"
 #include "keel/hilo/report.h"
 
 namespace keel::hilo {
+
+enum class StatePolicy { kHilo, kPerService };
+// "hilo", "per_service".
+std::string_view StatePolicyName(StatePolicy p);
 
 struct ControllerServerOptions {
   std::string host = "127.0.0.1";
@@ -59,6 +78,9 @@ struct ControllerServerOptions {
   int max_wait_ms = 30000;             // long-poll cap, 0..300000
   int max_waiters = 128;               // long-polls waiting at once, 1..10000
   ControllerOptions controller;
+  StatePolicy policy = StatePolicy::kHilo;
+  // kPerService only: each service's ServicePolicy options (e.g. a p99 bound for one service).
+  std::array<ServicePolicyOptions, kNumServices> per_service;
   // Enables POST /v1/pin for a client presenting `Authorization: Bearer <admin_token>` (only a
   // hash is kept). Empty: pinning over HTTP is refused (403); Pin() still works in-process.
   std::string admin_token;
@@ -74,7 +96,8 @@ class ControllerServer {
  public:
   static constexpr int kSpareHandlers = 16;  // handler threads beyond max_waiters
 
-  // Checks the options, CheckUsable (unless allow_unvalidated) and Controller::Create.
+  // Checks the options (per_service ones too), CheckUsable (unless allow_unvalidated) and
+  // Controller::Create.
   // InvalidArgument saying why the catalog or options cannot be used.
   static Result<std::unique_ptr<ControllerServer>> Create(Catalog catalog, ControllerServerOptions options);
   ~ControllerServer();  // Stop()
@@ -88,8 +111,13 @@ class ControllerServer {
   void Stop();
 
   int port() const { return http_ ? http_->port() : 0; }
-  int64_t version() const;
-  std::string state() const;
+  int64_t version() const;  // the product state's version
+  std::string state() const;  // the product state (under kPerService: computed, not pushed)
+  StatePolicy policy() const { return opt_.policy; }
+  // kPerService: the catalog index `s` is answered now (its own level, or the pin) and its version.
+  // Under kHilo: the product's index and version.
+  int service_index(Service s) const;
+  int64_t service_version(Service s) const;
   // Runs one decision now (what the loop does every decide_interval_ms). For tests and tools.
   Decision DecideNow();
   // Pins (or with "" unpins) the product state and decides at once; see Controller::Pin.
@@ -104,6 +132,12 @@ class ControllerServer {
   void HandlePin(const HttpRequest& req, HttpResponder& r);
   void HandleServices(const HttpRequest& req, HttpResponder& r);
   std::string StateBody() const;  // under mu_
+  // Under mu_, kPerService: `s`'s answer. Its index: the pin if pinned, else its own level.
+  std::string ServiceStateBody(Service s) const;
+  int ServiceIndexLocked(Service s) const;
+  // Under mu_, kPerService: bumps the version of every service whose index changed since it was
+  // last answered; returns a log line per change (logged by the caller outside the lock).
+  std::vector<std::string> RefreshServicesLocked(int64_t now);
 
   ControllerServerOptions opt_;
   MetricsRegistry metrics_;
@@ -123,6 +157,12 @@ class ControllerServer {
   bool stopping_ = false;
   bool started_ = false;
   std::thread loop_;
+  // kPerService (empty under kHilo), indexed by Service.
+  std::vector<ServicePolicy> policies_;
+  std::array<int64_t, kNumServices> svc_version_{};
+  std::array<int, kNumServices> svc_index_{};         // the index each service is answered
+  std::array<std::string, kNumServices> svc_reason_;  // why it is at that index
+  std::array<std::string, kNumServices> policy_reason_;  // the policy's last step's reason
 
   CounterFamily* requests_ = nullptr;
   CounterFamily* reports_ = nullptr;
@@ -132,6 +172,8 @@ class ControllerServer {
   GaugeFamily* skew_ = nullptr;
   Gauge* version_gauge_ = nullptr;
   Gauge* waiters_gauge_ = nullptr;
+  GaugeFamily* service_level_ = nullptr;          // kPerService: keel_hilo_service_level{service}
+  CounterFamily* service_transitions_ = nullptr;  // kPerService: keel_hilo_service_transitions_total{service}
 };
 
 }  // namespace keel::hilo

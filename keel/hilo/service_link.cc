@@ -149,6 +149,7 @@ Result<std::unique_ptr<ServiceLink>> ServiceLink::Create(Catalog catalog, Contro
   KEEL_RETURN_IF_ERROR(PrepareOptions(options));
   std::unique_ptr<ServiceLink> link(new ServiceLink(catalog, std::move(options)));
   AgentClientOptions co = link->opt_.client;
+  co.service = std::string(ServiceName(link->opt_.service));  // a per-service controller answers its own level
   ServiceLink* self = link.get();
   // The client lives inside the link and is stopped before the link dies, so `self` outlives
   // every call of this callback.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "keel/core/status.h"
+#include "keel/hilo/baseline.h"
 #include "keel/hilo/catalog.h"
 #include "keel/hilo/controller.h"
 #include "keel/hilo/trace.h"
@@ -35,12 +36,8 @@ enum class Policy { kHilo, kBaseline };
 // "hilo", "baseline".
 std::string_view PolicyName(Policy p);
 
-struct BaselineOptions {
-  double degrade_queue_ms = 20;  // DAGOR's default queueing-delay threshold
-  double recover_queue_ms = 5;
-  double recover_dwell_s = 10;
-  double min_dwell_s = 5;
-};
+// BaselineOptions (the baseline's thresholds and dwells) live in baseline.h, shared with the live
+// per-service policy.
 
 struct SimOptions {
   double baseline_rate = 50;  // req/s at scale 1, the trace's 1x
