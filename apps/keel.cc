@@ -27,6 +27,7 @@
 #include "keel/hilo/fingerprint.h"  // hilo
 #include "keel/hilo/server.h"  // hilo
 #include "keel/hilo/validate/validate.h"  // hilo
+#include "keel/hilo/validate/replay_live.h"  // hilo-replay
 #include "keel/core/http_client.h"  // hilo
 #include <nlohmann/json.hpp>  // hilo
 #include "keel/kv/bellows/calibration.h"
@@ -779,6 +780,92 @@ int RunAnswer(AnswerArgs a) {
 }
 // ---- answer (end)
 
+// ---- hilo-replay (begin): `keel hilo replay` replays a surge trace live (keel/hilo/validate/replay_live.h)
+struct HiloReplayArgs {
+  std::string write_references;  // the references run: write the full state's answers here
+  std::string references;        // the surge run: read them from here
+  std::string trace;
+  std::string trace_csv;
+  std::string out_csv;
+  std::string label;
+  std::string corpus;
+  std::string vectors;
+  int queries = 100;
+  uint64_t trace_seed = 1;
+  hilo::LiveOptions o;
+};
+
+int RunHiloReplay(HiloReplayArgs a) {
+  auto corpus_path = SharedDefault(a.corpus, "data/text/val.txt", "--corpus");
+  auto vectors_dir = SharedDefault(a.vectors, "data/vectors", "--vectors");
+  if (!corpus_path.ok()) return Fail(corpus_path.status());
+  if (!vectors_dir.ok()) return Fail(vectors_dir.status());
+  auto corpus = answer::Corpus::Load(*corpus_path);
+  if (!corpus.ok()) return Fail(corpus.status());
+  auto eval = answer::LoadEvalSet(*vectors_dir, *corpus);
+  if (!eval.ok()) return Fail(eval.status());
+  if (static_cast<size_t>(a.queries) < eval->size()) eval->resize(static_cast<size_t>(a.queries));
+
+  if (!a.write_references.empty()) {
+    // The product should be pinned to its full state: check every answer ran in the catalog's
+    // first state when the controller is known.
+    std::string full;
+    if (!a.o.controller_url.empty()) {
+      auto ep = ParseHttpUrl(a.o.controller_url);
+      if (!ep.ok()) return Fail(ep.status());
+      HttpClient controller(*ep);
+      auto cr = controller.Call("GET", "/v1/catalog", "", "", DeadlineIn(10000));
+      if (!cr.ok()) return Fail(cr.status());
+      auto cat = hilo::ParseCatalog(cr->body);
+      if (!cat.ok()) return Fail(cat.status());
+      full = cat->states.front().name;
+    }
+    double fq = 0;
+    auto text = hilo::WriteReferences(a.o.answer_url, *eval, a.o.replay, full, 3, &fq);
+    if (!text.ok()) return Fail(text.status());
+    if (Status s = WriteFileAtomic(a.write_references, *text); !s.ok()) return Fail(s);
+    std::printf("{\"references\":\"%s\",\"queries\":%zu,\"full_quality\":%.4f}\n", a.write_references.c_str(),
+                eval->size(), fq);
+    return 0;
+  }
+
+  if (a.references.empty()) return Fail(Status::InvalidArgument("--references F is required (write it with --write-references F)"));
+  if (a.trace.empty() == a.trace_csv.empty()) return Fail(Status::InvalidArgument("give exactly one of --trace NAME and --trace-csv F"));
+  if (!a.trace.empty()) {
+    std::vector<hilo::Trace> all = hilo::SurgeTraces(a.trace_seed);
+    all.push_back(hilo::Surge3x());
+    std::string names;
+    for (hilo::Trace& t : all) {
+      names += (names.empty() ? "" : ", ") + t.name;
+      if (t.name == a.trace) a.o.trace = std::move(t);
+    }
+    if (a.o.trace.name.empty()) return Fail(Status::InvalidArgument("--trace: unknown trace '" + a.trace + "' (one of " + names + ")"));
+  } else {
+    auto text = ReadFileToString(a.trace_csv);
+    if (!text.ok()) return Fail(text.status());
+    auto t = hilo::ParseCsvTrace(*text, a.trace_csv, a.o.baseline_rate);
+    if (!t.ok()) return Fail(t.status());
+    a.o.trace = std::move(*t);
+  }
+  auto ref_text = ReadFileToString(a.references);
+  if (!ref_text.ok()) return Fail(ref_text.status());
+  auto refs = hilo::ParseReferences(*ref_text, eval->size());
+  if (!refs.ok()) return Fail(Status::InvalidArgument(a.references + ": " + refs.status().message()));
+  a.o.eval = std::move(*eval);
+  a.o.references = std::move(*refs);
+  Log().info("replay: trace {} (peak {:.2f}x, {:.0f} s) at {} req/s x multiplier, time scale {} ({:.0f} s real), full quality {:.2f}",
+             a.o.trace.name, a.o.trace.Peak(), a.o.trace.duration_s, a.o.baseline_rate, a.o.time_scale,
+             a.o.trace.duration_s * a.o.time_scale, hilo::FullQuality(a.o.eval, a.o.references));
+  auto r = hilo::RunLiveReplay(a.o);
+  if (!r.ok()) return Fail(r.status());
+  if (!a.out_csv.empty()) {
+    if (Status s = WriteFileAtomic(a.out_csv, hilo::WriteLiveCsv(*r, a.o.window_s)); !s.ok()) return Fail(s);
+  }
+  std::printf("%s\n", hilo::WriteLiveSummaryJson(*r, a.label).c_str());
+  return 0;
+}
+// ---- hilo-replay (end)
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1031,6 +1118,7 @@ int main(int argc, char** argv) {
   hl_serve->add_flag("--allow-unvalidated", hl.o.allow_unvalidated, "development only: start despite a stale or foreign catalog (states still need figures)");
   hl_serve->add_option("--admin-token-file", hl.admin_token_file, "enables POST /v1/pin for clients presenting this token (first line, 16..256 printable bytes)")->check(CLI::ExistingFile);
   hl_serve->add_option("--pin", hl.o.pin, "start pinned to this state (the controller ignores load until unpinned)");
+  hl_serve->add_option("--policy", hl.o.policy, "hilo: one product state for every service (default). per-service: the evaluation's baseline (DAGOR-like): each service is answered its own level, stepped cheaper on its own overload (queueing estimate > 20 ms, utilisation >= 0.9) and back after 10 s calm; hosted here only for convenience, each level depends on that service's own reports alone (docs/hilo.md, \"Baseline, live\")")->transform(CLI::CheckedTransformer(std::map<std::string, hilo::StatePolicy>{{"hilo", hilo::StatePolicy::kHilo}, {"per-service", hilo::StatePolicy::kPerService}}));
   HiloValidateArgs hv;
   auto* hl_val = hilo_cmd->add_subcommand("validate", "Measure every state's quality and capacity through the running product and write them into the catalog (docs/hilo.md)");
   hl_val->add_option("--catalog", hv.catalog, "state catalog to measure (the controller's; figures may be absent)")->required()->check(CLI::ExistingFile);
@@ -1053,6 +1141,30 @@ int main(int argc, char** argv) {
   hl_val->add_option("--apply-timeout-ms", hv.o.apply_timeout_ms, "wait this long for every service to apply a pinned state")->capture_default_str()->check(CLI::Range(100, 600000));
   auto* hl_fp = hilo_cmd->add_subcommand("fingerprint", "Print this executable's fingerprint (what a validated catalog's \"binaries\" must equal)");
   // ---- hilo (end)
+  // ---- hilo-replay (begin)
+  HiloReplayArgs hr;
+  auto* hl_rep = hilo_cmd->add_subcommand("replay", "Replay a surge trace live through the product, scored against the full state's answers (references)");
+  hl_rep->add_option("--answer", hr.o.answer_url, "the product's entry: keel answer serve")->required();
+  hl_rep->add_option("--controller", hr.o.controller_url, "the controller: sample GET /v1/state and /v1/services each tick (and check references ran in the full state)");
+  hl_rep->add_option("--write-references", hr.write_references, "references run: ask every query once (product pinned to full) and write the answers here");
+  hl_rep->add_option("--references", hr.references, "surge run: the full state's answers (from --write-references)");
+  hl_rep->add_option("--trace", hr.trace, "step, ramp, spike, double_peak, sawtooth, slow_swell, flash_crowd, plateau_jitter, diurnal_bump or surge_3x");
+  hl_rep->add_option("--trace-csv", hr.trace_csv, "a t_s,rate CSV trace instead (rates / --baseline-rate are the multipliers)")->check(CLI::ExistingFile);
+  hl_rep->add_option("--trace-seed", hr.trace_seed, "seed of plateau_jitter's noise")->capture_default_str();
+  hl_rep->add_option("--baseline-rate", hr.o.baseline_rate, "req/s at the trace's 1x")->capture_default_str()->check(CLI::Range(0.001, 1e5));
+  hl_rep->add_option("--time-scale", hr.o.time_scale, "real seconds per trace second (< 1 replays faster)")->capture_default_str()->check(CLI::Range(0.001, 100.0));
+  hl_rep->add_option("--window-s", hr.o.window_s, "quality window, trace seconds")->capture_default_str()->check(CLI::Range(0.01, 3600.0));
+  hl_rep->add_option("--slo-ms", hr.o.slo_ms, "an answer slower than this scores 0 and counts as an SLO violation")->capture_default_str()->check(CLI::PositiveNumber);
+  hl_rep->add_option("--workers", hr.o.workers, "concurrent requests at most (more arrivals are dropped at the client and counted failed)")->capture_default_str()->check(CLI::Range(1, 4096));
+  hl_rep->add_option("--seed", hr.o.seed, "Poisson arrivals seed")->capture_default_str();
+  hl_rep->add_option("--out-csv", hr.out_csv, "per-window CSV (t_s, arrived, mean_quality, p99_ms, state, per-service levels)");
+  hl_rep->add_option("--label", hr.label, "added to the JSON summary (e.g. the policy)");
+  hl_rep->add_option("--corpus", hr.corpus, "corpus the answer service serves (default $KEEL_SHARED/data/text/val.txt)");
+  hl_rep->add_option("--vectors", hr.vectors, "directory of the SIFT query set and truth (default $KEEL_SHARED/data/vectors)");
+  hl_rep->add_option("--queries", hr.queries, "evaluation queries (the first N); requests cycle through them")->capture_default_str()->check(CLI::Range(1, 100000));
+  hl_rep->add_option("--model", hr.o.replay.model, "model asked for (\"\" = the answer service's default)");
+  hl_rep->add_option("--max-tokens", hr.o.replay.max_tokens, "max_tokens of every request")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  // ---- hilo-replay (end)
 
   // ---- answer (begin)
   AnswerArgs ans;
@@ -1107,6 +1219,7 @@ int main(int argc, char** argv) {
   if (ans_index->parsed()) return RunAnswerIndex(aidx);  // answer-index
   if (hl_check->parsed()) return RunHiloCheck(std::move(hl));  // hilo
   if (hl_val->parsed()) return RunHiloValidate(std::move(hv));  // hilo
+  if (hl_rep->parsed()) return RunHiloReplay(std::move(hr));  // hilo-replay
   if (hl_fp->parsed()) {  // hilo
     auto fp = hilo::ExecutableFingerprint();
     if (!fp.ok()) return Fail(fp.status());
