@@ -5,7 +5,11 @@
 // exceeds L. The default catalog's figures are assumed, not measured (bench/hilo/README.md).
 //
 //   sim_bench [--catalog bench/hilo/example_catalog.json] [--scale 100] [--baseline-rate 55]
-//             [--seed 1] [--trace NAME] [--csv FILE]
+//             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR]
+// --csv-dir writes DIR/sim_<trace>_<policy>.csv per trace and policy (per-window t_s, arrived,
+// mean_quality, state index: the cheapest level applied), the simulation's half of the plots
+// (bench/hilo/plot.sh draws them beside the live replay's CSVs).
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +33,22 @@ struct Args {
   uint64_t seed = 1;
   std::string trace;  // "" = all
   std::string csv;
+  std::string csv_dir;  // "" = no per-window CSVs
 };
+
+// One row per simulated window; the same leading columns as `keel hilo replay --out-csv`.
+bool WriteWindowsCsv(const std::string& path, const SimResult& r) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return false;
+  f << "t_s,arrived,mean_quality,state_index\n";
+  char line[128];
+  for (const SimWindow& w : r.windows) {
+    std::snprintf(line, sizeof line, "%.3f,%lld,%.4f,%d\n", w.t_s, static_cast<long long>(w.arrived), w.mean_quality,
+                  w.state);
+    f << line;
+  }
+  return static_cast<bool>(f);
+}
 
 bool ReadFile(const std::string& path, std::string& out) {
   std::ifstream f(path, std::ios::binary);
@@ -73,6 +92,7 @@ int Main(int argc, char** argv) {
     else if (const char* v = val("--seed")) a.seed = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("--trace")) a.trace = v;
     else if (const char* v = val("--csv")) a.csv = v;
+    else if (const char* v = val("--csv-dir")) a.csv_dir = v;
     else {
       std::fprintf(stderr, "unknown or incomplete argument %s\n", argv[i]);
       return 2;
@@ -130,6 +150,17 @@ int Main(int argc, char** argv) {
         return 1;
       }
       r[p] = std::move(x).value();
+      if (!a.csv_dir.empty()) {
+        std::string file = t.name;  // a --csv trace is named by its path: keep the name a file name
+        for (char& ch : file) {
+          if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-' && ch != '.') ch = '_';
+        }
+        const std::string path = a.csv_dir + "/sim_" + file + "_" + r[p].policy + ".csv";
+        if (!WriteWindowsCsv(path, r[p])) {
+          std::fprintf(stderr, "cannot write %s\n", path.c_str());
+          return 1;
+        }
+      }
     }
     PrintTrace(*cat, t, r, limit);
     rows.push_back({t.name, t.Peak(), r[0].max_drop, r[1].max_drop, static_cast<long long>(r[0].shed),
