@@ -563,14 +563,6 @@ Result<std::string> ReadAdminToken(const std::string& path) {
   return text;
 }
 
-Result<hilo::Catalog> ReadHiloCatalog(const std::string& path) {
-  auto text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
-  if (text->size() > hilo::kMaxCatalogBytes) return Status::InvalidArgument(path + ": larger than 1 MiB");
-  auto c = hilo::ParseCatalog(*text);
-  if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
-  return c;
-}
 
 int64_t UnixSecondsNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -583,7 +575,7 @@ int RunHiloServe(HiloArgs a) {
     if (!token.ok()) return Fail(token.status());
     a.o.admin_token = std::move(*token);
   }
-  auto c = ReadHiloCatalog(a.catalog);
+  auto c = hilo::ReadCatalogFile(a.catalog);
   if (!c.ok()) return Fail(c.status());
   auto server = hilo::ControllerServer::Create(std::move(*c), a.o);
   if (!server.ok()) return Fail(server.status());
@@ -598,7 +590,7 @@ int RunHiloServe(HiloArgs a) {
 // Prints every state and whether the controller could act on it; exit 0 only when CheckUsable passes.
 int RunHiloCheck(HiloArgs a) {
   if (Status s = ResolveFingerprint(a); !s.ok()) return Fail(s);
-  auto c = ReadHiloCatalog(a.catalog);
+  auto c = hilo::ReadCatalogFile(a.catalog);
   if (!c.ok()) return Fail(c.status());
   const int64_t now = UnixSecondsNow();
   std::printf("%s: %zu states, safe state '%s', operating limit %.3g quality points\n", a.catalog.c_str(),
@@ -645,7 +637,7 @@ Result<std::string> SharedDefault(const std::string& path, const char* rel, cons
 }
 
 int RunHiloValidate(HiloValidateArgs a) {
-  auto cat = ReadHiloCatalog(a.catalog);
+  auto cat = hilo::ReadCatalogFile(a.catalog);
   if (!cat.ok()) return Fail(cat.status());
   auto token = ReadAdminToken(a.admin_token_file);
   if (!token.ok()) return Fail(token.status());

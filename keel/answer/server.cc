@@ -264,33 +264,11 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
 }
 
 Result<std::unique_ptr<hilo::ServiceLink>> OpenAnswerLink(const AnswerHiloFlags& f, int workers) {
-  if (f.url.empty() && f.catalog.empty()) {
-    if (!f.state.empty() || !f.instance.empty()) {
-      return Status::InvalidArgument("--hilo-state and --hilo-instance need --hilo URL or --hilo-catalog FILE");
-    }
-    return std::unique_ptr<hilo::ServiceLink>();
-  }
-  if (!f.url.empty() && !f.catalog.empty()) {
-    return Status::InvalidArgument("--hilo and --hilo-catalog exclude each other: with a controller the catalog is the controller's");
-  }
   hilo::ServiceLinkOptions o;
   o.service = hilo::Service::kAnswer;
-  o.instance = f.instance;
   o.workers = std::max(workers, 1);
-  std::unique_ptr<hilo::ServiceLink> link;
-  if (!f.catalog.empty()) {
-    if (f.state.empty()) return Status::InvalidArgument("--hilo-catalog needs --hilo-state (the state to pin)");
-    KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.catalog));
-    if (text.size() > hilo::kMaxCatalogBytes) return Status::InvalidArgument(f.catalog + ": larger than 1 MiB");
-    auto catalog = hilo::ParseCatalog(text);
-    if (!catalog.ok()) return Status::InvalidArgument(f.catalog + ": " + catalog.status().message());
-    KEEL_ASSIGN_OR_RETURN(link, hilo::ServiceLink::Pinned(std::move(*catalog), f.state, o));
-  } else {
-    KEEL_ASSIGN_OR_RETURN(hilo::ControllerCall call, hilo::HttpControllerCallForUrl(f.url));
-    KEEL_ASSIGN_OR_RETURN(link, hilo::ServiceLink::Connect(std::move(call), o, DeadlineIn(f.connect_timeout_ms)));
-    if (!f.state.empty()) KEEL_RETURN_IF_ERROR(link->Pin(f.state));
-  }
-  KEEL_RETURN_IF_ERROR(link->Start());
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<hilo::ServiceLink> link, hilo::OpenServiceLink(f, std::move(o)));
+  if (link) KEEL_RETURN_IF_ERROR(link->Start());
   return link;
 }
 

@@ -118,14 +118,8 @@ class AnswerServer {
 };
 
 // The HiLO flags of `keel answer serve` (apps/keel.cc), as the other services have them.
-struct AnswerHiloFlags {
-  std::string url;       // --hilo: the controller (http://host:port); its catalog is fetched
-  std::string catalog;   // --hilo-catalog: a catalog file, for a link pinned without controller
-  std::string state;     // --hilo-state: the state to pin (required with --hilo-catalog; with
-                         // --hilo it freezes the state while load is still reported)
-  std::string instance;  // --hilo-instance: the name in load reports ("" = "answer-<pid>")
-  int connect_timeout_ms = 5000;  // GET /v1/catalog at start
-};
+// --hilo, --hilo-catalog, --hilo-state, --hilo-instance (keel/hilo/service_link.h).
+using AnswerHiloFlags = hilo::LinkSource;
 
 // A started link for the answer service, or nullptr when no flag asks for one (the server then
 // applies kBuiltinLevel). `workers`: requests served at once (max_inflight). InvalidArgument for

@@ -110,34 +110,11 @@ AppliedLevel HiloLevels::Current() {
 }
 
 Result<std::unique_ptr<hilo::ServiceLink>> OpenHiloLink(const HiloFlags& f, int workers, MetricsRegistry* metrics) {
-  if (f.url.empty() && f.catalog.empty()) {
-    if (!f.state.empty() || !f.instance.empty()) {
-      return Status::InvalidArgument("--hilo-state and --hilo-instance need --hilo URL or --hilo-catalog FILE");
-    }
-    return std::unique_ptr<hilo::ServiceLink>();
-  }
-  if (!f.url.empty() && !f.catalog.empty()) {
-    return Status::InvalidArgument(
-        "--hilo and --hilo-catalog exclude each other: with a controller the catalog is the controller's");
-  }
   hilo::ServiceLinkOptions o;
   o.service = hilo::Service::kEngine;
-  o.instance = f.instance;
   o.workers = std::max(workers, 1);
   o.metrics = metrics;
-  if (!f.catalog.empty()) {
-    if (f.state.empty()) return Status::InvalidArgument("--hilo-catalog needs --hilo-state (the state to pin)");
-    KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.catalog));
-    if (text.size() > hilo::kMaxCatalogBytes) return Status::InvalidArgument(f.catalog + ": larger than 1 MiB");
-    Result<hilo::Catalog> catalog = hilo::ParseCatalog(text);
-    if (!catalog.ok()) return Status::InvalidArgument(f.catalog + ": " + catalog.status().message());
-    return hilo::ServiceLink::Pinned(std::move(*catalog), f.state, o);
-  }
-  KEEL_ASSIGN_OR_RETURN(hilo::ControllerCall call, hilo::HttpControllerCallForUrl(f.url));
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<hilo::ServiceLink> link,
-                        hilo::ServiceLink::Connect(std::move(call), o, DeadlineIn(f.connect_timeout_ms)));
-  if (!f.state.empty()) KEEL_RETURN_IF_ERROR(link->Pin(f.state));
-  return link;
+  return hilo::OpenServiceLink(f, std::move(o));
 }
 
 }  // namespace keel::engine

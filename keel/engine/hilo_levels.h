@@ -93,14 +93,8 @@ class HiloLevels {
 };
 
 // `keel serve`'s HiLO flags (docs/engine.md "HiLO levels").
-struct HiloFlags {
-  std::string url;       // --hilo: the controller (http://host:port); its catalog is fetched
-  std::string catalog;   // --hilo-catalog: a catalog file, for a link pinned without controller
-  std::string state;     // --hilo-state: the state to pin (required with --hilo-catalog; with
-                         // --hilo it freezes the state while load is still reported)
-  std::string instance;  // --hilo-instance: the name in load reports ("" = "engine-<pid>")
-  int connect_timeout_ms = 5000;  // fetching the controller's catalog
-};
+// --hilo, --hilo-catalog, --hilo-state, --hilo-instance (keel/hilo/service_link.h).
+using HiloFlags = hilo::LinkSource;
 
 // The engine's link for `flags`, not started (HiloLevels::Create registers OnChange first): null
 // when no HiLO flag is given. `workers` is the scheduler's max_running; `metrics` (may be null)

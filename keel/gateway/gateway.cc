@@ -257,13 +257,10 @@ Task<void> Gateway::Impl::FlushLoop() {
 
 namespace {
 
+// The catalog file, bounded (hilo::ReadCatalogFile), its errors under the config path.
 Result<hilo::Catalog> ReadCatalogFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidArgument("gateway config: hilo.catalog: cannot open " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  auto c = hilo::ParseCatalog(ss.str());
-  if (!c.ok()) return Status::InvalidArgument("gateway config: hilo.catalog: " + path + ": " + c.status().message());
+  auto c = hilo::ReadCatalogFile(path);
+  if (!c.ok()) return Status::InvalidArgument("gateway config: hilo.catalog: " + c.status().message());
   return c;
 }
 

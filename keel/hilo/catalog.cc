@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/json_reader.h"
+#include "keel/core/mapped_file.h"
 #include "keel/hilo/json_fields.h"
 
 namespace keel::hilo {
@@ -259,6 +260,14 @@ nlohmann::ordered_json LevelsJson(const State& s) {
   return l;
 }
 }  // namespace
+
+Result<Catalog> ReadCatalogFile(const std::string& path) {
+  KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  if (text.size() > kMaxCatalogBytes) return Status::InvalidArgument(path + ": larger than 1 MiB");
+  auto c = ParseCatalog(text);
+  if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
+  return c;
+}
 
 std::string WriteLevels(const State& s) {
   return LevelsJson(s).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

@@ -89,6 +89,10 @@ Result<Catalog> ParseCatalog(std::string_view text);
 // state's capacity is the largest of all validated states for every service.
 Status ValidateCatalog(const Catalog& c);
 
+// Reads and parses a catalog file: the file's errors (NotFound/IOError), InvalidArgument naming the
+// path when it is larger than kMaxCatalogBytes or does not parse ("<path>: states[2]...: ...").
+Result<Catalog> ReadCatalogFile(const std::string& path);
+
 // Writes `c` as catalog JSON (2-space indented) that ParseCatalog reads back to an equal catalog.
 std::string WriteCatalog(const Catalog& c);
 // One state's levels as a JSON object, exactly as WriteCatalog writes its "levels" member

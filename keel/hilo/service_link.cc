@@ -311,4 +311,27 @@ void ServiceLink::ReportLoop() {
   }
 }
 
+Result<std::unique_ptr<ServiceLink>> OpenServiceLink(const LinkSource& f, ServiceLinkOptions o) {
+  if (f.url.empty() && f.catalog.empty()) {
+    if (!f.state.empty() || !f.instance.empty()) {
+      return Status::InvalidArgument("--hilo-state and --hilo-instance need --hilo URL or --hilo-catalog FILE");
+    }
+    return std::unique_ptr<ServiceLink>();
+  }
+  if (!f.url.empty() && !f.catalog.empty()) {
+    return Status::InvalidArgument("--hilo and --hilo-catalog exclude each other: with a controller the catalog is the controller's");
+  }
+  o.instance = f.instance;
+  if (!f.catalog.empty()) {
+    if (f.state.empty()) return Status::InvalidArgument("--hilo-catalog needs --hilo-state (the state to pin)");
+    KEEL_ASSIGN_OR_RETURN(Catalog catalog, ReadCatalogFile(f.catalog));
+    return ServiceLink::Pinned(std::move(catalog), f.state, std::move(o));
+  }
+  KEEL_ASSIGN_OR_RETURN(ControllerCall call, HttpControllerCallForUrl(f.url));
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<ServiceLink> link,
+                        ServiceLink::Connect(std::move(call), std::move(o), DeadlineIn(f.connect_timeout_ms)));
+  if (!f.state.empty()) KEEL_RETURN_IF_ERROR(link->Pin(f.state));
+  return link;
+}
+
 }  // namespace keel::hilo

@@ -175,4 +175,21 @@ class ServiceLink {
   Counter* report_errors_counter_ = nullptr;
 };
 
+// Where a service's link comes from: what every service's `--hilo URL`, `--hilo-catalog F`,
+// `--hilo-state S` and `--hilo-instance N` flags say.
+struct LinkSource {
+  std::string url;       // the controller (http://host:port); its catalog is fetched
+  std::string catalog;   // a catalog file, for a link pinned without controller
+  std::string state;     // the state to pin: required with catalog; with url it freezes the state
+                         // while load is still reported
+  std::string instance;  // the name in load reports ("" = "<service>-<pid>")
+  int connect_timeout_ms = 5000;  // fetching the controller's catalog
+};
+
+// The link `source` describes, not started; null when it names neither a controller nor a
+// catalog (the service runs without HiLO). `options.instance` is taken from the source.
+// InvalidArgument, in the flags' words, for a state or instance without either, for both, and for
+// a catalog without a state; the errors of ReadCatalogFile, Connect and Pin otherwise.
+Result<std::unique_ptr<ServiceLink>> OpenServiceLink(const LinkSource& source, ServiceLinkOptions options);
+
 }  // namespace keel::hilo

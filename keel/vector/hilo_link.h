@@ -33,14 +33,9 @@ void ApplyVectorLevel(const hilo::VectorLevel& level, SearchRequest* request);
 int PlainFanout(const hilo::VectorLevel& level, int replicas);
 
 // The command-line flags of `keel vector` and `keel vector-router` (apps/keel.cc).
-struct HiloLinkFlags {
-  std::string url;      // --hilo: the controller (http://host:port); its catalog is fetched
-  std::string catalog;  // --hilo-catalog: a catalog file, for a link pinned without controller
-  std::string state;    // --hilo-state: the state to pin (required with --hilo-catalog; optional
-                        // with --hilo, where it freezes the state but load is still reported)
-  std::string instance;  // --hilo-instance: the name in load reports ("" = "vector-<pid>")
-  bool meter = true;     // --hilo-no-meter clears it: a replica behind a router (ServiceOptions::hilo_meter)
-  int connect_timeout_ms = 5000;  // GET /v1/catalog at start
+// The flags every service shares (keel/hilo/service_link.h), plus --hilo-no-meter.
+struct HiloLinkFlags : hilo::LinkSource {
+  bool meter = true;  // --hilo-no-meter clears it: a replica behind a router (ServiceOptions::hilo_meter)
 };
 
 // A started link for a vector service or router, or nullptr when no flag asks for one.

@@ -368,7 +368,8 @@ TEST_F(GatewayHilo, ConfigErrorsNameThePath) {
   e = StartError({{"catalog", catalog_path_}, {"state", "medium"}, {"tiers", tiers}});
   EXPECT_NE(e.find("hilo.state"), std::string::npos) << e;
   e = StartError({{"catalog", dir_.file("missing.json")}, {"state", "full"}});
-  EXPECT_NE(e.find("hilo.catalog: cannot open"), std::string::npos) << e;
+  EXPECT_NE(e.find("hilo.catalog: "), std::string::npos) << e;
+  EXPECT_NE(e.find("missing.json"), std::string::npos) << e;
   std::ofstream(dir_.file("broken.json")) << R"({"format": "keel-hilo-catalog", "version": 1, "states": 3})";
   e = StartError({{"catalog", dir_.file("broken.json")}, {"state", "full"}});
   EXPECT_NE(e.find("hilo.catalog: " + dir_.file("broken.json") + ": "), std::string::npos) << e;
