@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/http_client.h"
+#include "keel/hilo/agent.h"
 #include "keel/hilo/agent_client.h"
 #include "keel/hilo/baseline.h"
 #include "keel/hilo/report.h"
@@ -442,6 +443,20 @@ TEST(PerServiceServer, AServiceLinkAppliesItsOwnLevel) {
   (*engine)->Stop();
   (*vector)->Stop();
   server->Stop();
+}
+
+// Under per_service a service's version moves only with its own answer, but a newer version with
+// the same state (a controller restart, or any future numbering) must not disturb a service.
+TEST(StateAgent, ANewerVersionWithTheSameStateChangesNothing) {
+  auto agent = StateAgent::Create(TestCatalog(), AgentOptions{});
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE(agent->Push(100, "small_model", kT0).value());
+  const auto taken = agent->Push(101, "small_model", kT0 + 10);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_TRUE(*taken);  // the version is taken...
+  EXPECT_EQ(agent->version(), 101);
+  EXPECT_EQ(agent->Current(kT0 + 10).index, 1);  // ...and the applied state is the same
+  EXPECT_EQ(agent->Current(kT0 + 10).mode, StateAgent::Mode::kFollowing);
 }
 
 TEST(AgentClient, RefusesAnUnknownService) {
