@@ -17,7 +17,6 @@
 namespace keel::answer {
 namespace {
 
-using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -154,65 +153,44 @@ void AnswerServer::HandleChat(const HttpRequest& req, HttpResponder& res) {
   }
 }
 
-void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo::AnswerLevel& level,
-                         const std::string& state) {
-  auto fail = [&res](int status, const std::string& message) {
-    res.Send(status, "application/json", OpenAIErrorBody(status, message));
-  };
-  auto parsed = ParseAnswerRequest(req.body, opt_.limits);
-  if (!parsed.ok()) return fail(400, parsed.status().message());
-  AnswerRequest& q = *parsed;
-  if (q.model.empty()) q.model = opt_.default_model;
-  if (q.model.empty()) return fail(400, "model: required (this server has no default model; start it with --model)");
-
-  // 1. Search.
-  std::vector<uint64_t> retrieved;
-  double search_ms = 0;
-  if (level.retrieval && q.vector.has_value()) {
-    std::string body = "{\"kind\":\"text\",\"text\":[";
-    for (size_t i = 0; i < q.vector->size(); ++i) {
-      if (i > 0) body.push_back(',');
-      AppendJsonNumber(static_cast<double>((*q.vector)[i]), &body);
-    }
-    body += "],\"k\":";
-    AppendJsonNumber(static_cast<int64_t>(opt_.k), &body);
-    body += '}';
-    const auto ts = Clock::now();
-    searches_.fetch_add(1);
-    auto reply = vector_->Call("POST", "/v1/search", body, "application/json", DeadlineIn(opt_.vector_timeout_ms));
-    const double secs = SecondsSince(ts);
-    search_ms = secs * 1e3;
-    search_seconds_->Observe(secs);
-    const std::string who = "vector service at " + vector_->Address();
-    if (!reply.ok()) return fail(503, who + " unreachable: " + reply.status().message());
-    if (reply->status != 200) {
-      return fail(502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body));
-    }
-    auto j = ParseUntrustedJson(reply->body, UpstreamLimits());
-    if (!j.ok()) return fail(502, who + " sent a malformed answer: " + j.status().message());
-    auto hits = j->find("hits");
-    if (hits == j->end() || !hits->is_array()) return fail(502, who + " sent an answer without \"hits\"");
-    for (const auto& h : *hits) {
-      auto id = h.is_object() ? h.find("id") : h.end();
-      if (!h.is_object() || id == h.end() || !id->is_number_unsigned()) {
-        return fail(502, who + " sent a hit without an unsigned \"id\"");
-      }
-      retrieved.push_back(id->get<uint64_t>());
-    }
+// The three steps of a request. Each returns the error to answer with, or nullopt.
+std::optional<AnswerServer::Failure> AnswerServer::Search(const std::vector<float>& vector,
+                                                          std::vector<uint64_t>* retrieved, double* ms) {
+  std::string body = "{\"kind\":\"text\",\"text\":[";
+  for (size_t i = 0; i < vector.size(); ++i) {
+    if (i > 0) body.push_back(',');
+    AppendJsonNumber(static_cast<double>(vector[i]), &body);
   }
-
-  // 2. Prompt.
-  std::vector<std::string_view> docs;
-  std::vector<size_t> doc_ids;
-  const size_t want = level.retrieval ? static_cast<size_t>(std::max<int64_t>(level.context_docs, 0)) : 0;
-  for (size_t i = 0; i < retrieved.size() && docs.size() < want; ++i) {
-    const size_t d = corpus_.DocFor(retrieved[i]);
-    doc_ids.push_back(d);
-    docs.push_back(corpus_.doc(d));
+  body += "],\"k\":";
+  AppendJsonNumber(static_cast<int64_t>(opt_.k), &body);
+  body += '}';
+  const auto ts = Clock::now();
+  searches_.fetch_add(1);
+  auto reply = vector_->Call("POST", "/v1/search", body, "application/json", DeadlineIn(opt_.vector_timeout_ms));
+  const double secs = SecondsSince(ts);
+  *ms = secs * 1e3;
+  search_seconds_->Observe(secs);
+  const std::string who = "vector service at " + vector_->Address();
+  if (!reply.ok()) return Failure{503, who + " unreachable: " + reply.status().message()};
+  if (reply->status != 200) {
+    return Failure{502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body)};
   }
-  const std::string prompt = BuildPrompt(docs, q.question, opt_.context_bytes);
+  auto j = ParseUntrustedJson(reply->body, UpstreamLimits());
+  if (!j.ok()) return Failure{502, who + " sent a malformed answer: " + j.status().message()};
+  auto hits = j->find("hits");
+  if (hits == j->end() || !hits->is_array()) return Failure{502, who + " sent an answer without \"hits\""};
+  for (const auto& h : *hits) {
+    auto id = h.is_object() ? h.find("id") : h.end();
+    if (!h.is_object() || id == h.end() || !id->is_number_unsigned()) {
+      return Failure{502, who + " sent a hit without an unsigned \"id\""};
+    }
+    retrieved->push_back(id->get<uint64_t>());
+  }
+  return std::nullopt;
+}
 
-  // 3. Generate.
+std::optional<AnswerServer::Failure> AnswerServer::Generate(const HttpRequest& req, const AnswerRequest& q,
+                                                            const std::string& prompt, ojson* answer, double* ms) {
   std::string gen = "{\"model\":";
   AppendJsonString(q.model, &gen);
   gen += ",\"messages\":[{\"role\":\"user\",\"content\":";
@@ -232,25 +210,51 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
   auto reply = gateway_->Call("POST", "/v1/chat/completions", gen, "application/json",
                               DeadlineIn(opt_.gateway_timeout_ms), keys);
   const double gsecs = SecondsSince(tg);
+  *ms = gsecs * 1e3;
   generate_seconds_->Observe(gsecs);
   const std::string who = "gateway at " + gateway_->Address();
-  if (!reply.ok()) return fail(503, who + " unreachable: " + reply.status().message());
+  if (!reply.ok()) return Failure{503, who + " unreachable: " + reply.status().message()};
   const int gs = reply->status;
+  // The client's own mistakes and limits pass through with their status.
   if (gs == 400 || gs == 401 || gs == 403 || gs == 404 || gs == 413 || gs == 429) {
-    HttpHeaderList extra;
-    if (reply->status == 429) extra.emplace_back("Retry-After", "1");
-    res.Send(reply->status, "application/json",
-             OpenAIErrorBody(reply->status, "gateway: " + UpstreamMessage(reply->body)), extra);
-    return;
+    Failure f{gs, "gateway: " + UpstreamMessage(reply->body)};
+    if (gs == 429) f.extra.emplace_back("Retry-After", "1");
+    return f;
   }
-  if (reply->status != 200) {
-    return fail(502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body));
-  }
-  auto answer = ParseUntrustedOrderedJson(reply->body, UpstreamLimits());
-  if (!answer.ok()) return fail(502, who + " sent a malformed answer: " + answer.status().message());
-  if (answer->find("choices") == answer->end()) return fail(502, who + " sent an answer without \"choices\"");
+  if (gs != 200) return Failure{502, who + " answered " + std::to_string(gs) + ": " + UpstreamMessage(reply->body)};
+  auto parsed = ParseUntrustedOrderedJson(reply->body, UpstreamLimits());
+  if (!parsed.ok()) return Failure{502, who + " sent a malformed answer: " + parsed.status().message()};
+  if (parsed->find("choices") == parsed->end()) return Failure{502, who + " sent an answer without \"choices\""};
+  *answer = std::move(*parsed);
+  return std::nullopt;
+}
 
-  // 4. Answer.
+void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo::AnswerLevel& level,
+                         const std::string& state) {
+  auto fail = [&res](const Failure& f) { res.Send(f.status, "application/json", OpenAIErrorBody(f.status, f.message), f.extra); };
+  auto parsed = ParseAnswerRequest(req.body, opt_.limits);
+  if (!parsed.ok()) return fail({400, parsed.status().message()});
+  AnswerRequest& q = *parsed;
+  if (q.model.empty()) q.model = opt_.default_model;
+  if (q.model.empty()) return fail({400, "model: required (this server has no default model; start it with --model)"});
+
+  std::vector<uint64_t> retrieved;
+  double search_ms = 0;
+  if (level.retrieval && q.vector.has_value()) {
+    if (auto f = Search(*q.vector, &retrieved, &search_ms)) return fail(*f);
+  }
+  std::vector<std::string_view> docs;
+  std::vector<size_t> doc_ids;
+  const size_t want = level.retrieval ? static_cast<size_t>(std::max<int64_t>(level.context_docs, 0)) : 0;
+  for (size_t i = 0; i < retrieved.size() && docs.size() < want; ++i) {
+    const size_t d = corpus_.DocFor(retrieved[i]);
+    doc_ids.push_back(d);
+    docs.push_back(corpus_.doc(d));
+  }
+  ojson answer;
+  double generate_ms = 0;
+  if (auto f = Generate(req, q, BuildPrompt(docs, q.question, opt_.context_bytes), &answer, &generate_ms)) return fail(*f);
+
   ojson keel;
   keel["retrieved"] = retrieved;
   keel["docs"] = doc_ids;
@@ -258,9 +262,9 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
   keel["retrieval"] = level.retrieval;
   keel["context_docs"] = level.context_docs;
   keel["search_ms"] = search_ms;
-  keel["generate_ms"] = gsecs * 1e3;
-  (*answer)["keel"] = std::move(keel);
-  res.Send(200, "application/json", answer->dump(-1, ' ', false, ojson::error_handler_t::replace));
+  keel["generate_ms"] = generate_ms;
+  answer["keel"] = std::move(keel);
+  res.Send(200, "application/json", answer.dump(-1, ' ', false, ojson::error_handler_t::replace));
 }
 
 Result<std::unique_ptr<hilo::ServiceLink>> OpenAnswerLink(const AnswerHiloFlags& f, int workers) {

@@ -40,7 +40,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "keel/answer/corpus.h"
 #include "keel/answer/request.h"
@@ -101,6 +105,15 @@ class AnswerServer {
   AnswerServer(const Corpus& corpus, AnswerServerOptions options, hilo::ServiceLink* link);
   void HandleChat(const HttpRequest& req, HttpResponder& res);
   void Serve(const HttpRequest& req, HttpResponder& res, const hilo::AnswerLevel& level, const std::string& state);
+  struct Failure {
+    int status = 0;
+    std::string message;
+    HttpHeaderList extra;
+  };
+  using ojson = nlohmann::ordered_json;
+  std::optional<Failure> Search(const std::vector<float>& vector, std::vector<uint64_t>* retrieved, double* ms);
+  std::optional<Failure> Generate(const HttpRequest& req, const AnswerRequest& q, const std::string& prompt,
+                                  ojson* answer, double* ms);
 
   const Corpus& corpus_;
   AnswerServerOptions opt_;
