@@ -132,7 +132,7 @@ LiveResult SampleResult() {
     s.t_s = 1.0 + 2 * i;  // 1, 3, 5, 7, 9, 11
     s.index = i < 2 ? 0 : (i < 5 ? 1 : -1);  // the last sample: controller did not answer
     s.name = s.index < 0 ? "" : r.state_names[static_cast<size_t>(s.index)];
-    s.applied = {s.index, 0, s.index, 0};
+    s.applied = s.index < 0 ? std::array<int, kNumServices>{-1, -1, -1, -1} : std::array<int, kNumServices>{s.index, 0, s.index, 0};
     r.samples.push_back(s);
   }
   return r;
@@ -147,6 +147,17 @@ TEST(HiloReplayOutput, TalliesStatesAndTransitions) {
   EXPECT_DOUBLE_EQ(r.time_in_state_s[1], 6.0);
   EXPECT_DOUBLE_EQ(r.time_in_state_s[2], 0.0);
   EXPECT_EQ(r.transitions, 3);
+}
+
+TEST(HiloReplayOutput, PerServiceSamplesCountAtTheCheapestAppliedLevel) {
+  LiveResult r = SampleResult();
+  for (StateSample& s : r.samples) s.index = -1;  // per-service: no product state
+  r.samples[2].applied = {0, 2, 1, 0};
+  TallyStates(1.0, &r);  // cheapest levels: 0 0 2 1 1 (none)
+  EXPECT_DOUBLE_EQ(r.time_in_state_s[0], 2.0);
+  EXPECT_DOUBLE_EQ(r.time_in_state_s[1], 2.0);
+  EXPECT_DOUBLE_EQ(r.time_in_state_s[2], 1.0);
+  EXPECT_EQ(r.transitions, 2);
 }
 
 TEST(HiloReplayOutput, CsvRowPerWindowWithTheLastSampleInIt) {
@@ -196,6 +207,11 @@ TEST(HiloReplayRun, RefusesBadOptions) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("window"), std::string::npos);
   o.window_s = 5;
+  o.warmup_s = -1;
+  r = RunLiveReplay(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("warmup"), std::string::npos);
+  o.warmup_s = 0;
   o.answer_url = "not a url";
   EXPECT_FALSE(RunLiveReplay(o).ok());
 }

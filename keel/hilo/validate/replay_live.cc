@@ -163,10 +163,13 @@ void TallyStates(double tick_s, LiveResult* r) {
   r->transitions = 0;
   int last = -1;
   for (const StateSample& s : r->samples) {
-    if (s.index < 0 || static_cast<size_t>(s.index) >= r->state_names.size()) continue;
-    r->time_in_state_s[static_cast<size_t>(s.index)] += tick_s;
-    if (last >= 0 && s.index != last) ++r->transitions;
-    last = s.index;
+    // No product state (per-service policy): the cheapest level any service applied, as the
+    // simulation counts its baseline.
+    const int index = s.index >= 0 ? s.index : *std::max_element(s.applied.begin(), s.applied.end());
+    if (index < 0 || static_cast<size_t>(index) >= r->state_names.size()) continue;
+    r->time_in_state_s[static_cast<size_t>(index)] += tick_s;
+    if (last >= 0 && index != last) ++r->transitions;
+    last = index;
   }
 }
 
@@ -178,6 +181,7 @@ Result<LiveResult> RunLiveReplay(const LiveOptions& o) {
   if (!(o.baseline_rate > 0) || o.baseline_rate > 1e5) return Status::InvalidArgument("replay: baseline rate must be in (0, 1e5]");
   if (!(o.time_scale > 0) || o.time_scale > 100) return Status::InvalidArgument("replay: time scale must be in (0, 100]");
   if (!(o.slo_ms > 0)) return Status::InvalidArgument("replay: slo_ms must be > 0");
+  if (!(o.warmup_s >= 0) || o.warmup_s > 3600) return Status::InvalidArgument("replay: warmup must be in [0, 3600] s");
   if (!(o.window_s > 0) || o.window_s > o.trace.duration_s) {
     return Status::InvalidArgument("replay: window must be > 0 and at most the trace's duration");
   }
@@ -207,7 +211,9 @@ Result<LiveResult> RunLiveReplay(const LiveOptions& o) {
   const double tick_real = std::clamp(o.window_s * o.time_scale / 2, 0.1, 1.0);
   std::mutex mu;
   OpenLoopOptions lo;
-  lo.baseline_rate = o.baseline_rate;
+  // baseline_rate is real req/s at 1x: the product's capacity is in real req/s, so a compressed
+  // replay (time_scale < 1) keeps the load and sends fewer requests per trace second.
+  lo.baseline_rate = o.baseline_rate * o.time_scale;
   lo.time_scale = o.time_scale;
   lo.seed = o.seed;
   lo.workers = o.workers;
@@ -234,6 +240,19 @@ Result<LiveResult> RunLiveReplay(const LiveOptions& o) {
     out.state = a.state;
     out.quality = ScoreAnswer(o.eval[q], o.references[q], a);
   };
+  if (o.warmup_s > 0) {
+    Trace flat;
+    flat.name = "warmup";
+    flat.duration_s = o.warmup_s;
+    flat.points = {{0, 1}, {o.warmup_s, 1}};
+    OpenLoopOptions wo = lo;
+    wo.baseline_rate = o.baseline_rate;
+    wo.time_scale = 1;
+    wo.seed = o.seed ^ 0x9e3779b97f4a7c15ULL;
+    wo.on_tick = nullptr;
+    KEEL_ASSIGN_OR_RETURN(std::vector<Outcome> ignored, RunOpenLoop(flat, wo, issue));
+    (void)ignored;
+  }
   KEEL_ASSIGN_OR_RETURN(std::vector<Outcome> outcomes, RunOpenLoop(o.trace, lo, issue));
   r.summary = Summarise(outcomes, r.full_quality, o.window_s, o.slo_ms, o.time_scale);
   std::sort(r.samples.begin(), r.samples.end(), [](const StateSample& a, const StateSample& b) { return a.t_s < b.t_s; });

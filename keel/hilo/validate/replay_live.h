@@ -78,10 +78,13 @@ struct LiveOptions {
   std::vector<answer::ReplayedAnswer> references;  // same length as eval
   answer::ReplayOptions replay;
   Trace trace;
-  double baseline_rate = 1;  // req/s at 1x
-  double time_scale = 1;     // real s per trace s
+  double baseline_rate = 1;  // real req/s at 1x, whatever the time scale (the load the product sees)
+  double time_scale = 1;     // real s per trace s: < 1 compresses the trace's shape, not its rates
   double slo_ms = 2000;
   double window_s = 5;       // quality windows, trace seconds
+  // Real seconds of steady 1x load before the trace, not scored: the controller predicts with a
+  // trend, so load jumping from zero to 1x at t = 0 reads as a surge of its own.
+  double warmup_s = 0;
   int workers = 256;
   uint64_t seed = 1;
 };
@@ -98,8 +101,10 @@ struct LiveResult {
   int64_t transitions = 0;             // product state changes seen between samples
 };
 
-// Time in each state and transitions from samples taken every `tick_s` trace seconds (samples with
-// index -1 count nowhere). Fills result->time_in_state_s (sized to state_names) and transitions.
+// Time in each state and transitions from samples taken every `tick_s` trace seconds. A sample
+// without a product state (index -1: `keel hilo serve --policy per-service` has none) counts at the
+// cheapest level any service applied, as the simulation counts its baseline; one with neither
+// counts nowhere. Fills result->time_in_state_s (sized to state_names) and transitions.
 void TallyStates(double tick_s, LiveResult* result);
 
 // Runs the trace. InvalidArgument for options out of range (eval empty, references of another
