@@ -240,11 +240,21 @@ Result<StateMeasurement> MeasureOne(Clients& cl, const ValidateOptions& o, const
                   m.quality.quality, m.quality.recall, m.quality.agreement, m.quality.served, m.quality.requests));
 
   double pass_rate = 0, fail_rate = 0;
+  // A failing step is run once more and fails only if that fails too: one transient stall must not
+  // cut a state's capacity (both runs are kept in the steps).
+  auto run_confirmed = [&](double rate, const char* what) {
+    RampStep s = RunStep(cl, o, rate, state.name);
+    say(fmt::format("[{}] {} {}", state.name, what, Describe(s)));
+    m.steps.push_back(s);
+    if (s.pass || !o.confirm_failures) return s;
+    s = RunStep(cl, o, rate, state.name);
+    say(fmt::format("[{}] {} (confirming) {}", state.name, what, Describe(s)));
+    m.steps.push_back(s);
+    return s;
+  };
   for (double rate = o.start_rate;; rate *= o.growth) {
     rate = std::min(rate, o.max_rate);
-    RampStep s = RunStep(cl, o, rate, state.name);
-    say(fmt::format("[{}] ramp {}", state.name, Describe(s)));
-    m.steps.push_back(s);
+    RampStep s = run_confirmed(rate, "ramp");
     if (!s.pass) {
       fail_rate = rate;
       break;
@@ -254,9 +264,7 @@ Result<StateMeasurement> MeasureOne(Clients& cl, const ValidateOptions& o, const
   }
   for (int k = 0; k < o.refine_steps && fail_rate > 0 && pass_rate > 0; ++k) {
     const double mid = std::sqrt(pass_rate * fail_rate);  // geometric: the steps grow geometrically
-    RampStep s = RunStep(cl, o, mid, state.name);
-    say(fmt::format("[{}] refine {}", state.name, Describe(s)));
-    m.steps.push_back(s);
+    RampStep s = run_confirmed(mid, "refine");
     (s.pass ? pass_rate : fail_rate) = mid;
   }
   m.capacity = pass_rate;
@@ -264,7 +272,7 @@ Result<StateMeasurement> MeasureOne(Clients& cl, const ValidateOptions& o, const
     // The bottleneck: highest utilisation at the first failing rate's step.
     const RampStep* failing = nullptr;
     for (const RampStep& s : m.steps) {
-      if (!s.pass && (!failing || s.rate < failing->rate)) failing = &s;
+      if (!s.pass && s.rate >= fail_rate && (!failing || s.rate < failing->rate)) failing = &s;
     }
     int worst = 0;
     for (int i = 1; i < kNumServices; ++i) {

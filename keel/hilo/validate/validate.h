@@ -12,9 +12,10 @@
 //   3. capacity: an open-loop ramp of Poisson arrivals (keel/hilo/loadgen.h), step_s per step at
 //      start_rate x growth^k, until a step fails the product SLO (p99 over slo_ms, or more than
 //      max_error_fraction of answers not 200); then `refine_steps` bisections between the last
-//      passing and the first failing rate. The capacity is the highest passing rate. Before each
-//      step the product must settle (no service reports work in flight or queued), so a step does
-//      not inherit an overloaded step's backlog.
+//      passing and the first failing rate. A failing step is run once more and fails only if that
+//      run fails too (one transient stall must not cut the capacity). The capacity is the highest
+//      passing rate. Before each step the product must settle (no service reports work in flight
+//      or queued), so a step does not inherit an overloaded step's backlog.
 // Per-service capacity: every request passes every service once (vector is skipped with retrieval
 // off), so each service's demand equals the product's and the product's capacity is recorded for
 // every service. A service that is not the bottleneck may sustain more; the ramp cannot see that
@@ -51,6 +52,7 @@ struct ValidateOptions {
   double max_rate = 10000;           // stop ramping here (recorded as the capacity if it passes)
   double step_s = 10;                // seconds per step
   int refine_steps = 2;              // bisections after the first failing step
+  bool confirm_failures = true;      // a failing step fails only if a second run at its rate fails too
   int apply_timeout_ms = 30000;      // wait this long for every service to apply a pinned state
   int settle_timeout_ms = 60000;     // before each step, wait this long at most for no work in flight
   int workers = 256;                 // open-loop generator threads
