@@ -73,6 +73,11 @@ void LoadMeter::SetUtilisationProbe(std::function<double()> probe) {
   util_probe_ = std::move(probe);
 }
 
+void LoadMeter::SetRateWindow(int64_t ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rate_window_ms_ = std::max<int64_t>(ms, 0);
+}
+
 LoadReport LoadMeter::Take(int64_t now_ms) {
   std::vector<float> lat;
   std::function<int64_t()> queue_probe;
@@ -99,7 +104,22 @@ LoadReport LoadMeter::Take(int64_t now_ms) {
   LoadReport r;
   r.unix_ms = std::max<int64_t>(now_ms, 0);
   const double window_s = window_ms > 0 ? window_ms / 1000.0 : 0;
-  r.arrival_rate = window_s > 0 ? std::min(arrivals / window_s, 1e9) : 0;
+  int64_t rate_ms = std::max<int64_t>(window_ms, 0), rate_arrivals = arrivals;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (window_ms > 0) recent_.emplace_back(window_ms, arrivals);
+    // Keep the newest windows that together just cover rate_window_ms.
+    int64_t covered = 0;
+    size_t keep = 0;
+    for (auto it = recent_.rbegin(); it != recent_.rend() && covered < rate_window_ms_; ++it, ++keep) covered += it->first;
+    while (recent_.size() > std::max<size_t>(keep, 1)) recent_.pop_front();
+    if (rate_window_ms_ > 0 && !recent_.empty()) {
+      rate_ms = 0;
+      rate_arrivals = 0;
+      for (const auto& [ms, n] : recent_) rate_ms += ms, rate_arrivals += n;
+    }
+  }
+  r.arrival_rate = rate_ms > 0 ? std::min(rate_arrivals / (rate_ms / 1000.0), 1e9) : 0;
   r.in_flight = std::min<int64_t>(in_service, 1000000000);
   r.queue_depth = std::min<int64_t>(queued, 1000000000);
   if (queue_probe) r.queue_depth = std::clamp<int64_t>(queue_probe(), 0, 1000000000);
@@ -122,7 +142,9 @@ LoadReport LoadMeter::Take(int64_t now_ms) {
 // ---- ServiceLink
 
 ServiceLink::ServiceLink(Catalog catalog, ServiceLinkOptions options)
-    : catalog_(std::move(catalog)), opt_(std::move(options)), meter_(opt_.workers, opt_.clock()) {}
+    : catalog_(std::move(catalog)), opt_(std::move(options)), meter_(opt_.workers, opt_.clock()) {
+  meter_.SetRateWindow(opt_.rate_window_ms);
+}
 
 namespace {
 
@@ -132,6 +154,9 @@ Status PrepareOptions(ServiceLinkOptions& o) {
     return Status::InvalidArgument("service link: report_interval_ms must be 10..60000");
   }
   if (o.workers < 1) return Status::InvalidArgument("service link: workers must be >= 1");
+  if (o.rate_window_ms < 0 || o.rate_window_ms > 60000) {
+    return Status::InvalidArgument("service link: rate_window_ms must be 0..60000");
+  }
   if (o.instance.empty()) o.instance = std::string(ServiceName(o.service)) + "-" + std::to_string(::getpid());
   if (!internal::IsValidName(o.instance)) {
     return Status::InvalidArgument("service link: instance '" + o.instance +

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,10 @@ class LoadMeter {
   // Optional probes that replace the meter's own estimate (e.g. the engine scheduler's queue).
   void SetQueueDepthProbe(std::function<int64_t()> probe);
   void SetUtilisationProbe(std::function<double()> probe);  // 0..1
+  // Reports the arrival rate over the report windows of the last `ms` (at least the current one)
+  // instead of the current window alone. A 250 ms window at a few req/s holds 0 to 2 arrivals, and
+  // the controller's trend would read that noise as surges. 0 = the current window only.
+  void SetRateWindow(int64_t ms);
 
   // The report for the window since the last Take (arrival rate, in-flight now, queue depth now,
   // utilisation, p99 of the latencies finished in the window), and starts a new window. `now_ms`
@@ -87,12 +92,15 @@ class LoadMeter {
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   std::function<int64_t()> queue_probe_;
   std::function<double()> util_probe_;
+  int64_t rate_window_ms_ = 0;
+  std::deque<std::pair<int64_t, int64_t>> recent_;  // (window ms, arrivals) of past Takes, newest last
 };
 
 struct ServiceLinkOptions {
   Service service = Service::kAnswer;
   std::string instance;            // 1..64 of [A-Za-z0-9_.:-]; "" = "<service>-<pid>"
   int report_interval_ms = 250;    // docs: "every few hundred ms"
+  int rate_window_ms = 2000;       // arrival rates are reported over this long (LoadMeter::SetRateWindow)
   int workers = 1;                 // LoadMeter's worker count
   // The agent's hold/fallback and the poll timings. The link chains its own on_push after any
   // given here; a null client.clock becomes `clock`, so the agent and the link share one clock.

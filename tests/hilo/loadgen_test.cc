@@ -129,3 +129,35 @@ TEST(HiloLiveSummary, WindowsScoreShedFailedAndLateAsZero) {
 
 }  // namespace
 }  // namespace keel::hilo
+
+#include "keel/hilo/service_link.h"
+
+namespace keel::hilo {
+namespace {
+
+TEST(HiloLoadMeterRateWindow, ArrivalRateSpansTheLastWindowsUpToTheRateWindow) {
+  LoadMeter m(4, 0);
+  m.SetRateWindow(1000);
+  auto arrive = [&m](int n) {
+    for (int i = 0; i < n; ++i) {
+      m.Arrive();
+      m.Shed();
+    }
+  };
+  arrive(2);
+  EXPECT_DOUBLE_EQ(m.Take(250).arrival_rate, 8);   // 2 in 0.25 s: only one window so far
+  arrive(0);
+  EXPECT_DOUBLE_EQ(m.Take(500).arrival_rate, 4);   // 2 in 0.5 s
+  arrive(1);
+  EXPECT_DOUBLE_EQ(m.Take(750).arrival_rate, 4);   // 3 in 0.75 s
+  arrive(1);
+  EXPECT_DOUBLE_EQ(m.Take(1000).arrival_rate, 4);  // 4 in 1 s
+  arrive(0);
+  EXPECT_DOUBLE_EQ(m.Take(1250).arrival_rate, 2);  // the first window (2 arrivals) dropped: 2 in 1 s
+  // Without a rate window, the current window alone: 0 arrivals in it.
+  m.SetRateWindow(0);
+  EXPECT_DOUBLE_EQ(m.Take(1500).arrival_rate, 0);
+}
+
+}  // namespace
+}  // namespace keel::hilo
