@@ -636,21 +636,26 @@ Result<std::string> SharedDefault(const std::string& path, const char* rel, cons
   return std::string(shared) + "/" + rel;
 }
 
+// The evaluation set `keel hilo validate` and `keel hilo replay` send: the first `queries` SIFT
+// queries with their questions from the corpus (defaults under $KEEL_SHARED).
+Result<std::vector<answer::EvalQuery>> LoadHiloEvalSet(const std::string& corpus, const std::string& vectors,
+                                                       int queries) {
+  KEEL_ASSIGN_OR_RETURN(std::string corpus_path, SharedDefault(corpus, "data/text/val.txt", "--corpus"));
+  KEEL_ASSIGN_OR_RETURN(std::string vectors_dir, SharedDefault(vectors, "data/vectors", "--vectors"));
+  KEEL_ASSIGN_OR_RETURN(answer::Corpus c, answer::Corpus::Load(corpus_path));
+  KEEL_ASSIGN_OR_RETURN(std::vector<answer::EvalQuery> eval, answer::LoadEvalSet(vectors_dir, c));
+  if (queries >= 0 && static_cast<size_t>(queries) < eval.size()) eval.resize(static_cast<size_t>(queries));
+  return eval;
+}
+
 int RunHiloValidate(HiloValidateArgs a) {
   auto cat = hilo::ReadCatalogFile(a.catalog);
   if (!cat.ok()) return Fail(cat.status());
   auto token = ReadAdminToken(a.admin_token_file);
   if (!token.ok()) return Fail(token.status());
   a.o.admin_token = std::move(*token);
-  auto corpus_path = SharedDefault(a.corpus, "data/text/val.txt", "--corpus");
-  auto vectors_dir = SharedDefault(a.vectors, "data/vectors", "--vectors");
-  if (!corpus_path.ok()) return Fail(corpus_path.status());
-  if (!vectors_dir.ok()) return Fail(vectors_dir.status());
-  auto corpus = answer::Corpus::Load(*corpus_path);
-  if (!corpus.ok()) return Fail(corpus.status());
-  auto eval = answer::LoadEvalSet(*vectors_dir, *corpus);
+  auto eval = LoadHiloEvalSet(a.corpus, a.vectors, a.queries);
   if (!eval.ok()) return Fail(eval.status());
-  if (static_cast<size_t>(a.queries) < eval->size()) eval->resize(static_cast<size_t>(a.queries));
   a.o.eval = std::move(*eval);
   // The fingerprint of the binaries the product runs: the controller's (GET /health).
   auto ep = ParseHttpUrl(a.o.controller_url);
@@ -788,15 +793,8 @@ struct HiloReplayArgs {
 };
 
 int RunHiloReplay(HiloReplayArgs a) {
-  auto corpus_path = SharedDefault(a.corpus, "data/text/val.txt", "--corpus");
-  auto vectors_dir = SharedDefault(a.vectors, "data/vectors", "--vectors");
-  if (!corpus_path.ok()) return Fail(corpus_path.status());
-  if (!vectors_dir.ok()) return Fail(vectors_dir.status());
-  auto corpus = answer::Corpus::Load(*corpus_path);
-  if (!corpus.ok()) return Fail(corpus.status());
-  auto eval = answer::LoadEvalSet(*vectors_dir, *corpus);
+  auto eval = LoadHiloEvalSet(a.corpus, a.vectors, a.queries);
   if (!eval.ok()) return Fail(eval.status());
-  if (static_cast<size_t>(a.queries) < eval->size()) eval->resize(static_cast<size_t>(a.queries));
 
   if (!a.write_references.empty()) {
     // The product should be pinned to its full state: check every answer ran in the catalog's
@@ -1097,7 +1095,7 @@ int main(int argc, char** argv) {
   HiloArgs hl;
   auto* hilo_cmd = app.add_subcommand("hilo", "HiLO: one controller puts the whole product in one validated state (docs/hilo.md)");
   hilo_cmd->require_subcommand(1);
-  auto* hl_serve = hilo_cmd->add_subcommand("serve", "Serve the controller: POST /v1/report, long-poll GET /v1/state, /v1/catalog, /metrics");
+  auto* hl_serve = hilo_cmd->add_subcommand("serve", "Serve the controller: POST /v1/report, long-poll GET /v1/state, /v1/catalog, /v1/services, POST /v1/pin, /metrics");
   auto* hl_check = hilo_cmd->add_subcommand("check", "Parse a catalog and say, state by state, whether the controller may use it (exit 0/1)");
   for (auto* sub : {hl_serve, hl_check}) {
     sub->add_option("--catalog", hl.catalog, "state catalog (JSON; see docs/hilo.md)")->required()->check(CLI::ExistingFile);
@@ -1109,7 +1107,7 @@ int main(int argc, char** argv) {
   hl_serve->add_option("--decide-interval-ms", hl.o.decide_interval_ms, "run a decision this often")->capture_default_str()->check(CLI::Range(10, 60000));
   hl_serve->add_flag("--allow-unvalidated", hl.o.allow_unvalidated, "development only: start despite a stale or foreign catalog (states still need figures)");
   hl_serve->add_option("--admin-token-file", hl.admin_token_file, "enables POST /v1/pin for clients presenting this token (first line, 16..256 printable bytes)")->check(CLI::ExistingFile);
-  hl_serve->add_option("--pin", hl.o.pin, "start pinned to this state (the controller ignores load until unpinned)");
+  hl_serve->add_option("--pin", hl.o.pin, "start pinned to this state (the controller ignores load until unpinned); pinned, with --allow-unvalidated, a catalog without figures is accepted (what keel hilo validate measures)");
   hl_serve->add_option_function<std::string>("--policy", [&hl](const std::string& v) { hl.o.policy = v == "per-service" ? hilo::StatePolicy::kPerService : hilo::StatePolicy::kHilo; }, "hilo: one product state for every service (default). per-service: the evaluation's baseline (DAGOR-like): each service is answered its own level, stepped cheaper on its own overload (queueing estimate > 20 ms, utilisation >= 0.9) and back after 10 s calm; hosted here only for convenience, each level depends on that service's own reports alone (docs/hilo.md, \"Baseline, live\")")->check(CLI::IsMember({"hilo", "per-service"}))->default_str("hilo");
   HiloValidateArgs hv;
   auto* hl_val = hilo_cmd->add_subcommand("validate", "Measure every state's quality and capacity through the running product and write them into the catalog (docs/hilo.md)");

@@ -16,8 +16,10 @@
 #   POLICIES       default "hilo per-service"; per-service needs `keel hilo serve --policy`
 #                  and is skipped, with a message, when the controller lacks it
 #   TIME_SCALE     real seconds per trace second (default 1: 300 s per trace); rates stay real
-#   BASELINE_RATE  real req/s at 1x (default: 0.8 x the first state's answer capacity in CATALOG, so
-#                  the 2.38x peak is ~1.9x what the full state sustains)
+#   BASELINE_RATE  real req/s at 1x (default: 0.6 x the first state's answer capacity in CATALOG:
+#                  HiLO returns to a state only when demand x headroom 1.1 <= 0.8 x its capacity,
+#                  i.e. at <= 0.73x capacity, so 1x must sit below that; the 2.38x peak is then
+#                  ~1.4x what the full state sustains)
 #   WARMUP_S       real seconds of unscored 1x load before each trace (default 20): the
 #                  controller's trend would read a jump from zero load as a surge
 #   QUERIES (30), WINDOW_S (5 trace s), SLO_MS (2000), WORKERS (256), SEED (1)
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
 KEEL=$ROOT/$BUILD/keel
-[ $# -ge 1 ] || { sed -n '2,24p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,26p' "$0" >&2; exit 2; }
 CATALOG=$(realpath "$1")
 OUT=${2:-/tmp/keel-live}
 mkdir -p "$OUT"
@@ -55,7 +57,7 @@ import json, sys
 c = json.load(open(sys.argv[1]))
 f = c["states"][0].get("figures")
 if not f: sys.exit("live: the catalog has no figures: set BASELINE_RATE or validate it (keel hilo validate)")
-print(round(0.8 * f["capacity"]["answer"], 3))' "$CATALOG")
+print(round(0.6 * f["capacity"]["answer"], 3))' "$CATALOG")
 fi
 
 PRODUCT_FLAGS=()

@@ -4,7 +4,7 @@
 // when every worker is busy the arrival is dropped at the client and recorded (status kDropped), so
 // the generator's own limit is visible in the results instead of silently lowering the rate.
 //
-// Used by `keel hilo validate` (load ramps) and the live surge replay (bench/hilo/live_replay.sh).
+// Used by `keel hilo validate` (load ramps) and the live surge replay (bench/hilo/live.sh).
 #pragma once
 
 #include <cstdint>

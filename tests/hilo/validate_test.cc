@@ -46,17 +46,20 @@ TEST(HiloApplyFigures, WritesEveryStateAndTheFingerprint) {
   EXPECT_FALSE(CheckUsable(*out, "keel-xxh3-cd", 1765000100, 86400).ok());
 }
 
-TEST(HiloApplyFigures, AdjustsOutOfOrderMeasurementsConservatively) {
+TEST(HiloApplyFigures, AdjustsOutOfOrderMeasurements) {
   Catalog c = Unvalidated();
   std::vector<std::string> notes;
-  // State 2 measured better quality than state 1; state 1 measured more capacity than state 2.
+  // State 2 measured better quality than state 1; state 2 measured less capacity than state 1.
   auto out = ApplyFigures(c, Measured(c, {98, 90, 92, 80, 40}, {10, 18, 15, 20, 40}), "fp", 1, &notes);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   ASSERT_EQ(notes.size(), 2u);
-  EXPECT_DOUBLE_EQ(out->states[2].figures->quality, 90);   // lowered to the state above
-  EXPECT_DOUBLE_EQ(out->states[1].figures->Capacity(Service::kEngine), 15);  // lowered to the state below
+  EXPECT_DOUBLE_EQ(out->states[2].figures->quality, 90);  // lowered to the state above
+  // Raised to the costlier state's passing rate; the costlier state keeps its own figure.
+  EXPECT_DOUBLE_EQ(out->states[2].figures->Capacity(Service::kEngine), 18);
+  EXPECT_DOUBLE_EQ(out->states[1].figures->Capacity(Service::kEngine), 18);
+  EXPECT_DOUBLE_EQ(out->states[3].figures->Capacity(Service::kEngine), 20);
   EXPECT_NE(notes[0].find("fewer_docs"), std::string::npos);
-  EXPECT_NE(notes[1].find("small_model"), std::string::npos);
+  EXPECT_NE(notes[1].find("fewer_docs"), std::string::npos);
 }
 
 TEST(HiloApplyFigures, RefusesMismatchesAndStatesWithoutCapacity) {

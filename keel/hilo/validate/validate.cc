@@ -355,12 +355,16 @@ Result<Catalog> ApplyFigures(Catalog c, const std::vector<StateMeasurement>& mea
       quality[i] = quality[i - 1];
     }
   }
-  for (size_t i = n - 1; i-- > 0;) {
-    if (capacity[i] > capacity[i + 1]) {
-      if (notes) notes->push_back(fmt::format("'{}': measured capacity {:.4g} above cheaper '{}''s {:.4g}: recorded as {:.4g}",
-                                              c.states[i].name, capacity[i], c.states[i + 1].name, capacity[i + 1],
-                                              capacity[i + 1]));
-      capacity[i] = capacity[i + 1];
+  // A cheaper state does no more work per request than the state above it, so it sustains at least
+  // the rate that state passed. A passing step is hard evidence; a failing one may be a transient
+  // stall, so a low figure below a higher one is raised, not the higher one lowered.
+  for (size_t i = 1; i < n; ++i) {
+    if (capacity[i] < capacity[i - 1]) {
+      if (notes) notes->push_back(fmt::format("'{}': measured capacity {:.4g} below '{}''s {:.4g}, which does more work: "
+                                              "recorded as {:.4g}",
+                                              c.states[i].name, capacity[i], c.states[i - 1].name, capacity[i - 1],
+                                              capacity[i - 1]));
+      capacity[i] = capacity[i - 1];
     }
   }
   for (size_t i = 0; i < n; ++i) {

@@ -23,8 +23,11 @@
 // saturated (highest utilisation reported at the failing step).
 //
 // Figures must descend (quality) and ascend (capacity) down the list (catalog rules). Measured
-// values that break that are adjusted conservatively, and each adjustment is reported: a state's
-// quality is lowered to the one above it; a state's capacity is lowered to the one below it.
+// values that break that are adjusted, and each adjustment is reported: a state's quality is
+// lowered to the one above it (quality is deterministic at temperature 0: a cheaper state scoring
+// higher is an artefact of the evaluation set); a state's capacity is raised to the one above it
+// (a cheaper state does no more work per request, so it sustains at least the rate the costlier
+// state passed; the ramp's failures, not its passes, are what transient stalls produce).
 #pragma once
 
 #include <array>
