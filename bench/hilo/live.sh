@@ -30,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
-KEEL=$ROOT/$BUILD/keel
+case "$BUILD" in /*) KEEL=$BUILD/keel ;; *) KEEL=$ROOT/$BUILD/keel ;; esac
 [ $# -ge 1 ] || { sed -n '2,26p' "$0" >&2; exit 2; }
 CATALOG=$(realpath "$1")
 OUT=${2:-/tmp/keel-live}

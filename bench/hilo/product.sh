@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
-KEEL=$ROOT/$BUILD/keel
+case "$BUILD" in /*) KEEL=$BUILD/keel ;; *) KEEL=$ROOT/$BUILD/keel ;; esac
 SHARED=${KEEL_SHARED:-$(cd .. && pwd)/shared}
 DATA=$SHARED/data
 PORT_BASE=${PORT_BASE:-17500}

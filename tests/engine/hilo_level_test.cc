@@ -507,6 +507,7 @@ TEST_F(HiloLevelTest, MeterCountsArrivalsShedsAndFinishes) {
   std::atomic<int64_t> now_ms{1'000'000};
   Open("full", /*max_queue=*/2, /*run_scheduler=*/false, [&now_ms] { return now_ms.load(); });
   hilo::LoadMeter& meter = levels_->meter();
+  meter.SetRateWindow(0);  // rates per report window: this test counts each window's arrivals
   // The engine's probe reports the scheduler's queue; without it the meter's own count shows
   // whether every arrival left the queue again (Shed or Started).
   meter.SetQueueDepthProbe(nullptr);
