@@ -23,6 +23,8 @@
 #   WARMUP_S       real seconds of unscored 1x load before each trace (default 20): the
 #                  controller's trend would read a jump from zero load as a surge
 #   QUERIES (30), WINDOW_S (5 trace s), SLO_MS (2000), WORKERS (256), SEED (1)
+#   MAX_TOKENS     every request's max_tokens (default 32, what the product catalog was validated
+#                  with: a request asking fewer than a state's clamp makes states look alike)
 #   ALLOW_UNVALIDATED=1  pass --allow-unvalidated to the controller (a catalog whose figures are
 #                  stale or from other binaries; the figures must still be there)
 #   PORT_BASE (17600), DIR (product dir, default OUT_DIR/product), BUILD, KEEL_SHARED
@@ -31,7 +33,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) KEEL=$BUILD/keel ;; *) KEEL=$ROOT/$BUILD/keel ;; esac
-[ $# -ge 1 ] || { sed -n '2,26p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,30p' "$0" >&2; exit 2; }
 CATALOG=$(realpath "$1")
 OUT=${2:-/tmp/keel-live}
 mkdir -p "$OUT"
@@ -43,6 +45,7 @@ TRACES=${TRACES:-"step ramp spike double_peak sawtooth slow_swell flash_crowd pl
 POLICIES=${POLICIES:-"hilo per-service"}
 TIME_SCALE=${TIME_SCALE:-1}
 QUERIES=${QUERIES:-30}
+MAX_TOKENS=${MAX_TOKENS:-32}
 WINDOW_S=${WINDOW_S:-5}
 SLO_MS=${SLO_MS:-2000}
 WORKERS=${WORKERS:-256}
@@ -82,7 +85,7 @@ write_references() {  # pin full, write the full state's answers, unpin
   # write, so retry until they all have.
   local ok=0
   for _ in $(seq 1 30); do
-    if "$KEEL" hilo replay --answer "$ANSWER" --controller "$CONTROLLER" --queries "$QUERIES" \
+    if "$KEEL" hilo replay --answer "$ANSWER" --controller "$CONTROLLER" --queries "$QUERIES" --max-tokens "$MAX_TOKENS" \
       --write-references "$REFS" >"$OUT/references.json" 2>"$OUT/references.log"; then ok=1; break; fi
     sleep 0.5
   done
@@ -107,7 +110,16 @@ if [ ! -s "$REFS" ]; then
   bench/hilo/product.sh stop "$DIR"
 fi
 
-echo "live: catalog $CATALOG, traces: $TRACES; baseline $BASELINE_RATE req/s, time scale $TIME_SCALE, $QUERIES queries, SLO $SLO_MS ms" >&2
+# What bench/hilo/sim_vs_live.sh needs to set a simulation up like this run.
+cat >"$OUT/run.env" <<ENV
+CATALOG=$CATALOG
+BASELINE_RATE=$BASELINE_RATE
+TIME_SCALE=$TIME_SCALE
+WINDOW_S=$WINDOW_S
+SLO_MS=$SLO_MS
+SEED=$SEED
+ENV
+echo "live: catalog $CATALOG, traces: $TRACES; baseline $BASELINE_RATE req/s, time scale $TIME_SCALE, $QUERIES queries of $MAX_TOKENS tokens, SLO $SLO_MS ms" >&2
 for policy in $POLICIES; do
   flags=("${PRODUCT_FLAGS[@]}")
   if [ $HAS_POLICY = 1 ]; then
@@ -127,7 +139,7 @@ for policy in $POLICIES; do
       wait_full
     fi
     echo "live: [$policy] $trace ..." >&2
-    "$KEEL" hilo replay --answer "$ANSWER" --controller "$CONTROLLER" --references "$REFS" --queries "$QUERIES" \
+    "$KEEL" hilo replay --answer "$ANSWER" --controller "$CONTROLLER" --references "$REFS" --queries "$QUERIES" --max-tokens "$MAX_TOKENS" \
       --trace "$trace" --baseline-rate "$BASELINE_RATE" --time-scale "$TIME_SCALE" --window-s "$WINDOW_S" \
       --slo-ms "$SLO_MS" --warmup-s "$WARMUP_S" --workers "$WORKERS" --seed "$SEED" --label "$policy" \
       --out-csv "$OUT/live_${trace}_${policy}.csv" >>"$SUMMARY" 2>"$OUT/replay_${trace}_${policy}.log" \

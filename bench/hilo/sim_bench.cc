@@ -5,10 +5,17 @@
 // exceeds L. The default catalog's figures are assumed, not measured (bench/hilo/README.md).
 //
 //   sim_bench [--catalog bench/hilo/example_catalog.json] [--scale 100] [--baseline-rate 55]
-//             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR]
+//             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR] [--time-scale 1]
+//             [--window-s 1] [--slo-ms 1000] [--servers 8] [--jsonl FILE]
+// --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
+// simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
+// replays the trace's shape faster at the same rates, while the controller's dwells stay in real
+// seconds. --servers sets every service's workers at scale 1. --jsonl appends one summary line per
+// trace and policy, in the fields of the live replay's summary.
 // --csv-dir writes DIR/sim_<trace>_<policy>.csv per trace and policy (per-window t_s, arrived,
 // mean_quality, state index: the cheapest level applied), the simulation's half of the plots
 // (bench/hilo/plot.sh draws them beside the live replay's CSVs).
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -34,7 +41,33 @@ struct Args {
   std::string trace;  // "" = all
   std::string csv;
   std::string csv_dir;  // "" = no per-window CSVs
+  double time_scale = 1;  // real seconds per trace second
+  double window_s = 1;    // trace seconds
+  double slo_ms = 1000;
+  int servers = 8;
+  std::string jsonl;  // "" = no JSON summary
 };
+
+// The trace compressed (or stretched) in time: the same multipliers, time_scale real s per trace s.
+Trace Rescaled(const Trace& t, double time_scale) {
+  Trace out = t;
+  out.duration_s *= time_scale;
+  for (auto& p : out.points) p.first *= time_scale;
+  return out;
+}
+
+void AppendJsonl(FILE* f, const Trace& t, const SimResult& r, const Catalog& c, double limit) {
+  std::fprintf(f, "{\"label\":\"%s\",\"trace\":\"%s\",\"peak\":%.4g,\"full_quality\":%.6g,\"limit\":%.6g,"
+               "\"arrived\":%lld,\"shed\":%lld,\"failed\":%lld,\"slo_violations\":%lld,\"max_drop\":%.6g,"
+               "\"mean_drop\":%.6g,\"transitions\":%lld,\"time_in_state_s\":{",
+               r.policy == "baseline" ? "per-service" : r.policy.c_str(), t.name.c_str(), t.Peak(), r.full_quality, limit,
+               static_cast<long long>(r.arrived), static_cast<long long>(r.shed), static_cast<long long>(r.failed),
+               static_cast<long long>(r.slo_violations), r.max_drop, r.mean_drop, static_cast<long long>(r.transitions));
+  for (size_t i = 0; i < c.states.size() && i < r.time_in_state_s.size(); ++i) {
+    std::fprintf(f, "%s\"%s\":%.3f", i ? "," : "", c.states[i].name.c_str(), r.time_in_state_s[i]);
+  }
+  std::fprintf(f, "}}\n");
+}
 
 // One row per simulated window; the same leading columns as `keel hilo replay --out-csv`.
 bool WriteWindowsCsv(const std::string& path, const SimResult& r) {
@@ -93,6 +126,11 @@ int Main(int argc, char** argv) {
     else if (const char* v = val("--trace")) a.trace = v;
     else if (const char* v = val("--csv")) a.csv = v;
     else if (const char* v = val("--csv-dir")) a.csv_dir = v;
+    else if (const char* v = val("--time-scale")) a.time_scale = std::atof(v);
+    else if (const char* v = val("--window-s")) a.window_s = std::atof(v);
+    else if (const char* v = val("--slo-ms")) a.slo_ms = std::atof(v);
+    else if (const char* v = val("--servers")) a.servers = std::atoi(v);
+    else if (const char* v = val("--jsonl")) a.jsonl = v;
     else {
       std::fprintf(stderr, "unknown or incomplete argument %s\n", argv[i]);
       return 2;
@@ -123,7 +161,22 @@ int Main(int argc, char** argv) {
     }
     traces.push_back(std::move(t).value());
   }
+  if (!(a.time_scale > 0 && a.time_scale <= 100) || !(a.window_s > 0) || !(a.slo_ms > 0) || a.servers < 1 ||
+      a.servers > 4096 || !(a.scale > 0) || !(a.baseline_rate > 0)) {
+    std::fprintf(stderr, "--time-scale (0, 100], --window-s, --slo-ms, --scale, --baseline-rate > 0, --servers 1..4096\n");
+    return 2;
+  }
+  for (Trace& t : traces) t = Rescaled(t, a.time_scale);
+  FILE* jsonl = nullptr;
+  if (!a.jsonl.empty() && !(jsonl = std::fopen(a.jsonl.c_str(), "a"))) {
+    std::fprintf(stderr, "cannot write %s\n", a.jsonl.c_str());
+    return 1;
+  }
   SimOptions o;
+  o.window_s = a.window_s * a.time_scale;
+  o.slo_ms = a.slo_ms;
+  o.timeout_ms = std::max(o.timeout_ms, a.slo_ms);
+  o.servers.fill(a.servers);
   o.scale = a.scale;
   o.baseline_rate = a.baseline_rate;
   o.seed = a.seed;
@@ -163,6 +216,9 @@ int Main(int argc, char** argv) {
       }
     }
     PrintTrace(*cat, t, r, limit);
+    if (jsonl) {
+      for (const SimResult& x : r) AppendJsonl(jsonl, t, x, *cat, limit);
+    }
     rows.push_back({t.name, t.Peak(), r[0].max_drop, r[1].max_drop, static_cast<long long>(r[0].shed),
                     static_cast<long long>(r[1].shed)});
   }
@@ -182,6 +238,7 @@ int Main(int argc, char** argv) {
   std::printf("\nHiLO within 0.85 L on %d of %zu traces; baseline over L on %d of %zu. Simulated in %.1f s.\n", hilo_ok,
               rows.size(), base_over, rows.size(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (jsonl) std::fclose(jsonl);
   return 0;
 }
 

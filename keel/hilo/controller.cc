@@ -1,6 +1,7 @@
 #include "keel/hilo/controller.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace keel::hilo {
@@ -17,8 +18,8 @@ std::string Fmt(double x) {
 
 Status CheckOptions(const ControllerOptions& o) {
   auto bad = [](const char* what) { return Status::InvalidArgument(std::string("controller option ") + what); };
-  if (!(o.alpha > 0 && o.alpha <= 1)) return bad("alpha: expected (0, 1]");
-  if (!(o.beta >= 0 && o.beta <= 1)) return bad("beta: expected [0, 1]");
+  if (!(o.level_tau_s >= 0 && o.level_tau_s <= 3600)) return bad("level_tau_s: expected 0..3600");
+  if (!(o.trend_tau_s >= 0 && o.trend_tau_s <= 3600)) return bad("trend_tau_s: expected 0..3600");
   if (!(o.lookahead_s >= 0 && o.lookahead_s <= 3600)) return bad("lookahead_s: expected 0..3600");
   if (!(o.headroom >= 1 && o.headroom <= 10)) return bad("headroom: expected 1..10");
   if (!(o.recover_margin > 0 && o.recover_margin <= 1)) return bad("recover_margin: expected (0, 1]");
@@ -89,7 +90,9 @@ double Controller::Demand(Service s, int64_t now_ms) const {
 }
 
 // Holt's linear method with irregular sampling: the trend is per second, the level's prior is
-// extrapolated over the actual gap since the last sample.
+// extrapolated over the actual gap since the last sample, and each weight is 1 - exp(-dt / tau).
+// For dt << tau the trend weight over dt is about dt / tau, so a level step of d moves the trend
+// by about d / trend_tau_s whatever the decision interval.
 void Controller::UpdatePrediction(ServiceState& s, double demand, int64_t now_ms) const {
   if (!s.has_model) {
     s.has_model = true;
@@ -98,8 +101,10 @@ void Controller::UpdatePrediction(ServiceState& s, double demand, int64_t now_ms
     s.sample_ms = now_ms;
   } else if (now_ms > s.sample_ms) {
     const double dt = (now_ms - s.sample_ms) / 1000.0;
-    const double level = opt_.alpha * demand + (1 - opt_.alpha) * (s.level + s.trend * dt);
-    s.trend = opt_.beta * (level - s.level) / dt + (1 - opt_.beta) * s.trend;
+    const double a = opt_.level_tau_s > 0 ? -std::expm1(-dt / opt_.level_tau_s) : 1.0;
+    const double b = opt_.trend_tau_s > 0 ? -std::expm1(-dt / opt_.trend_tau_s) : 0.0;
+    const double level = a * demand + (1 - a) * (s.level + s.trend * dt);
+    s.trend = b * (level - s.level) / dt + (1 - b) * s.trend;
     s.level = level;
     s.sample_ms = now_ms;
   }

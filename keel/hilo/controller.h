@@ -5,8 +5,10 @@
 // Rules (docs/hilo.md):
 //  - A service's demand is the sum of the arrival rates of its instances whose latest report is
 //    at most report_timeout_s old (older instances are dropped). Each Decide feeds that demand to
-//    Holt's linear smoothing (level + trend, irregular sampling) and predicts lookahead_s ahead,
-//    times headroom.
+//    Holt's linear smoothing (level + trend) and predicts lookahead_s ahead, times headroom. The
+//    smoothing is set by time constants, not per-sample weights, so the prediction does not
+//    depend on how often Decide runs: a per-sample trend weight divides each sample's noise by the
+//    sampling interval, and at 4 decisions a second that read Poisson noise as surges.
 //  - Target: the highest-quality state whose capacity covers every service's prediction; none
 //    covers -> the lowest state ("overloaded").
 //  - Degrade at once (min_dwell_s does not apply). Recover only to a state that has covered every
@@ -34,8 +36,8 @@
 namespace keel::hilo {
 
 struct ControllerOptions {
-  double alpha = 0.5;            // Holt level smoothing, (0, 1]
-  double beta = 0.3;             // Holt trend smoothing, [0, 1]
+  double level_tau_s = 1.0;      // Holt level time constant, seconds (0 = the latest demand, no smoothing)
+  double trend_tau_s = 4.0;      // Holt trend time constant, seconds (0 = no trend)
   double lookahead_s = 2.0;      // predict this far ahead: about one decision + push + apply
   double headroom = 1.1;         // predicted demand x this must fit the capacity, >= 1
   double recover_margin = 0.8;   // recover only to a state with prediction <= margin x capacity, (0, 1]

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "tests/hilo/test_catalog.h"
 
@@ -18,8 +19,8 @@ constexpr int64_t kSec = 1000;
 // arithmetic on the capacities in test_catalog.h.
 ControllerOptions Exact() {
   ControllerOptions o;
-  o.alpha = 1;
-  o.beta = 0;
+  o.level_tau_s = 0;
+  o.trend_tau_s = 0;
   o.headroom = 1;
   o.initial_state = "full";
   return o;
@@ -54,15 +55,53 @@ TEST(HiloController, StepSurgeDegradesInOneDecision) {
   o.initial_state = "full";
   Controller c = Make(o);
   for (int i = 0; i < 30; ++i) EXPECT_EQ(Step(c, kT0 + i * kSec, 50).index, 0);
-  // 50 -> 250 req/s: level 150, trend 30/s, (150 + 2 x 30) x 1.1 = 231 -> the first state with
-  // answer capacity >= 231 is no_rerank (300).
+  // 50 -> 250 req/s one second later: level weight 1 - e^-1 gives level 176.4, trend weight
+  // 1 - e^-0.25 gives trend 28.0/s, (176.4 + 2 x 28.0) x 1.1 = 255.6 -> the first state with
+  // answer capacity >= 255.6 is no_rerank (300).
   Decision d = Step(c, kT0 + 30 * kSec, 250);
   EXPECT_TRUE(d.changed);
   EXPECT_EQ(d.index, 3);
   EXPECT_EQ(d.state, "no_rerank");
-  EXPECT_NEAR(c.Predicted(Service::kAnswer), 231, 1e-6);
-  EXPECT_EQ(d.reason, "degrade: answer predicted 231.0 req/s > capacity 100.0 in 'full'");
+  EXPECT_NEAR(c.Predicted(Service::kAnswer), 255.589, 1e-3);
+  EXPECT_EQ(d.reason, "degrade: answer predicted 255.6 req/s > capacity 100.0 in 'full'");
   EXPECT_EQ(c.transitions(), 1u);
+}
+
+// The smoothing is set in seconds: the same step seen through 1 s or 250 ms decisions gives
+// about the same prediction one second later: 332 and 298 req/s (the first sample of the coarse
+// run carries the step over a whole second). Per-sample weights (alpha 0.5, beta 0.3) gave 326
+// and 526: at 250 ms decisions every sample's change was read as four times the trend.
+TEST(HiloController, PredictionDoesNotDependOnTheDecisionInterval) {
+  auto predict_after_step = [](int64_t every_ms) {
+    ControllerOptions o;
+    o.initial_state = "full";
+    Controller c = Make(o);
+    int64_t t = kT0;
+    for (; t < kT0 + 30 * kSec; t += every_ms) Step(c, t, 50);
+    for (const int64_t end = t + kSec; t < end; t += every_ms) Step(c, t, 250);
+    Step(c, t, 250);
+    return c.Predicted(Service::kAnswer);
+  };
+  const double coarse = predict_after_step(1000);
+  const double fine = predict_after_step(250);
+  EXPECT_NEAR(fine, coarse, 0.15 * coarse) << "1 s decisions: " << coarse << ", 250 ms: " << fine;
+  EXPECT_GT(fine, 200);  // still reacts within a second
+}
+
+// Steady demand with sampling noise (sd 10 around 60 req/s, four decisions a second) never takes
+// the product out of a state whose capacity is 100: noise is not read as a surge.
+TEST(HiloController, SamplingNoiseIsNotASurge) {
+  ControllerOptions o;
+  o.initial_state = "full";
+  Controller c = Make(o);
+  std::mt19937 rng(7);
+  std::normal_distribution<double> noise(0, 10);
+  double worst = 0;
+  for (int64_t t = kT0; t < kT0 + 600 * kSec; t += 250) {
+    EXPECT_EQ(Step(c, t, 60 + noise(rng)).index, 0) << "left full at t=" << (t - kT0) / 1000.0 << " s";
+    worst = std::max(worst, c.Predicted(Service::kAnswer));
+  }
+  EXPECT_LT(worst, 100);
 }
 
 TEST(HiloController, HoltPredictionLeadsARampAndSettlesOnSteadyDemand) {
@@ -286,7 +325,7 @@ TEST(HiloController, CreateRefusesUnvalidatedCatalogsAndBadOptions) {
   o.headroom = 0.5;
   EXPECT_FALSE(Controller::Create(TestCatalog(), o, nullptr).ok());
   o = Exact();
-  o.alpha = std::nan("");
+  o.level_tau_s = std::nan("");
   EXPECT_FALSE(Controller::Create(TestCatalog(), o, nullptr).ok());
   o = Exact();
   o.initial_state = "nope";

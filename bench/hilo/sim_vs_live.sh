@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The simulation beside a live run (issue 23: "the simulation agrees with the live runs within 10%
+# where both exist"). Reads LIVE_OUT/run.env and LIVE_OUT/summary.jsonl written by
+# bench/hilo/live.sh, runs build/sim_bench on the same catalog (its validated capacities are the
+# live measurements the service models are fitted to), baseline rate, time scale, window, SLO and
+# seed, at scale 1 (the live run) and at SIM_SCALE (default 100: the same traces at 100x the rates,
+# capacities and servers), and prints, per trace and policy, the live and simulated max and mean
+# drops and their differences relative to the live figure.
+#
+#   bench/hilo/sim_vs_live.sh LIVE_OUT [OUT]        (OUT default LIVE_OUT/sim)
+# Knobs: BUILD (default build), SIM_SCALE (100), SERVERS (8: workers per service at scale 1).
+# Where a live drop is below 1 point the relative difference is not defined; the absolute one is
+# printed and the row is judged on |sim - live| <= 1 point instead.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+BUILD=${BUILD:-build}
+case "$BUILD" in /*) SIM=$BUILD/sim_bench ;; *) SIM=$ROOT/$BUILD/sim_bench ;; esac
+[ $# -ge 1 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
+LIVE=$(realpath "$1")
+OUT=${2:-$LIVE/sim}
+SIM_SCALE=${SIM_SCALE:-100}
+SERVERS=${SERVERS:-8}
+[ -f "$LIVE/run.env" ] && [ -s "$LIVE/summary.jsonl" ] \
+  || { echo "sim_vs_live: $LIVE has no run.env or summary.jsonl (run bench/hilo/live.sh first)" >&2; exit 1; }
+[ -x "$SIM" ] || { echo "sim_vs_live: $SIM missing (build sim_bench)" >&2; exit 1; }
+. "$LIVE/run.env"
+mkdir -p "$OUT"
+: >"$OUT/sim_1x.jsonl"
+: >"$OUT/sim_scaled.jsonl"
+common=(--catalog "$CATALOG" --baseline-rate "$BASELINE_RATE" --time-scale "$TIME_SCALE" --window-s "$WINDOW_S"
+        --slo-ms "$SLO_MS" --seed "$SEED" --servers "$SERVERS")
+"$SIM" "${common[@]}" --scale 1 --jsonl "$OUT/sim_1x.jsonl" --csv-dir "$OUT" >"$OUT/sim_1x.md"
+"$SIM" "${common[@]}" --scale "$SIM_SCALE" --jsonl "$OUT/sim_scaled.jsonl" >"$OUT/sim_scaled.md"
+
+python3 - "$LIVE/summary.jsonl" "$OUT/sim_1x.jsonl" "$OUT/sim_scaled.jsonl" "$SIM_SCALE" <<'PY' | tee "$OUT/sim_vs_live.md"
+import json, sys
+def load(path):
+    return {(r["label"], r["trace"]): r for r in (json.loads(l) for l in open(path) if l.strip())}
+live, sim1, simk = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
+k = sys.argv[4]
+def diff(s, l):
+    if l < 1:
+        return f"{s - l:+.1f} pt", abs(s - l) <= 1
+    return f"{100 * (s - l) / l:+.0f} %", abs(s - l) <= 0.1 * l
+print(f"| policy | trace | live max drop | sim max drop | diff | live mean drop | sim mean drop | diff | within 10 %? | sim {k}x max / mean drop |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
+agree = total = 0
+for key, l in live.items():
+    s = sim1.get(key)
+    if s is None:
+        continue
+    dmax, okmax = diff(s["max_drop"], l["max_drop"])
+    dmean, okmean = diff(s["mean_drop"], l["mean_drop"])
+    sk = simk.get(key, {})
+    total += 1
+    agree += okmax and okmean
+    print(f"| {key[0]} | {key[1]} | {l['max_drop']:.1f} | {s['max_drop']:.1f} | {dmax} | {l['mean_drop']:.1f} | "
+          f"{s['mean_drop']:.1f} | {dmean} | {'yes' if okmax and okmean else 'no'} | "
+          f"{sk.get('max_drop', float('nan')):.1f} / {sk.get('mean_drop', float('nan')):.1f} |")
+print(f"\nMax and mean drop both within 10 % (or 1 point) on {agree} of {total} live runs.")
+PY
