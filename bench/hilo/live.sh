@@ -22,7 +22,7 @@
 #                  ~1.4x what the full state sustains)
 #   WARMUP_S       real seconds of unscored 1x load before each trace (default 20): the
 #                  controller's trend would read a jump from zero load as a surge
-#   QUERIES (30), WINDOW_S (5 trace s), SLO_MS (2000), WORKERS (256), SEED (1)
+#   QUERIES (50: the evaluation queries validate scores states on), WINDOW_S (5 trace s), SLO_MS (2000), WORKERS (256), SEED (1)
 #   MAX_TOKENS     every request's max_tokens (default 32, what the product catalog was validated
 #                  with: a request asking fewer than a state's clamp makes states look alike)
 #   ALLOW_UNVALIDATED=1  pass --allow-unvalidated to the controller (a catalog whose figures are
@@ -44,7 +44,7 @@ export KEEL_SHARED=${KEEL_SHARED:-$(cd .. && pwd)/shared}
 TRACES=${TRACES:-"step ramp spike double_peak sawtooth slow_swell flash_crowd plateau_jitter diurnal_bump surge_3x"}
 POLICIES=${POLICIES:-"hilo per-service"}
 TIME_SCALE=${TIME_SCALE:-1}
-QUERIES=${QUERIES:-30}
+QUERIES=${QUERIES:-50}
 MAX_TOKENS=${MAX_TOKENS:-32}
 WINDOW_S=${WINDOW_S:-5}
 SLO_MS=${SLO_MS:-2000}

@@ -6,12 +6,15 @@
 //
 //   sim_bench [--catalog bench/hilo/example_catalog.json] [--scale 100] [--baseline-rate 55]
 //             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR] [--time-scale 1]
-//             [--window-s 1] [--slo-ms 1000] [--servers 8] [--jsonl FILE]
+//             [--window-s 1] [--slo-ms 1000] [--servers 8] [--jsonl FILE] [--live-loop]
 // --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
 // simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
 // replays the trace's shape faster at the same rates, while the controller's dwells stay in real
 // seconds. --servers sets every service's workers at scale 1. --jsonl appends one summary line per
-// trace and policy, in the fields of the live replay's summary.
+// trace and policy, in the fields of the live replay's summary. --live-loop runs the control loop
+// as the live product does (reports and decisions every 250 ms, arrival rates over 2 s) instead
+// of the default 500 ms reports over 500 ms, and its baseline runs the live per-service rule
+// (ServicePolicy) on the modelled reports instead of the sim's queueing-delay rule.
 // --csv-dir writes DIR/sim_<trace>_<policy>.csv per trace and policy (per-window t_s, arrived,
 // mean_quality, state index: the cheapest level applied), the simulation's half of the plots
 // (bench/hilo/plot.sh draws them beside the live replay's CSVs).
@@ -45,6 +48,7 @@ struct Args {
   double window_s = 1;    // trace seconds
   double slo_ms = 1000;
   int servers = 8;
+  bool live_loop = false;
   std::string jsonl;  // "" = no JSON summary
 };
 
@@ -131,6 +135,7 @@ int Main(int argc, char** argv) {
     else if (const char* v = val("--slo-ms")) a.slo_ms = std::atof(v);
     else if (const char* v = val("--servers")) a.servers = std::atoi(v);
     else if (const char* v = val("--jsonl")) a.jsonl = v;
+    else if (std::strcmp(argv[i], "--live-loop") == 0) a.live_loop = true;
     else {
       std::fprintf(stderr, "unknown or incomplete argument %s\n", argv[i]);
       return 2;
@@ -177,6 +182,12 @@ int Main(int argc, char** argv) {
   o.slo_ms = a.slo_ms;
   o.timeout_ms = std::max(o.timeout_ms, a.slo_ms);
   o.servers.fill(a.servers);
+  if (a.live_loop) {  // ServiceLinkOptions' and ControllerServerOptions' defaults
+    o.report_interval_s = 0.25;
+    o.decide_interval_s = 0.25;
+    o.rate_window_s = 2;
+    o.live_baseline = true;
+  }
   o.scale = a.scale;
   o.baseline_rate = a.baseline_rate;
   o.seed = a.seed;

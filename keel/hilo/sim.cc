@@ -63,6 +63,8 @@ struct Station {
   std::vector<double> sojourn_ms;
   double qdelay_sum_ms = 0;
   int64_t qdelay_n = 0;
+  std::deque<int64_t> recent_arrivals;  // the last report windows' counts, for rate_window_s
+  std::optional<ServicePolicy> policy;  // SimOptions::live_baseline: the live per-service rule
   // Baseline rule.
   double last_change = -std::numeric_limits<double>::infinity();
   double calm_since = -1;
@@ -105,6 +107,13 @@ class Sim {
       st.servers = std::max(1, static_cast<int>(std::lround(o_.servers[s] * o_.scale)));
       st.bound = static_cast<size_t>(o_.queue_per_server) * st.servers;
       st.level = initial;
+      if (!ctrl_ && o_.live_baseline) {
+        ServicePolicyOptions po;  // the live defaults (ControllerServerOptions::per_service)
+        po.baseline = o_.baseline;
+        Result<ServicePolicy> p = ServicePolicy::Create(n, po);
+        if (!p.ok()) return p.status();
+        st.policy.emplace(std::move(p).value());
+      }
     }
     arrivals_ = PoissonArrivals(trace_, o_.baseline_rate * o_.scale, o_.seed);
     reqs_.resize(arrivals_.size());
@@ -211,23 +220,42 @@ class Sim {
     w.drop_sum += full_q_ - quality;
   }
 
+  // Arrivals per second over the last rate_window_s (at least the current report window), as the
+  // live services' LoadMeter reports them.
+  double RecentRate(Station& st) const {
+    const size_t keep = std::max<size_t>(1, static_cast<size_t>(std::llround(o_.rate_window_s / o_.report_interval_s)));
+    st.recent_arrivals.push_back(st.arrivals);
+    while (st.recent_arrivals.size() > keep) st.recent_arrivals.pop_front();
+    int64_t sum = 0;
+    for (int64_t a : st.recent_arrivals) sum += a;
+    return static_cast<double>(sum) / (static_cast<double>(st.recent_arrivals.size()) * o_.report_interval_s);
+  }
+
   void Report(double t) {
     const int64_t now_ms = kUnixMs0 + std::llround(t * 1000);
     for (int s = 0; s < kNumServices; ++s) {
       Station& st = st_[s];
       st.Account(t);
-      if (ctrl_) {
+      if (ctrl_ || st.policy) {
         LoadReport r;
         r.service = static_cast<Service>(s);
         r.instance = "sim-" + std::string(ServiceName(r.service));
         r.unix_ms = now_ms;
-        r.arrival_rate = st.arrivals / o_.report_interval_s;
+        r.arrival_rate = RecentRate(st);
         r.in_flight = st.busy;
         r.queue_depth = static_cast<int64_t>(st.waiting.size());
         r.utilisation = std::min(1.0, st.busy_integral / (st.servers * o_.report_interval_s));
         r.p99_ms = P99(st.sojourn_ms);
         r.applied_state = cat_.states[st.level].name;
-        ctrl_->Observe(r);
+        if (ctrl_) {
+          ctrl_->Observe(r);
+        } else {
+          const ServiceStep step = st.policy->Observe(r, now_ms);
+          if (step.changed) {
+            st.level = step.to;
+            ++res_.transitions;
+          }
+        }
       } else {
         LocalRule(st, t);
       }
@@ -333,6 +361,7 @@ Status CheckOptions(const SimOptions& o) {
     return bad("window_s, report_interval_s and decide_interval_s must be > 0");
   }
   if (!(o.push_delay_s >= 0)) return bad("push_delay_s must be >= 0");
+  if (!(o.rate_window_s >= 0 && o.rate_window_s <= 3600)) return bad("rate_window_s must be in [0, 3600]");
   return Status::Ok();
 }
 

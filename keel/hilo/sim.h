@@ -49,10 +49,15 @@ struct SimOptions {
   double timeout_ms = 2000;           // a request still queued after this is failed
   double window_s = 1;                // quality windows, by arrival time
   double report_interval_s = 0.5;
+  double rate_window_s = 0;        // reported arrival rates average this long (0: one report window);
+                                   // the live services use 2 s (ServiceLinkOptions::rate_window_ms)
   double decide_interval_s = 0.5;  // decide on every report round
   double push_delay_s = 0.05;      // long-poll push plus apply
   ControllerOptions controller;  // initial_state "" starts the simulation in the full state
   BaselineOptions baseline;
+  // kBaseline runs the live per-service rule (ServicePolicy, baseline.h) on each service's modelled
+  // LoadReports instead of the sim's own rule on measured queueing delay.
+  bool live_baseline = false;
   uint64_t seed = 1;
 };
 
