@@ -73,14 +73,15 @@ void AppendJsonl(FILE* f, const Trace& t, const SimResult& r, const Catalog& c, 
   std::fprintf(f, "}}\n");
 }
 
-// One row per simulated window; the same leading columns as `keel hilo replay --out-csv`.
-bool WriteWindowsCsv(const std::string& path, const SimResult& r) {
+// One row per simulated window; the same leading columns as `keel hilo replay --out-csv`, with t_s
+// in trace seconds (the simulated time divided by the time scale), as the replay writes it.
+bool WriteWindowsCsv(const std::string& path, const SimResult& r, double time_scale) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) return false;
   f << "t_s,arrived,mean_quality,state_index\n";
   char line[128];
   for (const SimWindow& w : r.windows) {
-    std::snprintf(line, sizeof line, "%.3f,%lld,%.4f,%d\n", w.t_s, static_cast<long long>(w.arrived), w.mean_quality,
+    std::snprintf(line, sizeof line, "%.3f,%lld,%.4f,%d\n", w.t_s / time_scale, static_cast<long long>(w.arrived), w.mean_quality,
                   w.state);
     f << line;
   }
@@ -220,7 +221,7 @@ int Main(int argc, char** argv) {
           if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-' && ch != '.') ch = '_';
         }
         const std::string path = a.csv_dir + "/sim_" + file + "_" + r[p].policy + ".csv";
-        if (!WriteWindowsCsv(path, r[p])) {
+        if (!WriteWindowsCsv(path, r[p], a.time_scale)) {
           std::fprintf(stderr, "cannot write %s\n", path.c_str());
           return 1;
         }

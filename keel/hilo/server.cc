@@ -368,15 +368,8 @@ void ControllerServer::HandleServices(const HttpRequest&, HttpResponder& r) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, rep] : instances_) {
       if (now - rep.unix_ms > kForgetMs) continue;
-      nlohmann::ordered_json e;
-      e["service"] = ServiceName(rep.service);
-      e["instance"] = rep.instance;
-      e["applied_state"] = rep.applied_state;
-      e["arrival_rate"] = rep.arrival_rate;
-      e["in_flight"] = rep.in_flight;
-      e["queue_depth"] = rep.queue_depth;
-      e["utilisation"] = rep.utilisation;
-      e["p99_ms"] = rep.p99_ms;
+      // The report as the instance sent it (one writer of its fields), plus its age here.
+      nlohmann::ordered_json e = nlohmann::ordered_json::parse(WriteLoadReport(rep));
       e["age_ms"] = now - rep.unix_ms;
       list.push_back(std::move(e));
     }
