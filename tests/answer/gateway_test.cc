@@ -23,6 +23,7 @@
 #include "keel/engine/scheduler.h"
 #include "keel/engine/server.h"
 #include "keel/engine/tokenizer.h"
+#include "tests/common/keel_process.h"
 #include "tests/core/http_test_client.h"
 #include "tests/engine/test_util.h"
 #include "tests/kvstore/redis_process.h"  // FreeLoopbackPort, PortAccepts
@@ -34,61 +35,9 @@ using json = nlohmann::json;
 using test::HttpTestClient;
 using test::HttpTestResponse;
 
-// A child process running `keel <args>`, output to a log file; killed on destruction.
-class Process {
- public:
-  void Start(const std::string& args, const std::string& log_path) {
-    const std::string cmd = std::string("exec ") + KEEL_BINARY + " " + args + " >>" + log_path + " 2>&1";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-bool WaitFor(const std::function<bool()>& ready) {
-  for (int i = 0; i < 1500; ++i) {  // 30 s: a bound, not a timing assertion
-    if (ready()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return ready();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// curl over the policy service's Unix socket (its admin API): status and body.
-std::pair<int, std::string> Admin(const std::string& socket, const std::string& admin_key, const std::string& method,
-                                  const std::string& path, const std::string& body_file = "") {
-  std::string cmd = "curl -s -o - -w '\\n%{http_code}' --max-time 10 --unix-socket " + socket + " -X " + method +
-                    " -H 'Authorization: Bearer " + admin_key + "' -H 'Content-Type: application/json'";
-  if (!body_file.empty()) cmd += " --data-binary @" + body_file;
-  cmd += " 'http://localhost" + path + "'";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return {0, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = ::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  const size_t nl = out.rfind('\n');
-  if (nl == std::string::npos) return {0, out};
-  return {std::atoi(out.c_str() + nl + 1), out.substr(0, nl)};
-}
+using Process = test::KeelProcess;
+using test::ReadFile;
+using test::WaitFor;
 
 class AnswerGatewayTest : public ::testing::Test {
  protected:
@@ -100,10 +49,9 @@ class AnswerGatewayTest : public ::testing::Test {
     ::chmod((d + "/admin.key").c_str(), 0600);
     policy_.Start("gateway-policy --socket " + socket + " --db " + d + "/gw.db --admin-key-file " + d + "/admin.key",
                   d + "/policy.log");
-    ASSERT_TRUE(WaitFor([&] { return Admin(socket, admin_key, "GET", "/healthz").first == 200; }))
+    ASSERT_TRUE(WaitFor([&] { return test::PolicyAdmin(socket, admin_key, "GET", "/healthz").first == 200; }))
         << ReadFile(d + "/policy.log");
-    std::ofstream(d + "/key.json") << R"({"principal":"alice","team":"ml"})";
-    auto key = Admin(socket, admin_key, "POST", "/admin/keys", d + "/key.json");
+    auto key = test::PolicyAdmin(socket, admin_key, "POST", "/admin/keys", R"({"principal":"alice","team":"ml"})");
     ASSERT_EQ(key.first, 200) << key.second;
     api_key_ = json::parse(key.second).at("api_key").get<std::string>();
 

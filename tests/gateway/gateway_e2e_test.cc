@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/http_server.h"
+#include "tests/common/keel_process.h"
 #include "tests/core/http_test_client.h"
 #include "tests/engine/test_util.h"
 #include "tests/kvstore/redis_process.h"  // FreeLoopbackPort, PortAccepts
@@ -30,85 +31,10 @@ namespace {
 
 using nlohmann::json;
 
-// A child process running `keel <args>`, stderr to a log file (checked for leaked keys).
-class Process {
- public:
-  Process() = default;
-  void Start(const std::string& args, const std::string& log_path) {
-    const std::string cmd = std::string("exec ") + KEEL_BINARY + " " + args + " >>" + log_path + " 2>&1";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~Process() { Kill(); }
-  void Kill() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-  void Terminate() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-bool WaitFor(const std::function<bool()>& ready, int ms = 15000) {
-  for (int i = 0; i < ms / 20; ++i) {
-    if (ready()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// curl over the policy service's Unix socket (the admin API); returns status and body.
-std::pair<int, std::string> Admin(const std::string& socket, const std::string& admin_key, const std::string& method,
-                                  const std::string& path, const std::string& body = "") {
-  std::string cmd = "curl -s -o - -w '\\n%{http_code}' --max-time 10 --unix-socket " + socket + " -X " + method +
-                    " -H 'Authorization: Bearer " + admin_key + "' -H 'Content-Type: application/json'";
-  if (!body.empty()) cmd += " --data-binary @-";
-  cmd += " 'http://localhost" + path + "'";
-  std::string out;
-  // popen is one-directional: write the body through a temp file.
-  if (!body.empty()) {
-    char tmpl[] = "/tmp/keel-gw-admin-XXXXXX";
-    int fd = ::mkstemp(tmpl);
-    (void)!::write(fd, body.data(), body.size());
-    ::close(fd);
-    cmd += std::string(" < ") + tmpl;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = ::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    ::pclose(p);
-    ::unlink(tmpl);
-  } else {
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = ::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    ::pclose(p);
-  }
-  const size_t nl = out.rfind('\n');
-  if (nl == std::string::npos) return {0, out};
-  return {std::atoi(out.c_str() + nl + 1), out.substr(0, nl)};
-}
+// Children's logs are checked for leaked keys; the helpers are shared with tests/answer.
+using Process = test::KeelProcess;
+using test::ReadFile;
+using test::WaitFor;
 
 // Events of an SSE body: (event name, data).
 std::vector<std::pair<std::string, std::string>> ParseSse(const std::string& body) {
@@ -191,7 +117,7 @@ class GatewayE2E : public ::testing::Test {
     policy_->Start("gateway-policy --socket " + socket_ + " --db " + d + "/gw.db --admin-key-file " + d +
                        "/admin.key --decision-ttl-ms 300" + RedisFlag(),
                    d + "/policy.log");
-    ASSERT_TRUE(WaitFor([] { return Admin(socket_, admin_key_, "GET", "/healthz").first == 200; }))
+    ASSERT_TRUE(WaitFor([] { return test::PolicyAdmin(socket_, admin_key_, "GET", "/healthz").first == 200; }))
         << ReadFile(d + "/policy.log");
 
     const char* kinds[] = {"openai", "anthropic", "gemini"};
@@ -271,15 +197,15 @@ class GatewayE2E : public ::testing::Test {
     key_a_ = CreateKey("alice", Team("alpha"));
     key_b_ = CreateKey("bob", Team("beta"));
     key_open_ = CreateKey("olga", Team("open"));  // no policy, no budget
-    auto [s1, b1] = Admin(socket_, admin_key_, "PUT", "/admin/policies",
+    auto [s1, b1] = test::PolicyAdmin(socket_, admin_key_, "PUT", "/admin/policies",
                           R"({"team":")" + Team("alpha") + R"(","allowed_models":["m-*","aidreams"],"max_tokens":64,
                               "rewrites":{"cheap":"m-openai"},
                               "deny":[{"contains":"forbidden-topic","message":"that topic is not allowed here"}]})");
     ASSERT_EQ(s1, 200) << b1;
-    auto [s2, b2] = Admin(socket_, admin_key_, "PUT", "/admin/budgets",
+    auto [s2, b2] = test::PolicyAdmin(socket_, admin_key_, "PUT", "/admin/budgets",
                           R"({"scope":"team","subject":")" + Team("beta") + R"(","window":"daily","limit_tokens":120})");
     ASSERT_EQ(s2, 200) << b2;
-    auto [s3, b3] = Admin(socket_, admin_key_, "PUT", "/admin/prices",
+    auto [s3, b3] = test::PolicyAdmin(socket_, admin_key_, "PUT", "/admin/prices",
                           R"({"model":"gpt-test","input_per_mtok":1.0,"output_per_mtok":2.0})");
     ASSERT_EQ(s3, 200) << b3;
   }
@@ -295,7 +221,7 @@ class GatewayE2E : public ::testing::Test {
   }
 
   static std::string CreateKey(const std::string& principal, const std::string& team) {
-    auto [status, body] = Admin(socket_, admin_key_, "POST", "/admin/keys",
+    auto [status, body] = test::PolicyAdmin(socket_, admin_key_, "POST", "/admin/keys",
                                 json{{"principal", principal}, {"team", team}}.dump());
     EXPECT_EQ(status, 200) << body;
     json j = json::parse(body, nullptr, false);
@@ -693,7 +619,7 @@ TEST_F(GatewayE2E, BudgetExhaustionIs429NamingTheBudgetAndSpendIsRecorded) {
   EXPECT_NE(body.find("daily budget of team " + Team("beta")), std::string::npos) << body;
 
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // usage flush
-  auto [s, spend] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=beta");
+  auto [s, spend] = test::PolicyAdmin(socket_, admin_key_, "GET", "/admin/spend?team=beta");
   ASSERT_EQ(s, 200) << spend;
   EXPECT_NE(spend.find("tokens"), std::string::npos) << spend;
 }
@@ -729,7 +655,7 @@ TEST_F(GatewayE2E, SeedReachesKeelServe) {
 TEST_F(GatewayE2E, RevokedKeyIsRefusedWithinTheCacheTtl) {
   const std::string key = CreateKey("carol", Team("gamma"));  // beta's budget is spent by another test
   ASSERT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key).status, 200);
-  auto [s, b] = Admin(socket_, admin_key_, "POST", "/admin/keys/revoke", json{{"key_id", key_ids_.back()}}.dump());
+  auto [s, b] = test::PolicyAdmin(socket_, admin_key_, "POST", "/admin/keys/revoke", json{{"key_id", key_ids_.back()}}.dump());
   ASSERT_EQ(s, 200) << b;
   // TTL is 300 ms; allow a refresh round trip.
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
@@ -745,7 +671,7 @@ TEST_F(GatewayE2E, TwoGatewayInstancesShareABudgetThroughThePolicyService) {
   second.Start("gateway --config " + d + "/gw.json --port " + std::to_string(port_b), d + "/gateway-b.log");
   ASSERT_TRUE(WaitFor([port_b] { return test::PortAccepts(port_b); }));
   const std::string key = CreateKey("dave", Team("delta"));
-  auto [s, b] = Admin(socket_, admin_key_, "PUT", "/admin/budgets",
+  auto [s, b] = test::PolicyAdmin(socket_, admin_key_, "PUT", "/admin/budgets",
                       R"({"scope":"team","subject":")" + Team("delta") + R"(","window":"monthly","limit_tokens":100})");
   ASSERT_EQ(s, 200) << b;
   // Spend the whole budget through the first gateway.
@@ -791,7 +717,7 @@ TEST_F(GatewayE2E, UsageFromEveryGatewayProcessIsCountedOnce) {
   int64_t recorded = -1;
   for (int i = 0; i < 50 && recorded != expected; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    auto [s, spend] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
+    auto [s, spend] = test::PolicyAdmin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
     ASSERT_EQ(s, 200) << spend;
     recorded = json::parse(spend)["daily"]["tokens"].get<int64_t>();
   }
@@ -818,11 +744,11 @@ TEST_F(GatewayE2E, SigtermDeliversSettledUsageBeforeExit) {
   http.ReadResponse(&res);
   ASSERT_EQ(res.status, 200) << res.body;
   const int64_t tokens = json::parse(res.body)["usage"]["total_tokens"].get<int64_t>();
-  auto [s0, before] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
+  auto [s0, before] = test::PolicyAdmin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
   ASSERT_EQ(s0, 200) << before;
   EXPECT_EQ(json::parse(before)["daily"]["tokens"].get<int64_t>(), 0);  // not flushed yet
   gw.Terminate();
-  auto [s1, after] = Admin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
+  auto [s1, after] = test::PolicyAdmin(socket_, admin_key_, "GET", "/admin/spend?team=" + team);
   ASSERT_EQ(s1, 200) << after;
   EXPECT_EQ(json::parse(after)["daily"]["tokens"].get<int64_t>(), tokens);
 }
@@ -1080,7 +1006,7 @@ TEST_F(GatewayE2E, EveryAnswerCarriesTheRequestIdUnderBothNames) {
 TEST_F(GatewayE2E, BudgetRefusalSaysWhenToRetry) {
   const std::string team = Team("eta");
   const std::string key = CreateKey("eve", team);
-  auto [s, b] = Admin(socket_, admin_key_, "PUT", "/admin/budgets",
+  auto [s, b] = test::PolicyAdmin(socket_, admin_key_, "PUT", "/admin/budgets",
                       R"({"scope":"team","subject":")" + team + R"(","window":"daily","limit_tokens":100})");
   ASSERT_EQ(s, 200) << b;
 
