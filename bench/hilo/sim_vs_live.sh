@@ -3,7 +3,8 @@
 # where both exist"). Reads LIVE_OUT/run.env and LIVE_OUT/summary.jsonl written by
 # bench/hilo/live.sh, runs build/sim_bench on the same catalog (its validated capacities are the
 # live measurements the service models are fitted to), baseline rate, time scale, window, SLO and
-# seed, at scale 1 (the live run) and at SIM_SCALE (default 100: the same traces at 100x the rates,
+# seed, with the live control loop and the live per-service rule (sim_bench --live-loop), at
+# scale 1 (the live run) and at SIM_SCALE (default 100: the same traces at 100x the rates,
 # capacities and servers), and prints, per trace and policy, the live and simulated max and mean
 # drops and their differences relative to the live figure.
 #
@@ -30,8 +31,8 @@ mkdir -p "$OUT"
 : >"$OUT/sim_scaled.jsonl"
 common=(--catalog "$CATALOG" --baseline-rate "$BASELINE_RATE" --time-scale "$TIME_SCALE" --window-s "$WINDOW_S"
         --slo-ms "$SLO_MS" --seed "$SEED" --servers "$SERVERS")
-"$SIM" "${common[@]}" --scale 1 --jsonl "$OUT/sim_1x.jsonl" --csv-dir "$OUT" >"$OUT/sim_1x.md"
-"$SIM" "${common[@]}" --scale "$SIM_SCALE" --jsonl "$OUT/sim_scaled.jsonl" >"$OUT/sim_scaled.md"
+"$SIM" "${common[@]}" --live-loop --scale 1 --jsonl "$OUT/sim_1x.jsonl" --csv-dir "$OUT" >"$OUT/sim_1x.md"
+"$SIM" "${common[@]}" --live-loop --scale "$SIM_SCALE" --jsonl "$OUT/sim_scaled.jsonl" >"$OUT/sim_scaled.md"
 
 python3 - "$LIVE/summary.jsonl" "$OUT/sim_1x.jsonl" "$OUT/sim_scaled.jsonl" "$SIM_SCALE" <<'PY' | tee "$OUT/sim_vs_live.md"
 import json, sys
