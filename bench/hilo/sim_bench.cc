@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "keel/hilo/catalog.h"
 #include "keel/hilo/sim.h"
 #include "keel/hilo/trace.h"
@@ -60,17 +62,27 @@ Trace Rescaled(const Trace& t, double time_scale) {
   return out;
 }
 
+// One summary line in the live replay's fields (replay_live.cc), so sim_vs_live.sh reads both
+// alike. Names are escaped: a --csv trace is named by its path.
 void AppendJsonl(FILE* f, const Trace& t, const SimResult& r, const Catalog& c, double limit) {
-  std::fprintf(f, "{\"label\":\"%s\",\"trace\":\"%s\",\"peak\":%.4g,\"full_quality\":%.6g,\"limit\":%.6g,"
-               "\"arrived\":%lld,\"shed\":%lld,\"failed\":%lld,\"slo_violations\":%lld,\"max_drop\":%.6g,"
-               "\"mean_drop\":%.6g,\"transitions\":%lld,\"time_in_state_s\":{",
-               r.policy == "baseline" ? "per-service" : r.policy.c_str(), t.name.c_str(), t.Peak(), r.full_quality, limit,
-               static_cast<long long>(r.arrived), static_cast<long long>(r.shed), static_cast<long long>(r.failed),
-               static_cast<long long>(r.slo_violations), r.max_drop, r.mean_drop, static_cast<long long>(r.transitions));
-  for (size_t i = 0; i < c.states.size() && i < r.time_in_state_s.size(); ++i) {
-    std::fprintf(f, "%s\"%s\":%.3f", i ? "," : "", c.states[i].name.c_str(), r.time_in_state_s[i]);
-  }
-  std::fprintf(f, "}}\n");
+  nlohmann::ordered_json j;
+  j["label"] = r.policy == "baseline" ? "per-service" : r.policy;
+  j["trace"] = t.name;
+  j["peak"] = t.Peak();
+  j["full_quality"] = r.full_quality;
+  j["limit"] = limit;
+  j["arrived"] = r.arrived;
+  j["shed"] = r.shed;
+  j["failed"] = r.failed;
+  j["slo_violations"] = r.slo_violations;
+  j["max_drop"] = r.max_drop;
+  j["mean_drop"] = r.mean_drop;
+  j["transitions"] = r.transitions;
+  nlohmann::ordered_json states = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < c.states.size() && i < r.time_in_state_s.size(); ++i) states[c.states[i].name] = r.time_in_state_s[i];
+  j["time_in_state_s"] = std::move(states);
+  const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  std::fwrite(line.data(), 1, line.size(), f);
 }
 
 // One row per simulated window; the same leading columns as `keel hilo replay --out-csv`, with t_s

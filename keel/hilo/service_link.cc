@@ -75,7 +75,7 @@ void LoadMeter::SetUtilisationProbe(std::function<double()> probe) {
 
 void LoadMeter::SetRateWindow(int64_t ms) {
   std::lock_guard<std::mutex> lock(mu_);
-  rate_window_ms_ = std::max<int64_t>(ms, 0);
+  rate_.SetSpan(ms);
 }
 
 LoadReport LoadMeter::Take(int64_t now_ms) {
@@ -104,22 +104,10 @@ LoadReport LoadMeter::Take(int64_t now_ms) {
   LoadReport r;
   r.unix_ms = std::max<int64_t>(now_ms, 0);
   const double window_s = window_ms > 0 ? window_ms / 1000.0 : 0;
-  int64_t rate_ms = std::max<int64_t>(window_ms, 0), rate_arrivals = arrivals;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (window_ms > 0) recent_.emplace_back(window_ms, arrivals);
-    // Keep the newest windows that together just cover rate_window_ms.
-    int64_t covered = 0;
-    size_t keep = 0;
-    for (auto it = recent_.rbegin(); it != recent_.rend() && covered < rate_window_ms_; ++it, ++keep) covered += it->first;
-    while (recent_.size() > std::max<size_t>(keep, 1)) recent_.pop_front();
-    if (rate_window_ms_ > 0 && !recent_.empty()) {
-      rate_ms = 0;
-      rate_arrivals = 0;
-      for (const auto& [ms, n] : recent_) rate_ms += ms, rate_arrivals += n;
-    }
+    r.arrival_rate = rate_.Add(window_ms, arrivals);
   }
-  r.arrival_rate = rate_ms > 0 ? std::min(rate_arrivals / (rate_ms / 1000.0), 1e9) : 0;
   r.in_flight = std::min<int64_t>(in_service, 1000000000);
   r.queue_depth = std::min<int64_t>(queued, 1000000000);
   if (queue_probe) r.queue_depth = std::clamp<int64_t>(queue_probe(), 0, 1000000000);

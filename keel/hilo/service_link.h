@@ -21,7 +21,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -35,6 +34,7 @@
 #include "keel/hilo/agent_client.h"
 #include "keel/hilo/catalog.h"
 #include "keel/hilo/report.h"
+#include "keel/hilo/windowed_rate.h"
 
 namespace keel::hilo {
 
@@ -92,8 +92,7 @@ class LoadMeter {
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   std::function<int64_t()> queue_probe_;
   std::function<double()> util_probe_;
-  int64_t rate_window_ms_ = 0;
-  std::deque<std::pair<int64_t, int64_t>> recent_;  // (window ms, arrivals) of past Takes, newest last
+  WindowedRate rate_;  // arrival rate over the past Takes' windows (SetRateWindow)
 };
 
 struct ServiceLinkOptions {

@@ -8,6 +8,8 @@
 #include <queue>
 #include <random>
 
+#include "keel/hilo/windowed_rate.h"
+
 namespace keel::hilo {
 
 namespace {
@@ -63,7 +65,7 @@ struct Station {
   std::vector<double> sojourn_ms;
   double qdelay_sum_ms = 0;
   int64_t qdelay_n = 0;
-  std::deque<int64_t> recent_arrivals;  // the last report windows' counts, for rate_window_s
+  WindowedRate rate;                    // reported arrival rate over rate_window_s
   std::optional<ServicePolicy> policy;  // SimOptions::live_baseline: the live per-service rule
   // Baseline rule.
   double last_change = -std::numeric_limits<double>::infinity();
@@ -107,6 +109,7 @@ class Sim {
       st.servers = std::max(1, static_cast<int>(std::lround(o_.servers[s] * o_.scale)));
       st.bound = static_cast<size_t>(o_.queue_per_server) * st.servers;
       st.level = initial;
+      st.rate.SetSpan(std::llround(o_.rate_window_s * 1000));
       if (!ctrl_ && o_.live_baseline) {
         ServicePolicyOptions po;  // the live defaults (ControllerServerOptions::per_service)
         po.baseline = o_.baseline;
@@ -220,17 +223,6 @@ class Sim {
     w.drop_sum += full_q_ - quality;
   }
 
-  // Arrivals per second over the last rate_window_s (at least the current report window), as the
-  // live services' LoadMeter reports them.
-  double RecentRate(Station& st) const {
-    const size_t keep = std::max<size_t>(1, static_cast<size_t>(std::llround(o_.rate_window_s / o_.report_interval_s)));
-    st.recent_arrivals.push_back(st.arrivals);
-    while (st.recent_arrivals.size() > keep) st.recent_arrivals.pop_front();
-    int64_t sum = 0;
-    for (int64_t a : st.recent_arrivals) sum += a;
-    return static_cast<double>(sum) / (static_cast<double>(st.recent_arrivals.size()) * o_.report_interval_s);
-  }
-
   void Report(double t) {
     const int64_t now_ms = kUnixMs0 + std::llround(t * 1000);
     for (int s = 0; s < kNumServices; ++s) {
@@ -241,7 +233,8 @@ class Sim {
         r.service = static_cast<Service>(s);
         r.instance = "sim-" + std::string(ServiceName(r.service));
         r.unix_ms = now_ms;
-        r.arrival_rate = RecentRate(st);
+        // As the live LoadMeter reports it: over the last rate_window_s of report windows.
+        r.arrival_rate = st.rate.Add(std::llround(o_.report_interval_s * 1000), st.arrivals);
         r.in_flight = st.busy;
         r.queue_depth = static_cast<int64_t>(st.waiting.size());
         r.utilisation = std::min(1.0, st.busy_integral / (st.servers * o_.report_interval_s));
