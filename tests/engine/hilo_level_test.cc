@@ -532,6 +532,9 @@ TEST_F(HiloLevelTest, MeterCountsArrivalsShedsAndFinishes) {
   int ok = 0;
   for (const auto& r : out) ok += r.status == 200;
   EXPECT_EQ(ok, 2);
+  // A response is sent before the scheduler retires its sequence: wait for that, so "nothing
+  // running now" below is what the probe reads, not a race with the stepper.
+  ASSERT_TRUE(Eventually([&] { return engine_->scheduler().Stats().running == 0; }));
   now_ms += 1000;
   hilo::LoadReport r2 = meter.Take(now_ms.load());
   EXPECT_DOUBLE_EQ(r2.arrival_rate, 0.0);
