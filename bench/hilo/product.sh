@@ -30,7 +30,15 @@ CMD=$1
 DIR=$2
 
 wait_http() {  # wait_http URL NAME LOG
+  local pid=${PIDS[$2]:-}
   for _ in $(seq 1 300); do
+    # A service that exited (its port taken, say) fails now, and a stranger answering on its
+    # port is never mistaken for it.
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      echo "product: $2 exited before it came up at $1; last lines of $3:" >&2
+      tail -20 "$3" >&2 || true
+      return 1
+    fi
     curl -sf -o /dev/null "$1" && return 0
     sleep 0.1
   done
@@ -84,6 +92,13 @@ ENG_S_PORT=$((PORT_BASE + 3))
 GW_PORT=$((PORT_BASE + 4))
 ANS_PORT=$((PORT_BASE + 5))
 CTL=http://127.0.0.1:$CTL_PORT
+for port in $(seq "$CTL_PORT" "$ANS_PORT"); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "product: port $port is already in use (PORT_BASE=$PORT_BASE takes $CTL_PORT..$ANS_PORT)" >&2
+    exit 1
+  fi
+done
+declare -A PIDS
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/admin.token"
 chmod 600 "$DIR/admin.token"
 
@@ -91,6 +106,7 @@ run() {  # run NAME ARGS... : starts a keel process in the background, logs to D
   local name=$1
   shift
   "$KEEL" "$@" >"$DIR/$name.log" 2>&1 &
+  PIDS[$name]=$!
   echo $! >>"$DIR/pids"
 }
 

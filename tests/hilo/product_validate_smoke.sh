@@ -7,13 +7,39 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 KEEL=${KEEL_BINARY:-build/keel}
 export BUILD=$(dirname "$KEEL")
-export PORT_BASE=${PORT_BASE:-$((20000 + ($$ % 2000) * 8))}
 DIR=$(mktemp -d /tmp/keel-hilo-smoke.XXXXXX)
 cleanup() { bench/hilo/product.sh stop "$DIR" || true; rm -rf "$DIR"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; for f in "$DIR"/*.log; do echo "== $f" >&2; tail -5 "$f" >&2; done; exit 1; }
 
-bench/hilo/product.sh start "$DIR" bench/hilo/product_catalog.json --pin full --allow-unvalidated || fail "product did not start"
+# Six fixed ports, chosen below the kernel's ephemeral range (32768 and up on Linux): there, the
+# client side of any other test's loopback connection can hold a port at any moment, and a CI run
+# lost this test to exactly that. Below it, only listeners can collide: skip bases where one
+# answers, and start again on another base if a service still loses its port.
+port_listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_port_base() {
+  local base p
+  for _ in $(seq 1 50); do
+    base=$((20000 + (RANDOM % 1500) * 8))
+    for p in $(seq "$base" $((base + 5))); do port_listening "$p" && continue 2; done
+    echo "$base"; return 0
+  done
+  return 1
+}
+# A PORT_BASE set by the caller is used as given, once.
+fixed_base=${PORT_BASE:-}
+started=0
+for attempt in 1 2 3; do
+  PORT_BASE=${fixed_base:-$(pick_port_base)} || fail "no free block of ports"
+  export PORT_BASE
+  if bench/hilo/product.sh start "$DIR" bench/hilo/product_catalog.json --pin full --allow-unvalidated; then
+    started=1; break
+  fi
+  echo "product did not start on ports $PORT_BASE..$((PORT_BASE + 5)) (attempt $attempt)" >&2
+  bench/hilo/product.sh stop "$DIR" || true
+  [ -n "$fixed_base" ] && break
+done
+[ "$started" = 1 ] || fail "product did not start"
 source "$DIR/env"
 "$KEEL" hilo validate --catalog bench/hilo/product_catalog.json --out "$DIR/validated.json" --controller "$CONTROLLER" \
   --admin-token-file "$ADMIN_TOKEN_FILE" --answer "$ANSWER" --model answer --max-tokens 8 --queries 4 \
