@@ -17,9 +17,9 @@
 #                  and is skipped, with a message, when the controller lacks it
 #   TIME_SCALE     real seconds per trace second (default 1: 300 s per trace); rates stay real
 #   BASELINE_RATE  real req/s at 1x (default: 0.6 x the first state's answer capacity in CATALOG:
-#                  HiLO returns to a state only when demand x headroom 1.1 <= 0.8 x its capacity,
-#                  i.e. at <= 0.73x capacity, so 1x must sit below that; the 2.38x peak is then
-#                  ~1.4x what the full state sustains)
+#                  HiLO returns to a state only when demand <= 0.8 x its capacity (recover_margin),
+#                  so 1x must sit below that with room for noise; the 2.38x peak is then ~1.4x
+#                  what the full state sustains)
 #   WARMUP_S       real seconds of unscored 1x load before each trace (default 20): the
 #                  controller's trend would read a jump from zero load as a surge
 #   QUERIES (50: the evaluation queries validate scores states on), WINDOW_S (5 trace s), SLO_MS (2000), WORKERS (256), SEED (1)
@@ -118,6 +118,7 @@ TIME_SCALE=$TIME_SCALE
 WINDOW_S=$WINDOW_S
 SLO_MS=$SLO_MS
 SEED=$SEED
+ENGINE_MAX_RUNNING=${ENGINE_MAX_RUNNING:-32}
 ENV
 echo "live: catalog $CATALOG, traces: $TRACES; baseline $BASELINE_RATE req/s, time scale $TIME_SCALE, $QUERIES queries of $MAX_TOKENS tokens, SLO $SLO_MS ms" >&2
 for policy in $POLICIES; do

@@ -11,8 +11,9 @@
 #   bench/hilo/product.sh start DIR CATALOG [--pin STATE] [--allow-unvalidated] [--policy hilo|per-service]
 #   bench/hilo/product.sh stop DIR
 # `start` writes DIR/env (URLs, ports, pids) for the scripts that drive the product
-# (bench/hilo/validate.sh, bench/hilo/live.sh) and logs to DIR/*.log. Knobs (environment): BUILD
-# (default build), PORT_BASE (17500), KEEL_SHARED (default ../shared), ENGINE_MAX_RUNNING (8),
+# (bench/hilo/live.sh, bench/hilo/cost.sh, keel hilo validate) and logs to DIR/*.log. Knobs (environment): BUILD
+# (default build), PORT_BASE (17500), KEEL_SHARED (default ../shared), ENGINE_MAX_RUNNING (32: each
+# engine's batch slots; with 8 the engine queued at 1x load, docs/results.md),
 # ANSWER_MAX_INFLIGHT (64), ANSWER_GATEWAY_TIMEOUT_MS (5000: the answer service gives up on the
 # gateway after this, which cancels the generation, so abandoned requests do not pile up downstream).
 set -euo pipefail
@@ -120,9 +121,9 @@ wait_http "http://127.0.0.1:$VEC_PORT/healthz" vector "$DIR/vector.log"
   || { echo "product: loading the vectors failed:" >&2; tail -5 "$DIR/index.log" >&2; exit 1; }
 
 run engine-large serve --model "$DATA/models/en-dense6L.bin" --tokenizer "$DATA/models/tok354.bin" --port "$ENG_L_PORT" \
-  --max-running "${ENGINE_MAX_RUNNING:-8}" --hilo "$CTL" --hilo-instance engine-large
+  --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-large
 run engine-small serve --model "$DATA/models/en-moe8x" --port "$ENG_S_PORT" \
-  --max-running "${ENGINE_MAX_RUNNING:-8}" --hilo "$CTL" --hilo-instance engine-small
+  --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-small
 wait_http "http://127.0.0.1:$ENG_L_PORT/healthz" engine-large "$DIR/engine-large.log"
 wait_http "http://127.0.0.1:$ENG_S_PORT/healthz" engine-small "$DIR/engine-small.log"
 MODEL_L=$(curl -sf "http://127.0.0.1:$ENG_L_PORT/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')

@@ -20,6 +20,7 @@ Status CheckOptions(const ControllerOptions& o) {
   auto bad = [](const char* what) { return Status::InvalidArgument(std::string("controller option ") + what); };
   if (!(o.level_tau_s >= 0 && o.level_tau_s <= 3600)) return bad("level_tau_s: expected 0..3600");
   if (!(o.trend_tau_s >= 0 && o.trend_tau_s <= 3600)) return bad("trend_tau_s: expected 0..3600");
+  if (!(o.trend_damping_s >= 0 && o.trend_damping_s <= 3600)) return bad("trend_damping_s: expected 0..3600");
   if (!(o.lookahead_s >= 0 && o.lookahead_s <= 3600)) return bad("lookahead_s: expected 0..3600");
   if (!(o.headroom >= 1 && o.headroom <= 10)) return bad("headroom: expected 1..10");
   if (!(o.recover_margin > 0 && o.recover_margin <= 1)) return bad("recover_margin: expected (0, 1]");
@@ -89,10 +90,16 @@ double Controller::Demand(Service s, int64_t now_ms) const {
   return any ? sum : -1;
 }
 
-// Holt's linear method with irregular sampling: the trend is per second, the level's prior is
-// extrapolated over the actual gap since the last sample, and each weight is 1 - exp(-dt / tau).
-// For dt << tau the trend weight over dt is about dt / tau, so a level step of d moves the trend
-// by about d / trend_tau_s whatever the decision interval.
+double Controller::TrendReach(double seconds) const {
+  const double tau = opt_.trend_damping_s;
+  return tau > 0 ? -tau * std::expm1(-seconds / tau) : seconds;
+}
+
+// Holt's method with a damped trend (Gardner and McKenzie's, in continuous time) and irregular
+// sampling: the trend is per second, the level's prior is extrapolated over the actual gap since
+// the last sample with the trend decaying as exp(-t / trend_damping_s), and each weight is
+// 1 - exp(-dt / tau). For dt << tau the trend weight over dt is about dt / tau, so a level step of
+// d moves the trend by about d / trend_tau_s whatever the decision interval.
 void Controller::UpdatePrediction(ServiceState& s, double demand, int64_t now_ms) const {
   if (!s.has_model) {
     s.has_model = true;
@@ -103,19 +110,22 @@ void Controller::UpdatePrediction(ServiceState& s, double demand, int64_t now_ms
     const double dt = (now_ms - s.sample_ms) / 1000.0;
     const double a = opt_.level_tau_s > 0 ? -std::expm1(-dt / opt_.level_tau_s) : 1.0;
     const double b = opt_.trend_tau_s > 0 ? -std::expm1(-dt / opt_.trend_tau_s) : 0.0;
-    const double level = a * demand + (1 - a) * (s.level + s.trend * dt);
-    s.trend = b * (level - s.level) / dt + (1 - b) * s.trend;
+    const double reach = TrendReach(dt);
+    const double level = a * demand + (1 - a) * (s.level + s.trend * reach);
+    // The prior trend has decayed over the gap.
+    const double prior_trend = opt_.trend_damping_s > 0 ? s.trend * std::exp(-dt / opt_.trend_damping_s) : s.trend;
+    s.trend = b * (level - s.level) / dt + (1 - b) * prior_trend;
     s.level = level;
     s.sample_ms = now_ms;
   }
-  s.predicted = std::max(0.0, s.level + s.trend * opt_.lookahead_s) * opt_.headroom;
+  s.predicted = std::max(0.0, s.level + s.trend * TrendReach(opt_.lookahead_s)) * opt_.headroom;
 }
 
-bool Controller::Covers(int state, const std::array<bool, kNumServices>& known, double margin) const {
+bool Controller::Covers(int state, const std::array<bool, kNumServices>& known, double factor) const {
   const Figures& f = *catalog_.states[state].figures;
   for (Service s : kAllServices) {
     const int i = static_cast<int>(s);
-    if (known[i] && services_[i].predicted > margin * f.Capacity(s)) return false;
+    if (known[i] && services_[i].predicted > factor * f.Capacity(s)) return false;
   }
   return true;
 }
@@ -208,7 +218,8 @@ Decision Controller::Decide(int64_t now_ms) {
   }
   const bool overloaded = !Covers(target, known, 1.0);
   for (int i = 0; i < n; ++i) {
-    const bool with_margin = all_known && Covers(i, known, opt_.recover_margin);
+    // predicted / headroom <= margin x capacity: the margin does not stack on the headroom.
+    const bool with_margin = all_known && Covers(i, known, std::min(1.0, opt_.recover_margin * opt_.headroom));
     if (!with_margin) covered_since_[i] = -1;
     else if (covered_since_[i] < 0) covered_since_[i] = now_ms;
   }

@@ -5,15 +5,19 @@
 // Rules (docs/hilo.md):
 //  - A service's demand is the sum of the arrival rates of its instances whose latest report is
 //    at most report_timeout_s old (older instances are dropped). Each Decide feeds that demand to
-//    Holt's linear smoothing (level + trend) and predicts lookahead_s ahead, times headroom. The
+//    Holt's smoothing (level + damped trend) and predicts lookahead_s ahead, times headroom. The
 //    smoothing is set by time constants, not per-sample weights, so the prediction does not
 //    depend on how often Decide runs: a per-sample trend weight divides each sample's noise by the
-//    sampling interval, and at 4 decisions a second that read Poisson noise as surges.
+//    sampling interval, and at 4 decisions a second that read Poisson noise as surges. The trend
+//    decays with trend_damping_s, because a step's trend outlives the step: undamped, a 1.8x step
+//    was predicted at 2.0x and sent the product one state too deep.
 //  - Target: the highest-quality state whose capacity covers every service's prediction; none
 //    covers -> the lowest state ("overloaded").
 //  - Degrade at once (min_dwell_s does not apply). Recover only to a state that has covered every
-//    prediction with margin (prediction <= recover_margin x capacity) continuously for
-//    recover_dwell_s, and no sooner than min_dwell_s after the last change.
+//    prediction with margin continuously for recover_dwell_s, and no sooner than min_dwell_s after
+//    the last change. The margin applies to the prediction before headroom (prediction / headroom
+//    <= recover_margin x capacity), so the two do not stack: with 1.1 and 0.8 the product degrades
+//    above 0.91 x capacity and recovers below 0.8 x, not below 0.73 x.
 //  - A service with no fresh instance is unknown: the controller does not recover (known services
 //    may still force a degrade); once it has been silent for stale_fallback_s the controller goes
 //    to the catalog's safe state, unless already at or below it. A service never heard from counts
@@ -38,9 +42,10 @@ namespace keel::hilo {
 struct ControllerOptions {
   double level_tau_s = 1.0;      // Holt level time constant, seconds (0 = the latest demand, no smoothing)
   double trend_tau_s = 4.0;      // Holt trend time constant, seconds (0 = no trend)
+  double trend_damping_s = 2.0;  // the trend decays as exp(-t / this), seconds (0 = undamped)
   double lookahead_s = 2.0;      // predict this far ahead: about one decision + push + apply
   double headroom = 1.1;         // predicted demand x this must fit the capacity, >= 1
-  double recover_margin = 0.8;   // recover only to a state with prediction <= margin x capacity, (0, 1]
+  double recover_margin = 0.8;   // recover only to a state with prediction / headroom <= margin x capacity, (0, 1]
   double recover_dwell_s = 10;   // ... held continuously this long
   double min_dwell_s = 5;        // no change more often than this, except to degrade
   double report_timeout_s = 2;   // an instance's report is fresh this long
@@ -115,7 +120,10 @@ class Controller {
 
   Controller(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics);
   void UpdatePrediction(ServiceState& s, double demand, int64_t now_ms) const;
-  bool Covers(int state, const std::array<bool, kNumServices>& known, double margin) const;
+  // Whether every known service's prediction (with headroom) is <= factor x its capacity in `state`.
+  bool Covers(int state, const std::array<bool, kNumServices>& known, double factor) const;
+  // How far the damped trend carries over `seconds`: seconds undamped, else tau (1 - e^-s/tau).
+  double TrendReach(double seconds) const;
   std::string Constraint(int state, const std::array<bool, kNumServices>& known) const;
   Decision Move(int to, int64_t now_ms, std::string reason);
   Decision Stay(std::string reason) const;

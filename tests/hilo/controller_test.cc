@@ -56,14 +56,15 @@ TEST(HiloController, StepSurgeDegradesInOneDecision) {
   Controller c = Make(o);
   for (int i = 0; i < 30; ++i) EXPECT_EQ(Step(c, kT0 + i * kSec, 50).index, 0);
   // 50 -> 250 req/s one second later: level weight 1 - e^-1 gives level 176.4, trend weight
-  // 1 - e^-0.25 gives trend 28.0/s, (176.4 + 2 x 28.0) x 1.1 = 255.6 -> the first state with
-  // answer capacity >= 255.6 is no_rerank (300).
+  // 1 - e^-0.25 gives trend 28.0/s, which the damping (2 s) carries 2 (1 - e^-1) = 1.26 s of the
+  // 2 s lookahead: (176.4 + 1.26 x 28.0) x 1.1 = 233.0 -> the first state with answer
+  // capacity >= 233.0 is no_rerank (300).
   Decision d = Step(c, kT0 + 30 * kSec, 250);
   EXPECT_TRUE(d.changed);
   EXPECT_EQ(d.index, 3);
   EXPECT_EQ(d.state, "no_rerank");
-  EXPECT_NEAR(c.Predicted(Service::kAnswer), 255.589, 1e-3);
-  EXPECT_EQ(d.reason, "degrade: answer predicted 255.6 req/s > capacity 100.0 in 'full'");
+  EXPECT_NEAR(c.Predicted(Service::kAnswer), 232.956, 1e-3);
+  EXPECT_EQ(d.reason, "degrade: answer predicted 233.0 req/s > capacity 100.0 in 'full'");
   EXPECT_EQ(c.transitions(), 1u);
 }
 
@@ -104,14 +105,35 @@ TEST(HiloController, SamplingNoiseIsNotASurge) {
   EXPECT_LT(worst, 100);
 }
 
-TEST(HiloController, HoltPredictionLeadsARampAndSettlesOnSteadyDemand) {
+// A step's trend outlives the step. Undamped, a 100 -> 180 req/s step at four decisions a second
+// is predicted at up to 1.19 x 180 (x headroom): more than the headroom itself, so a step to
+// 0.8 x a state's capacity sent the product one state too deep (issue 23's live step). Damped
+// over 2 s, the peak is 1.05 x.
+TEST(HiloController, DampedTrendDoesNotOvershootAStep) {
+  auto peak_over_demand = [](double damping_s) {
+    ControllerOptions o;
+    o.initial_state = "full";
+    o.trend_damping_s = damping_s;
+    Controller c = Make(o);
+    double peak = 0;
+    for (int64_t t = kT0; t < kT0 + 60 * kSec; t += 250) {
+      Step(c, t, t < kT0 + 30 * kSec ? 100 : 180);
+      peak = std::max(peak, c.Predicted(Service::kAnswer));
+    }
+    return peak / (180 * o.headroom);
+  };
+  EXPECT_LT(peak_over_demand(2.0), 1.06);
+  EXPECT_GT(peak_over_demand(0), 1.15);  // undamped: the overshoot the damping removes
+}
+
+TEST(HiloController, HoltPredictionTracksARampAndSettlesOnSteadyDemand) {
   ControllerOptions o;
   o.initial_state = "full";
   Controller c = Make(o);
   for (int i = 0; i <= 20; ++i) Step(c, kT0 + i * kSec, 10.0 * i);  // +10 req/s every second
-  // On a steady ramp Holt's trend converges to the slope: the prediction is about
-  // (200 + 2 x 10) x 1.1 = 242, above the demand seen now.
-  EXPECT_NEAR(c.Predicted(Service::kAnswer), 242, 8);
+  // On a steady ramp the damped trend makes up for the level's lag: the prediction is the demand
+  // seen now times headroom, (200 + about 1) x 1.1 = 221.
+  EXPECT_NEAR(c.Predicted(Service::kAnswer), 221, 4);
   for (int i = 21; i <= 80; ++i) Step(c, kT0 + i * kSec, 200);
   EXPECT_NEAR(c.Predicted(Service::kAnswer), 220, 0.5);
 }
@@ -162,6 +184,25 @@ TEST(HiloController, RecoveryWaitsForMarginAndDwell) {
   EXPECT_EQ(d.index, 0);
   EXPECT_EQ(d.reason, "recover: 'full' covered demand with margin for 10.0 s");
   EXPECT_EQ(c.transitions(), 2u);
+}
+
+// The recovery margin applies to the prediction before headroom: with headroom 1.1 and margin 0.8
+// the product recovers to full (capacity 100) at 78 req/s. Stacked (78 x 1.1 = 85.8 > 80) it
+// would not; 85 req/s stays out of full, in small_model (85 <= 0.8 x 150).
+TEST(HiloController, RecoveryMarginDoesNotStackOnHeadroom) {
+  ControllerOptions o = Exact();
+  o.headroom = 1.1;
+  o.recover_margin = 0.8;
+  o.recover_dwell_s = 10;
+  o.min_dwell_s = 5;
+  Controller c = Make(o);
+  EXPECT_EQ(Step(c, kT0, 150).index, 2);  // 165 > small_model's 150
+  int64_t t = kT0 + kSec;
+  for (int i = 0; i < 60; ++i, t += kSec) Step(c, t, 85);
+  EXPECT_EQ(c.current(), 1);
+  for (int i = 0; i < 60; ++i, t += kSec) Step(c, t, 78);
+  EXPECT_EQ(c.current(), 0);
+  EXPECT_EQ(c.transitions(), 3u);
 }
 
 // Demand oscillating around full's capacity (95/105): one degrade, no flapping back. The same
