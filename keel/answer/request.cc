@@ -55,10 +55,18 @@ Result<AnswerRequest> ParseAnswerRequest(std::string_view body, const RequestLim
   const json& j = *parsed;
   AnswerRequest out;
 
-  // stream first: a streaming client should learn that at once, whatever else is wrong.
   if (auto it = j.find("stream"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) return Bad("stream", "expected a boolean");
-    if (it->get<bool>()) return Bad("stream", "streaming is not supported by keel answer yet; send stream: false");
+    out.stream = it->get<bool>();
+  }
+  // OpenAI refuses stream_options without stream: true; so do we, rather than ignore it.
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!out.stream) return Bad("stream_options", "only allowed when stream is true");
+    if (!it->is_object()) return Bad("stream_options", "expected an object");
+    if (auto u = it->find("include_usage"); u != it->end() && !u->is_null()) {
+      if (!u->is_boolean()) return Bad("stream_options.include_usage", "expected a boolean");
+      out.include_usage = u->get<bool>();
+    }
   }
 
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {

@@ -11,7 +11,9 @@
 // - max_completion_tokens (read first) or max_tokens: an integer 1..max_tokens_limit; absent:
 //   default_max_tokens. temperature: a number in [0, 2]; absent: 0 (greedy, so the full state's
 //   answer is a stable reference).
-// - stream: true is refused (400): `keel answer` does not stream yet.
+// - stream: a boolean; true answers in OpenAI's SSE format (keel/answer/sse.h: the answer is
+//   generated whole, then sent as chunks). stream_options: {"include_usage": bool}, only with
+//   stream: true (400 otherwise, as OpenAI does).
 // - keel_retrieval: absent or null = no search. Else an object whose only member "vector" is an
 //   array of exactly `dim` finite numbers that fit a float32.
 // Other top-level members are ignored, as OpenAI clients send many.
@@ -45,6 +47,8 @@ struct AnswerRequest {
   int64_t max_tokens = 0;
   double temperature = 0;
   std::optional<std::vector<float>> vector;  // keel_retrieval.vector
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage
 };
 
 // Parses and checks one body. InvalidArgument whose message names the member, e.g.

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/answer/sse.h"
 #include "keel/core/http_metrics.h"
 #include "keel/core/json_reader.h"
 #include "keel/core/json_writer.h"
@@ -264,6 +265,14 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
   keel["search_ms"] = search_ms;
   keel["generate_ms"] = generate_ms;
   answer["keel"] = std::move(keel);
+  if (q.stream) {
+    // Errors above were answered as JSON with their status, as OpenAI does before a stream opens.
+    if (res.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) {
+      res.WriteChunk(CompletionAsSse(answer, q.include_usage));
+      res.EndStream();
+    }
+    return;
+  }
   res.Send(200, "application/json", answer.dump(-1, ' ', false, ojson::error_handler_t::replace));
 }
 

@@ -11,7 +11,9 @@
 //          "content":prompt}],"max_tokens","temperature"} (`keel gateway`, or an engine: same API);
 //       4. answer: the generator's chat completion with one more member,
 //          "keel":{"retrieved":[all k ids, in order],"docs":[document indices put in the prompt],
-//                  "state":name,"retrieval":bool,"context_docs":n,"search_ms":x,"generate_ms":y}
+//                  "state":name,"retrieval":bool,"context_docs":n,"search_ms":x,"generate_ms":y};
+//          with "stream": true, the same completion as OpenAI SSE chunks (keel/answer/sse.h),
+//          "keel" on the last chunk. The gateway is always asked without streaming.
 //   GET /healthz, GET /metrics (keel_answer_requests_total{route,code}, keel_answer_inflight,
 //       keel_answer_search_seconds, keel_answer_generate_seconds)
 //

@@ -10,6 +10,7 @@
 #include "keel/answer/quality.h"
 #include "keel/answer/replay.h"
 #include "keel/answer/request.h"
+#include "keel/answer/sse.h"
 #include "tests/engine/test_util.h"
 
 namespace keel::answer {
@@ -189,6 +190,77 @@ TEST(Request, ParsesAGoodBody) {
   auto dflt = ParseAnswerRequest(R"({"messages":[{"role":"user","content":"q"}],"keel_retrieval":null})", l);
   ASSERT_TRUE(dflt.ok());
   EXPECT_EQ(dflt->max_tokens, l.default_max_tokens);
+  EXPECT_FALSE(dflt->stream);
+  auto st = ParseAnswerRequest(R"({"messages":[{"role":"user","content":"q"}],"stream":true,
+      "stream_options":{"include_usage":true}})", l);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_TRUE(st->stream);
+  EXPECT_TRUE(st->include_usage);
+}
+
+// The SSE events of a body: the JSON of every "data:" line but the last, which must be [DONE].
+std::vector<nlohmann::ordered_json> SseEvents(const std::string& body) {
+  std::vector<nlohmann::ordered_json> out;
+  size_t pos = 0;
+  bool done = false;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos) << "an event without its blank line: " << body.substr(pos);
+    if (end == std::string::npos) break;
+    const std::string line = body.substr(pos, end - pos);
+    pos = end + 2;
+    EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+    EXPECT_FALSE(done) << "an event after [DONE]";
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    out.push_back(nlohmann::ordered_json::parse(line.substr(6)));
+  }
+  EXPECT_TRUE(done) << "no [DONE]";
+  return out;
+}
+
+TEST(Sse, ACompletionBecomesOpenAIChunks) {
+  const auto completion = nlohmann::ordered_json::parse(R"({"id":"chatcmpl-7","object":"chat.completion",
+      "created":1700000000,"model":"en-dense6L","choices":[{"index":0,"message":{"role":"assistant",
+      "content":"Once upon\na time"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":4,
+      "total_tokens":9},"keel":{"state":"full","docs":[3]}})");
+  const std::vector<nlohmann::ordered_json> ev = SseEvents(CompletionAsSse(completion, false));
+  ASSERT_EQ(ev.size(), 3u);
+  for (const auto& e : ev) {
+    EXPECT_EQ(e["id"], "chatcmpl-7");
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    EXPECT_EQ(e["created"], 1700000000);
+    EXPECT_EQ(e["model"], "en-dense6L");
+    EXPECT_FALSE(e.contains("usage"));  // not asked for
+    ASSERT_EQ(e["choices"].size(), 1u);
+    EXPECT_EQ(e["choices"][0]["index"], 0);
+  }
+  EXPECT_EQ(ev[0]["choices"][0]["delta"], (nlohmann::ordered_json{{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(ev[0]["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(ev[1]["choices"][0]["delta"]["content"], "Once upon\na time");
+  EXPECT_TRUE(ev[2]["choices"][0]["delta"].empty());
+  EXPECT_EQ(ev[2]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(ev[2]["keel"]["state"], "full");
+  EXPECT_FALSE(ev[0].contains("keel"));
+
+  // include_usage: usage null on every choice chunk, then a usage chunk with no choices.
+  const std::vector<nlohmann::ordered_json> eu = SseEvents(CompletionAsSse(completion, true));
+  ASSERT_EQ(eu.size(), 4u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(eu[i]["usage"].is_null()) << i;
+  EXPECT_TRUE(eu[3]["choices"].empty());
+  EXPECT_EQ(eu[3]["usage"]["total_tokens"], 9);
+}
+
+TEST(Sse, EmptyContentAndMissingMembersStillMakeAValidStream) {
+  const auto bare = nlohmann::ordered_json::parse(R"({"choices":[{"message":{"role":"assistant","content":""}}]})");
+  const std::vector<nlohmann::ordered_json> ev = SseEvents(CompletionAsSse(bare, false));
+  ASSERT_EQ(ev.size(), 2u);  // no content chunk for empty content
+  EXPECT_EQ(ev[1]["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(ev[1]["id"].is_string());
+  EXPECT_TRUE(ev[1]["created"].is_number_integer());
+  EXPECT_EQ(SseEvents(CompletionAsSse(nlohmann::ordered_json::object(), false)).size(), 0u);
 }
 
 TEST(Request, BadInputIsRefusedNamingTheMember) {
@@ -211,7 +283,10 @@ TEST(Request, BadInputIsRefusedNamingTheMember) {
       {R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]})", "messages[0].content: expected a string"},
       {R"({"messages":[{"role":"user","content":"01234567890"}]})", "messages[0].content: longer than 10"},
       {R"({"messages":[{"role":"user"}]})", "messages[0].content: required"},
-      {"{" + user + R"(,"stream":true})", "stream: streaming is not supported"},
+      {"{" + user + R"(,"stream":"yes"})", "stream: expected a boolean"},
+      {"{" + user + R"(,"stream_options":{"include_usage":true}})", "stream_options: only allowed when stream is true"},
+      {"{" + user + R"(,"stream":true,"stream_options":[]})", "stream_options: expected an object"},
+      {"{" + user + R"(,"stream":true,"stream_options":{"include_usage":1}})", "stream_options.include_usage: expected a boolean"},
       {"{" + user + R"(,"model":""})", "model: expected 1 to 256"},
       {"{" + user + R"(,"model":3})", "model: expected a string"},
       {"{" + user + R"(,"max_tokens":0})", "max_tokens: expected an integer from 1"},

@@ -241,6 +241,61 @@ TEST_F(AnswerServerTest, RetrievesLikeADirectSearchAndPromptsWithTheDocs) {
   EXPECT_EQ(answer_->searches(), 3u);
 }
 
+// stream: true gets OpenAI's SSE (chunked, text/event-stream) carrying the same answer the
+// non-streamed request gets: the concatenated deltas equal its content, the usage chunk its usage.
+TEST_F(AnswerServerTest, StreamCarriesTheSameAnswerAsSse) {
+  StartAnswer({});
+  const EvalQuery& q = (*eval_)[2];
+  HttpTestResponse plain = Ask(AskBody(q, 8).dump());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json want = json::parse(plain.body);
+  json body = AskBody(q, 8);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  HttpTestResponse r = Ask(body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(r.chunked);
+  EXPECT_EQ(r.Header("Content-Type").rfind("text/event-stream", 0), 0u) << r.Header("Content-Type");
+  std::string content;
+  json usage;
+  json keel;
+  std::string finish;
+  bool done = false;
+  size_t pos = 0;
+  while (pos < r.body.size()) {
+    const size_t end = r.body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos) << r.body;
+    const std::string line = r.body.substr(pos, end - pos);
+    pos = end + 2;
+    ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const json e = json::parse(line.substr(6));
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    EXPECT_EQ(e["model"], want["model"]);
+    for (const auto& c : e["choices"]) {
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+    }
+    if (!e["usage"].is_null()) usage = e["usage"];
+    if (e.contains("keel")) keel = e["keel"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(content, want["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(finish, want["choices"][0]["finish_reason"].get<std::string>());
+  EXPECT_EQ(usage, want["usage"]);
+  EXPECT_EQ(keel["retrieved"], want["keel"]["retrieved"]);
+  // Before the stream opens, errors are JSON with their status, as OpenAI sends them.
+  json bad = body;
+  bad["keel_retrieval"]["vector"] = {1, 2};
+  HttpTestResponse e = Ask(bad.dump());
+  EXPECT_EQ(e.status, 400) << e.body;
+  EXPECT_FALSE(e.chunked);
+  EXPECT_NE(ErrorMessage(e).find("expected 128 numbers"), std::string::npos) << e.body;
+}
+
 TEST_F(AnswerServerTest, PinnedStatesApplyTheirAnswerLevelAtRunTime) {
   hilo::ServiceLinkOptions lo;
   lo.service = hilo::Service::kAnswer;
@@ -343,7 +398,7 @@ TEST_F(AnswerServerTest, BadInputIs400And413) {
   StartAnswer(o);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{", "malformed JSON"},
-      {R"({"messages":[{"role":"user","content":"q"}],"stream":true})", "streaming is not supported"},
+      {R"({"messages":[{"role":"user","content":"q"}],"stream":1})", "stream: expected a boolean"},
       {R"({"messages":[{"role":"user","content":"q"}],"keel_retrieval":{"vector":[1,2]}})", "expected 128 numbers, got 2"},
       {R"({"messages":[]})", "messages: expected at least one"},
   };
