@@ -542,6 +542,7 @@ struct HiloArgs {
   std::string catalog;
   std::string admin_token_file;
   hilo::ControllerServerOptions o;
+  hilo::ServicePolicyOptions baseline;  // --policy per-service: every service's thresholds
 };
 
 // --fingerprint when given, else the running executable's (every service is this binary).
@@ -577,6 +578,7 @@ int RunHiloServe(HiloArgs a) {
   }
   auto c = hilo::ReadCatalogFile(a.catalog);
   if (!c.ok()) return Fail(c.status());
+  a.o.per_service.fill(a.baseline);
   auto server = hilo::ControllerServer::Create(std::move(*c), a.o);
   if (!server.ok()) return Fail(server.status());
   if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
@@ -1105,10 +1107,30 @@ int main(int argc, char** argv) {
   hl_serve->add_option("--host", hl.o.host, "address to bind")->capture_default_str();
   hl_serve->add_option("--port", hl.o.port, "port to bind (0 = any free port)")->required()->check(CLI::Range(0, 65535));
   hl_serve->add_option("--decide-interval-ms", hl.o.decide_interval_ms, "run a decision this often")->capture_default_str()->check(CLI::Range(10, 60000));
+  {
+    // The controller's prediction and hysteresis (docs/hilo.md, "Controller rules"); ranges are
+    // checked together at start (Controller::Create), so a bad mix fails naming the option.
+    hilo::ControllerOptions& co = hl.o.controller;
+    hl_serve->add_option("--headroom", co.headroom, "predicted demand x this must fit a state's capacity (1..10)")->capture_default_str();
+    hl_serve->add_option("--recover-margin", co.recover_margin, "recover only to a state with predicted demand (before headroom) <= this x its capacity, (0, 1]")->capture_default_str();
+    hl_serve->add_option("--recover-dwell-s", co.recover_dwell_s, "... held continuously this long, seconds")->capture_default_str();
+    hl_serve->add_option("--min-dwell-s", co.min_dwell_s, "no change more often than this, except to degrade, seconds")->capture_default_str();
+    hl_serve->add_option("--lookahead-s", co.lookahead_s, "predict this far ahead, seconds")->capture_default_str();
+    hl_serve->add_option("--level-tau-s", co.level_tau_s, "demand smoothing time constant, seconds (0 = none)")->capture_default_str();
+    hl_serve->add_option("--trend-tau-s", co.trend_tau_s, "trend smoothing time constant, seconds (0 = no trend)")->capture_default_str();
+    hl_serve->add_option("--trend-damping-s", co.trend_damping_s, "the trend decays as exp(-t / this), seconds (0 = undamped)")->capture_default_str();
+    hl_serve->add_option("--report-timeout-s", co.report_timeout_s, "a service instance's report counts this long, seconds")->capture_default_str();
+    hl_serve->add_option("--stale-fallback-s", co.stale_fallback_s, "a silent service sends the product to the safe state after this, seconds")->capture_default_str();
+    // The per-service baseline's thresholds, the same for every service (docs/hilo.md, "Baseline, live").
+    hilo::ServicePolicyOptions& bo = hl.baseline;
+    hl_serve->add_option("--baseline-queue-ms", bo.baseline.degrade_queue_ms, "--policy per-service: a service steps cheaper when its queueing-delay estimate is over this (DAGOR's 20)")->capture_default_str();
+    hl_serve->add_option("--baseline-recover-queue-ms", bo.baseline.recover_queue_ms, "--policy per-service: ... and is calm below this (<= --baseline-queue-ms)")->capture_default_str();
+    hl_serve->add_option("--baseline-utilisation", bo.utilisation_threshold, "--policy per-service: ... or when its utilisation is at least this, (0, 1]")->capture_default_str();
+  }
   hl_serve->add_flag("--allow-unvalidated", hl.o.allow_unvalidated, "development only: start despite a stale or foreign catalog (states still need figures)");
   hl_serve->add_option("--admin-token-file", hl.admin_token_file, "enables POST /v1/pin for clients presenting this token (first line, 16..256 printable bytes)")->check(CLI::ExistingFile);
   hl_serve->add_option("--pin", hl.o.pin, "start pinned to this state (the controller ignores load until unpinned); pinned, with --allow-unvalidated, a catalog without figures is accepted (what keel hilo validate measures)");
-  hl_serve->add_option_function<std::string>("--policy", [&hl](const std::string& v) { hl.o.policy = v == "per-service" ? hilo::StatePolicy::kPerService : hilo::StatePolicy::kHilo; }, "hilo: one product state for every service (default). per-service: the evaluation's baseline (DAGOR-like): each service is answered its own level, stepped cheaper on its own overload (queueing estimate > 20 ms, utilisation >= 0.9) and back after 10 s calm; hosted here only for convenience, each level depends on that service's own reports alone (docs/hilo.md, \"Baseline, live\")")->check(CLI::IsMember({"hilo", "per-service"}))->default_str("hilo");
+  hl_serve->add_option_function<std::string>("--policy", [&hl](const std::string& v) { hl.o.policy = v == "per-service" ? hilo::StatePolicy::kPerService : hilo::StatePolicy::kHilo; }, "hilo: one product state for every service (default). per-service: the evaluation's baseline (DAGOR-like): each service is answered its own level, stepped cheaper on its own overload (queueing estimate > --baseline-queue-ms, utilisation >= --baseline-utilisation) and back after 10 s calm; hosted here only for convenience, each level depends on that service's own reports alone (docs/hilo.md, \"Baseline, live\")")->check(CLI::IsMember({"hilo", "per-service"}))->default_str("hilo");
   HiloValidateArgs hv;
   auto* hl_val = hilo_cmd->add_subcommand("validate", "Measure every state's quality and capacity through the running product and write them into the catalog (docs/hilo.md)");
   hl_val->add_option("--catalog", hv.catalog, "state catalog to measure (the controller's; figures may be absent)")->required()->check(CLI::ExistingFile);

@@ -27,7 +27,8 @@
 #                  with: a request asking fewer than a state's clamp makes states look alike)
 #   ALLOW_UNVALIDATED=1  pass --allow-unvalidated to the controller (a catalog whose figures are
 #                  stale or from other binaries; the figures must still be there)
-#   PORT_BASE (17600), DIR (product dir, default OUT_DIR/product), BUILD, KEEL_SHARED
+#   PORT_BASE (17600), DIR (product dir, default OUT_DIR/product), BUILD, KEEL_SHARED, and
+#   product.sh's ENGINE_MAX_RUNNING, ANSWER_MAX_INFLIGHT, CONTROLLER_FLAGS
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -119,6 +120,7 @@ WINDOW_S=$WINDOW_S
 SLO_MS=$SLO_MS
 SEED=$SEED
 ENGINE_MAX_RUNNING=${ENGINE_MAX_RUNNING:-32}
+CONTROLLER_FLAGS="${CONTROLLER_FLAGS:-}"
 ENV
 echo "live: catalog $CATALOG, traces: $TRACES; baseline $BASELINE_RATE req/s, time scale $TIME_SCALE, $QUERIES queries of $MAX_TOKENS tokens, SLO $SLO_MS ms" >&2
 for policy in $POLICIES; do

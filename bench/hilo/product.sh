@@ -14,6 +14,7 @@
 # (bench/hilo/live.sh, bench/hilo/cost.sh, keel hilo validate) and logs to DIR/*.log. Knobs (environment): BUILD
 # (default build), PORT_BASE (17500), KEEL_SHARED (default ../shared), ENGINE_MAX_RUNNING (32: each
 # engine's batch slots; with 8 the engine queued at 1x load, docs/results.md),
+# CONTROLLER_FLAGS (extra `keel hilo serve` flags, e.g. "--headroom 1.2" or "--baseline-queue-ms 100"),
 # ANSWER_MAX_INFLIGHT (64), ANSWER_GATEWAY_TIMEOUT_MS (5000: the answer service gives up on the
 # gateway after this, which cancels the generation, so abandoned requests do not pile up downstream).
 set -euo pipefail
@@ -79,6 +80,10 @@ while [ $# -gt 0 ]; do
     *) usage ;;
   esac
 done
+if [ -n "${CONTROLLER_FLAGS:-}" ]; then
+  # shellcheck disable=SC2206  # the flags are words
+  CTL_FLAGS+=(${CONTROLLER_FLAGS})
+fi
 [ -x "$KEEL" ] || { echo "product: $KEEL missing (build keel)" >&2; exit 1; }
 [ -f "$DATA/models/en-dense6L.bin" ] || { echo "product: shared data not found under $SHARED (set KEEL_SHARED)" >&2; exit 1; }
 

@@ -93,6 +93,13 @@ Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catal
     }
     Log().warn("hilo: per-service policy (the evaluation's baseline): each service is answered its own level, "
                "from its own reports only; the product state below is computed, not pushed");
+    for (Service s : kAllServices) {
+      const ServicePolicyOptions& po = server->opt_.per_service[static_cast<int>(s)];
+      Log().info("hilo per-service: {} degrades on queueing > {} ms or utilisation >= {}{}, recovers below {} ms", ServiceName(s),
+                 po.baseline.degrade_queue_ms, po.utilisation_threshold,
+                 po.p99_bound_ms > 0 ? " or p99 > " + std::to_string(po.p99_bound_ms) + " ms" : std::string(),
+                 po.baseline.recover_queue_ms);
+    }
   }
   if (!server->opt_.admin_token.empty()) {
     server->admin_hash_ = Xxh3_128(server->opt_.admin_token);
@@ -181,6 +188,11 @@ Status ControllerServer::Start() {
   loop_ = std::thread([this] { Loop(); });
   Log().info("hilo controller listening on {}:{} (decide every {} ms, long-poll <= {} ms, <= {} waiters)", opt_.host,
              http_->port(), opt_.decide_interval_ms, opt_.max_wait_ms, opt_.max_waiters);
+  const ControllerOptions& co = opt_.controller;
+  Log().info("hilo controller: headroom {}, recover margin {} after {} s, min dwell {} s, lookahead {} s, level tau {} s, "
+             "trend tau {} s, trend damping {} s, reports fresh {} s, safe state after {} s of silence",
+             co.headroom, co.recover_margin, co.recover_dwell_s, co.min_dwell_s, co.lookahead_s, co.level_tau_s,
+             co.trend_tau_s, co.trend_damping_s, co.report_timeout_s, co.stale_fallback_s);
   return Status::Ok();
 }
 

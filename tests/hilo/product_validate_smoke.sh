@@ -54,10 +54,33 @@ grep -E '^full +100\.00 +1\.000' "$DIR/validate.out" >/dev/null || fail "full st
 # The controller left pinned refuses to unpin on the old catalog; a controller on the validated one
 # starts unpinned.
 bench/hilo/product.sh stop "$DIR"
-"$KEEL" hilo serve --catalog "$DIR/validated.json" --port "$PORT_BASE" >"$DIR/controller2.log" 2>&1 &
+# The controller's tuning flags: one out of range is refused at start, naming it.
+if "$KEEL" hilo serve --catalog "$DIR/validated.json" --port 0 --headroom 0.5 >"$DIR/bad.log" 2>&1; then
+  fail "--headroom 0.5 was accepted"
+fi
+grep -q "headroom: expected 1..10" "$DIR/bad.log" || { cat "$DIR/bad.log" >&2; fail "--headroom 0.5 refused without naming it"; }
+"$KEEL" hilo serve --catalog "$DIR/validated.json" --port "$PORT_BASE" --headroom 1.25 --recover-margin 0.7 \
+  --trend-damping-s 3 >"$DIR/controller2.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT_BASE/health" >/dev/null && break; sleep 0.1; done
 curl -sf "http://127.0.0.1:$PORT_BASE/v1/state" | grep -q '"pinned":false' || { kill $pid; fail "validated controller did not start unpinned"; }
+grep -q "headroom 1.25, recover margin 0.7 after 10 s.*trend damping 3 s" "$DIR/controller2.log" \
+  || { kill $pid; cat "$DIR/controller2.log" >&2; fail "the controller did not take its tuning flags"; }
+kill $pid
+wait $pid 2>/dev/null || true
+# The per-service baseline's thresholds: a recover threshold above the degrade one is refused; good
+# ones are logged per service.
+if "$KEEL" hilo serve --catalog "$DIR/validated.json" --port 0 --policy per-service --baseline-queue-ms 20 \
+     --baseline-recover-queue-ms 50 >"$DIR/bad2.log" 2>&1; then
+  fail "--baseline-recover-queue-ms above --baseline-queue-ms was accepted"
+fi
+grep -q "per_service.answer: .*recover_queue_ms" "$DIR/bad2.log" || { cat "$DIR/bad2.log" >&2; fail "bad baseline thresholds refused without naming them"; }
+"$KEEL" hilo serve --catalog "$DIR/validated.json" --port "$PORT_BASE" --policy per-service --baseline-queue-ms 100 \
+  --baseline-utilisation 0.95 >"$DIR/controller3.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT_BASE/health" >/dev/null && break; sleep 0.1; done
+grep -q "engine degrades on queueing > 100 ms or utilisation >= 0.95" "$DIR/controller3.log" \
+  || { kill $pid; cat "$DIR/controller3.log" >&2; fail "the baseline did not take its thresholds"; }
 kill $pid
 wait $pid 2>/dev/null || true
 echo "product validate smoke: ok"
