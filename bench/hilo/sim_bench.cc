@@ -7,6 +7,7 @@
 //   sim_bench [--catalog bench/hilo/example_catalog.json] [--scale 100] [--baseline-rate 55]
 //             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR] [--time-scale 1]
 //             [--window-s 1] [--slo-ms 1000] [--servers 8] [--jsonl FILE] [--live-loop]
+//             [--baseline-queue-ms 20] [--baseline-recover-queue-ms 5]
 // --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
 // simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
 // replays the trace's shape faster at the same rates, while the controller's dwells stay in real
@@ -17,10 +18,12 @@
 // (ServicePolicy) on the modelled reports instead of the sim's queueing-delay rule.
 // --csv-dir writes DIR/sim_<trace>_<policy>.csv per trace and policy (per-window t_s, arrived,
 // mean_quality, state index: the cheapest level applied), the simulation's half of the plots
-// (bench/hilo/plot.sh draws them beside the live replay's CSVs).
+// (bench/hilo/plot.sh draws them beside the live replay's CSVs). --baseline-queue-ms and
+// --baseline-recover-queue-ms set the baseline's thresholds, as `keel hilo serve` does live.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,6 +55,7 @@ struct Args {
   int servers = 8;
   bool live_loop = false;
   std::string jsonl;  // "" = no JSON summary
+  BaselineOptions baseline;  // --baseline-queue-ms, --baseline-recover-queue-ms
 };
 
 // The trace compressed (or stretched) in time: the same multipliers, time_scale real s per trace s.
@@ -148,6 +152,8 @@ int Main(int argc, char** argv) {
     else if (const char* v = val("--slo-ms")) a.slo_ms = std::atof(v);
     else if (const char* v = val("--servers")) a.servers = std::atoi(v);
     else if (const char* v = val("--jsonl")) a.jsonl = v;
+    else if (const char* v = val("--baseline-queue-ms")) a.baseline.degrade_queue_ms = std::atof(v);
+    else if (const char* v = val("--baseline-recover-queue-ms")) a.baseline.recover_queue_ms = std::atof(v);
     else if (std::strcmp(argv[i], "--live-loop") == 0) a.live_loop = true;
     else {
       std::fprintf(stderr, "unknown or incomplete argument %s\n", argv[i]);
@@ -184,6 +190,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--time-scale (0, 100], --window-s, --slo-ms, --scale, --baseline-rate > 0, --servers 1..4096\n");
     return 2;
   }
+  if (!(a.baseline.recover_queue_ms >= 0 && a.baseline.recover_queue_ms <= a.baseline.degrade_queue_ms &&
+        std::isfinite(a.baseline.degrade_queue_ms))) {
+    std::fprintf(stderr, "--baseline-queue-ms and --baseline-recover-queue-ms: expected 0 <= recover <= queue, finite\n");
+    return 2;
+  }
   for (Trace& t : traces) t = Rescaled(t, a.time_scale);
   FILE* jsonl = nullptr;
   if (!a.jsonl.empty() && !(jsonl = std::fopen(a.jsonl.c_str(), "a"))) {
@@ -201,6 +212,7 @@ int Main(int argc, char** argv) {
     o.rate_window_s = 2;
     o.live_baseline = true;
   }
+  o.baseline = a.baseline;
   o.scale = a.scale;
   o.baseline_rate = a.baseline_rate;
   o.seed = a.seed;

@@ -31,6 +31,14 @@ mkdir -p "$OUT"
 : >"$OUT/sim_scaled.jsonl"
 common=(--catalog "$CATALOG" --baseline-rate "$BASELINE_RATE" --time-scale "$TIME_SCALE" --window-s "$WINDOW_S"
         --slo-ms "$SLO_MS" --seed "$SEED" --servers "$SERVERS")
+# The live run's baseline thresholds (CONTROLLER_FLAGS in run.env), which sim_bench takes by the
+# same names.
+read -r -a ctl_flags <<<"${CONTROLLER_FLAGS:-}"
+for ((i = 0; i + 1 < ${#ctl_flags[@]}; i++)); do
+  case "${ctl_flags[i]}" in
+    --baseline-queue-ms|--baseline-recover-queue-ms) common+=("${ctl_flags[i]}" "${ctl_flags[i + 1]}") ;;
+  esac
+done
 "$SIM" "${common[@]}" --live-loop --scale 1 --jsonl "$OUT/sim_1x.jsonl" --csv-dir "$OUT" >"$OUT/sim_1x.md"
 "$SIM" "${common[@]}" --live-loop --scale "$SIM_SCALE" --jsonl "$OUT/sim_scaled.jsonl" >"$OUT/sim_scaled.md"
 
