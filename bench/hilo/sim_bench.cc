@@ -32,11 +32,10 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "keel/hilo/catalog.h"
 #include "keel/hilo/sim.h"
 #include "keel/hilo/trace.h"
+#include "keel/hilo/validate/replay_live.h"
 
 namespace keel::hilo {
 namespace {
@@ -66,26 +65,25 @@ Trace Rescaled(const Trace& t, double time_scale) {
   return out;
 }
 
-// One summary line in the live replay's fields (replay_live.cc), so sim_vs_live.sh reads both
-// alike. Names are escaped: a --csv trace is named by its path.
+// One summary line written by the live replay's own writer (WriteLiveSummaryJson), so
+// sim_vs_live.sh reads both alike. "ok" is what the live replay counts: served within the SLO.
 void AppendJsonl(FILE* f, const Trace& t, const SimResult& r, const Catalog& c, double limit) {
-  nlohmann::ordered_json j;
-  j["label"] = r.policy == "baseline" ? "per-service" : r.policy;
-  j["trace"] = t.name;
-  j["peak"] = t.Peak();
-  j["full_quality"] = r.full_quality;
-  j["limit"] = limit;
-  j["arrived"] = r.arrived;
-  j["shed"] = r.shed;
-  j["failed"] = r.failed;
-  j["slo_violations"] = r.slo_violations;
-  j["max_drop"] = r.max_drop;
-  j["mean_drop"] = r.mean_drop;
-  j["transitions"] = r.transitions;
-  nlohmann::ordered_json states = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < c.states.size() && i < r.time_in_state_s.size(); ++i) states[c.states[i].name] = r.time_in_state_s[i];
-  j["time_in_state_s"] = std::move(states);
-  const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  LiveResult lr;
+  lr.trace = t.name;
+  lr.peak = t.Peak();
+  lr.full_quality = r.full_quality;
+  lr.limit = limit;
+  for (const State& s : c.states) lr.state_names.push_back(s.name);
+  lr.summary.arrived = r.arrived;
+  lr.summary.ok = r.served - r.slo_violations;
+  lr.summary.shed = r.shed;
+  lr.summary.failed = r.failed;
+  lr.summary.slo_violations = r.slo_violations;
+  lr.summary.max_drop = r.max_drop;
+  lr.summary.mean_drop = r.mean_drop;
+  lr.time_in_state_s = r.time_in_state_s;
+  lr.transitions = r.transitions;
+  const std::string line = WriteLiveSummaryJson(lr, r.policy == "baseline" ? "per-service" : r.policy) + "\n";
   std::fwrite(line.data(), 1, line.size(), f);
 }
 
