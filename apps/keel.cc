@@ -1119,6 +1119,8 @@ int main(int argc, char** argv) {
     hl_serve->add_option("--level-tau-s", co.level_tau_s, "demand smoothing time constant, seconds (0 = none)")->capture_default_str();
     hl_serve->add_option("--trend-tau-s", co.trend_tau_s, "trend smoothing time constant, seconds (0 = no trend)")->capture_default_str();
     hl_serve->add_option("--trend-damping-s", co.trend_damping_s, "the trend decays as exp(-t / this), seconds (0 = undamped)")->capture_default_str();
+    hl_serve->add_option("--recent-rate-guard", co.recent_rate_guard, "true: a service's predicted demand is at least its reported rate over the newest 500 ms, so a fast onset degrades before the smoothed rate catches up; false: the smoothed prediction alone")->capture_default_str();
+    hl_serve->add_option("--recent-noise-z", co.recent_noise_z, "... a lower bound on it: this many Poisson standard deviations below the measured count, 0..10")->capture_default_str();
     hl_serve->add_option("--report-timeout-s", co.report_timeout_s, "a service instance's report counts this long, seconds")->capture_default_str();
     hl_serve->add_option("--stale-fallback-s", co.stale_fallback_s, "a silent service sends the product to the safe state after this, seconds")->capture_default_str();
     // The per-service baseline's thresholds, the same for every service (docs/hilo.md, "Baseline, live").

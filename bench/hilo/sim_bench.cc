@@ -7,7 +7,7 @@
 //   sim_bench [--catalog bench/hilo/example_catalog.json] [--scale 100] [--baseline-rate 55]
 //             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR] [--time-scale 1]
 //             [--window-s 1] [--slo-ms 1000] [--servers 8] [--jsonl FILE] [--live-loop]
-//             [--baseline-queue-ms 20] [--baseline-recover-queue-ms 5]
+//             [--baseline-queue-ms 20] [--baseline-recover-queue-ms 5] [--no-recent-rate-guard]
 // --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
 // simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
 // replays the trace's shape faster at the same rates, while the controller's dwells stay in real
@@ -20,6 +20,7 @@
 // mean_quality, state index: the cheapest level applied), the simulation's half of the plots
 // (bench/hilo/plot.sh draws them beside the live replay's CSVs). --baseline-queue-ms and
 // --baseline-recover-queue-ms set the baseline's thresholds, as `keel hilo serve` does live.
+// --no-recent-rate-guard turns the controller's onset guard off (`--recent-rate-guard false` live).
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -53,6 +54,7 @@ struct Args {
   double slo_ms = 1000;
   int servers = 8;
   bool live_loop = false;
+  bool recent_rate_guard = true;
   std::string jsonl;  // "" = no JSON summary
   BaselineOptions baseline;  // --baseline-queue-ms, --baseline-recover-queue-ms
 };
@@ -153,6 +155,7 @@ int Main(int argc, char** argv) {
     else if (const char* v = val("--baseline-queue-ms")) a.baseline.degrade_queue_ms = std::atof(v);
     else if (const char* v = val("--baseline-recover-queue-ms")) a.baseline.recover_queue_ms = std::atof(v);
     else if (std::strcmp(argv[i], "--live-loop") == 0) a.live_loop = true;
+    else if (std::strcmp(argv[i], "--no-recent-rate-guard") == 0) a.recent_rate_guard = false;
     else {
       std::fprintf(stderr, "unknown or incomplete argument %s\n", argv[i]);
       return 2;
@@ -211,6 +214,7 @@ int Main(int argc, char** argv) {
     o.live_baseline = true;
   }
   o.baseline = a.baseline;
+  o.controller.recent_rate_guard = a.recent_rate_guard;
   o.scale = a.scale;
   o.baseline_rate = a.baseline_rate;
   o.seed = a.seed;

@@ -37,6 +37,7 @@ read -r -a ctl_flags <<<"${CONTROLLER_FLAGS:-}"
 for ((i = 0; i + 1 < ${#ctl_flags[@]}; i++)); do
   case "${ctl_flags[i]}" in
     --baseline-queue-ms|--baseline-recover-queue-ms) common+=("${ctl_flags[i]}" "${ctl_flags[i + 1]}") ;;
+    --recent-rate-guard) case "${ctl_flags[i + 1]}" in false|0|off|no) common+=(--no-recent-rate-guard) ;; esac ;;
   esac
 done
 "$SIM" "${common[@]}" --live-loop --scale 1 --jsonl "$OUT/sim_1x.jsonl" --csv-dir "$OUT" >"$OUT/sim_1x.md"

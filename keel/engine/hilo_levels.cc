@@ -91,6 +91,9 @@ void HiloLevels::Apply() {
   if (Status s = sched.RequestCodec(want, options_.switch_drain); !s.ok() && want != sched.codec_spec()) {
     Log().error("hilo: state '{}': {}", st.name, s.ToString());
   }
+  // The new limit also reaches requests already queued or running, so a degrade sheds the
+  // backlog's cost at once instead of serving it at the old level.
+  sched.ClampMaxTokens(static_cast<int>(std::clamp<int64_t>(st.engine.max_new_tokens, 1, 1 << 20)));
   Log().info("hilo: engine applies state '{}' (kv codec {}, max_context {}, max_new_tokens {})", st.name, want,
              st.engine.max_context, st.engine.max_new_tokens);
   applied_.store(index);

@@ -1,6 +1,8 @@
 // HiloLevels: the engine's side of HiLO (docs/hilo.md; docs/engine.md "HiLO levels"). It follows a
 // hilo::ServiceLink and applies the current product state's EngineLevel at run time:
-//  - max_new_tokens clamps each request's max_tokens (the answer then ends with "length");
+//  - max_new_tokens clamps each request's max_tokens (the answer then ends with "length"),
+//    including requests already queued or running when the state changes (Scheduler::
+//    ClampMaxTokens: one past the new limit ends at the next step with what it has);
 //  - max_context cuts a longer prompt from the front, keeping a leading BOS and the newest
 //    tokens (never refused), and is never more than the model's context minus one token;
 //  - kv_codec switches the scheduler's KV cache (Scheduler::RequestCodec: drain, then swap), and

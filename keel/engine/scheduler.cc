@@ -349,12 +349,46 @@ void Scheduler::Emit(Active& a, int token, TokenLogprob* logprob) {
   Deliver(a, false);
 }
 
+void Scheduler::ClampMaxTokens(int max_tokens) {
+  max_tokens = std::max(max_tokens, 1);
+  int pending = token_clamp_.load();
+  while ((pending == 0 || max_tokens < pending) && !token_clamp_.compare_exchange_weak(pending, max_tokens)) {
+  }
+}
+
+void Scheduler::ApplyTokenClamp() {
+  const int limit = token_clamp_.exchange(0);
+  if (limit <= 0) return;
+  {
+    // Queued requests are only read by this thread once popped, under mu_.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& req : queue_) req->params.max_tokens = std::min(req->params.max_tokens, limit);
+  }
+  auto clamp = [&](Active& a) {
+    int& max_tokens = a.req->params.max_tokens;
+    if (max_tokens <= limit) return;
+    max_tokens = limit;
+    if (!a.done && static_cast<int>(a.generated.size()) >= limit) Finish(a, FinishReason::kLength);
+  };
+  for (auto& a : active_) clamp(*a);  // done ones leave in Step's drop_done
+  for (auto it = preempted_.begin(); it != preempted_.end();) {
+    clamp(**it);
+    if ((*it)->done) {  // a preempted sequence holds no cache blocks
+      it = preempted_.erase(it);
+      --preempted_count_;
+    } else {
+      ++it;
+    }
+  }
+}
+
 bool Scheduler::Step() {
   if (cancel_all_.load()) {
     for (auto& a : active_) a->req->cancelled = true;
     for (auto& a : preempted_) a->req->cancelled = true;
   }
   if (link_ != nullptr) link_->ReleaseFinished(*cache_);
+  ApplyTokenClamp();
   if (!AdvanceCodecSwitch()) Admit();
   // Drop cancelled sequences before spending compute on them.
   for (auto& a : active_) {

@@ -164,6 +164,15 @@ class Scheduler {
   // budget; ResourceExhausted when the queue is full; Unavailable after Shutdown.
   Status Submit(std::shared_ptr<Request> request);
 
+  // Lowers every unfinished request's max_tokens to at most `max_tokens` (>= 1): queued,
+  // preempted and running ones, at the start of the next step. A running sequence that has
+  // already generated that many ends there with kLength, its text so far delivered. Never raises
+  // a limit; a later call with a larger value than a pending one does not undo it. HiLO's engine
+  // level uses it so that a degrade reaches the work already admitted: without it a surge's
+  // backlog is still served at the old level after the switch (docs/engine.md, "HiLO levels").
+  // Thread-safe; a request submitted after the call is not affected (its limit is its own).
+  void ClampMaxTokens(int max_tokens);
+
   // Runs one iteration. Returns false when there was nothing to do.
   bool Step();
   // Steps until `stop` is set; sleeps while idle. Used by servers on a dedicated thread.
@@ -193,6 +202,7 @@ class Scheduler {
   void Emit(Active& a, int token, TokenLogprob* logprob);
   void Deliver(Active& a, bool finished);
   void PublishStats();  // KV figures for Stats(), read by other threads
+  void ApplyTokenClamp();  // a pending ClampMaxTokens, on the scheduler thread
   // A pending codec switch: true while it waits for running sequences (admission is paused).
   bool AdvanceCodecSwitch();
   void SetCacheFigures();  // the cache's block figures that Submit reads from other threads
@@ -223,6 +233,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Active>> preempted_;  // scheduler thread only
   std::atomic<int64_t> preempted_count_{0};
   std::atomic<bool> cancel_all_{false};
+  std::atomic<int> token_clamp_{0};  // pending ClampMaxTokens value, 0 = none
 
   std::vector<std::unique_ptr<Active>> active_;
   SeqId next_seq_ = 1;

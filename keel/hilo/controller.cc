@@ -26,6 +26,8 @@ Status CheckOptions(const ControllerOptions& o) {
   if (!(o.recover_margin > 0 && o.recover_margin <= 1)) return bad("recover_margin: expected (0, 1]");
   if (!(o.recover_dwell_s >= 0 && o.min_dwell_s >= 0)) return bad("dwell: expected >= 0");
   if (!(o.report_timeout_s > 0)) return bad("report_timeout_s: expected > 0");
+  if (!(o.recent_window_s > 0 && o.recent_window_s <= 60)) return bad("recent_window_s: expected (0, 60]");
+  if (!(o.recent_noise_z >= 0 && o.recent_noise_z <= 10)) return bad("recent_noise_z: expected 0..10");
   if (!(o.stale_fallback_s >= o.report_timeout_s)) return bad("stale_fallback_s: expected >= report_timeout_s");
   if (o.log_capacity == 0) return bad("log_capacity: expected > 0");
   return Status::Ok();
@@ -75,7 +77,7 @@ void Controller::Observe(const LoadReport& r) {
   } else if (r.unix_ms < it->second.unix_ms) {
     return;  // reordered delivery: keep the newer one
   }
-  it->second = Instance{r.unix_ms, r.arrival_rate};
+  it->second = Instance{r.unix_ms, r.arrival_rate, r.recent_rate};
   s.last_heard_ms = std::max(s.last_heard_ms, r.unix_ms);
 }
 
@@ -90,6 +92,14 @@ double Controller::Demand(Service s, int64_t now_ms) const {
   return any ? sum : -1;
 }
 
+double Controller::RecentDemand(Service s, int64_t now_ms) const {
+  double sum = 0;
+  for (const auto& [name, inst] : services_[static_cast<int>(s)].instances) {
+    if (now_ms - inst.unix_ms <= Ms(opt_.report_timeout_s)) sum += inst.recent_rate;
+  }
+  return sum;
+}
+
 double Controller::TrendReach(double seconds) const {
   const double tau = opt_.trend_damping_s;
   return tau > 0 ? -tau * std::expm1(-seconds / tau) : seconds;
@@ -100,7 +110,7 @@ double Controller::TrendReach(double seconds) const {
 // the last sample with the trend decaying as exp(-t / trend_damping_s), and each weight is
 // 1 - exp(-dt / tau). For dt << tau the trend weight over dt is about dt / tau, so a level step of
 // d moves the trend by about d / trend_tau_s whatever the decision interval.
-void Controller::UpdatePrediction(ServiceState& s, double demand, int64_t now_ms) const {
+void Controller::UpdatePrediction(ServiceState& s, double demand, double recent, int64_t now_ms) const {
   if (!s.has_model) {
     s.has_model = true;
     s.level = demand;
@@ -119,6 +129,10 @@ void Controller::UpdatePrediction(ServiceState& s, double demand, int64_t now_ms
     s.sample_ms = now_ms;
   }
   s.predicted = std::max(0.0, s.level + s.trend * TrendReach(opt_.lookahead_s)) * opt_.headroom;
+  if (opt_.recent_rate_guard && recent > 0) {
+    const double n = recent * opt_.recent_window_s;  // arrivals in the window
+    s.predicted = std::max(s.predicted, (n - opt_.recent_noise_z * std::sqrt(n)) / opt_.recent_window_s);
+  }
 }
 
 bool Controller::Covers(int state, const std::array<bool, kNumServices>& known, double factor) const {
@@ -194,7 +208,7 @@ Decision Controller::Decide(int64_t now_ms) {
     const double demand = Demand(s, now_ms);
     known[i] = demand >= 0;
     if (known[i]) {
-      UpdatePrediction(st, demand, now_ms);
+      UpdatePrediction(st, demand, RecentDemand(s, now_ms), now_ms);
     } else {
       const int64_t gap = now_ms - std::max(st.last_heard_ms, start_ms_);
       if (gap > silent_ms) silent = i, silent_ms = gap;

@@ -19,6 +19,10 @@ struct LoadReport {
   std::string instance;       // a name unique within the service ("vector-0", "127.0.0.1:8080")
   int64_t unix_ms = 0;        // when the figures were taken, by the reporting machine's clock
   double arrival_rate = 0;    // requests/s arriving (admitted or not) over the last window
+  // requests/s over the newest ~500 ms only (ServiceLinkOptions::recent_window_ms): noisier, but
+  // it shows a fast onset a second or more before the smoothed rate does. Optional on the wire
+  // (0 when a service does not send it).
+  double recent_rate = 0;
   int64_t in_flight = 0;      // requests being served
   int64_t queue_depth = 0;    // requests waiting
   double utilisation = 0;     // busy fraction of the service's workers, 0..1
@@ -28,7 +32,7 @@ struct LoadReport {
 
 inline constexpr size_t kMaxReportBytes = 4096;
 
-// Reads one report. Bounds: arrival_rate 0..1e9, in_flight and queue_depth 0..1e9, utilisation
+// Reads one report. Bounds: arrival_rate and recent_rate (optional) 0..1e9, in_flight and queue_depth 0..1e9, utilisation
 // 0..1, p99_ms 0..1e9, unix_ms 0..2^45 (year ~3084); instance and applied_state are names (1..64
 // of [A-Za-z0-9_.:-]; applied_state may be ""); service one of the catalog's services.
 Result<LoadReport> ParseLoadReport(std::string_view text);

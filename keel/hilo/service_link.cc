@@ -78,6 +78,11 @@ void LoadMeter::SetRateWindow(int64_t ms) {
   rate_.SetSpan(ms);
 }
 
+void LoadMeter::SetRecentWindow(int64_t ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recent_.SetSpan(ms);
+}
+
 LoadReport LoadMeter::Take(int64_t now_ms) {
   std::vector<float> lat;
   std::function<int64_t()> queue_probe;
@@ -107,6 +112,7 @@ LoadReport LoadMeter::Take(int64_t now_ms) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     r.arrival_rate = rate_.Add(window_ms, arrivals);
+    r.recent_rate = recent_.Add(window_ms, arrivals);
   }
   r.in_flight = std::min<int64_t>(in_service, 1000000000);
   r.queue_depth = std::min<int64_t>(queued, 1000000000);
@@ -132,6 +138,7 @@ LoadReport LoadMeter::Take(int64_t now_ms) {
 ServiceLink::ServiceLink(Catalog catalog, ServiceLinkOptions options)
     : catalog_(std::move(catalog)), opt_(std::move(options)), meter_(opt_.workers, opt_.clock()) {
   meter_.SetRateWindow(opt_.rate_window_ms);
+  meter_.SetRecentWindow(opt_.recent_window_ms);
 }
 
 namespace {
@@ -144,6 +151,9 @@ Status PrepareOptions(ServiceLinkOptions& o) {
   if (o.workers < 1) return Status::InvalidArgument("service link: workers must be >= 1");
   if (o.rate_window_ms < 0 || o.rate_window_ms > 60000) {
     return Status::InvalidArgument("service link: rate_window_ms must be 0..60000");
+  }
+  if (o.recent_window_ms < 0 || o.recent_window_ms > 60000) {
+    return Status::InvalidArgument("service link: recent_window_ms must be 0..60000");
   }
   if (o.instance.empty()) o.instance = std::string(ServiceName(o.service)) + "-" + std::to_string(::getpid());
   if (!internal::IsValidName(o.instance)) {

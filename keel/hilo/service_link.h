@@ -73,6 +73,8 @@ class LoadMeter {
   // instead of the current window alone. A 250 ms window at a few req/s holds 0 to 2 arrivals, and
   // the controller's trend would read that noise as surges. 0 = the current window only.
   void SetRateWindow(int64_t ms);
+  // The span of LoadReport::recent_rate, the same way (0 = the current window only).
+  void SetRecentWindow(int64_t ms);
 
   // The report for the window since the last Take (arrival rate, in-flight now, queue depth now,
   // utilisation, p99 of the latencies finished in the window), and starts a new window. `now_ms`
@@ -92,7 +94,8 @@ class LoadMeter {
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   std::function<int64_t()> queue_probe_;
   std::function<double()> util_probe_;
-  WindowedRate rate_;  // arrival rate over the past Takes' windows (SetRateWindow)
+  WindowedRate rate_;    // arrival rate over the past Takes' windows (SetRateWindow)
+  WindowedRate recent_;  // ... over SetRecentWindow's shorter span
 };
 
 struct ServiceLinkOptions {
@@ -100,6 +103,7 @@ struct ServiceLinkOptions {
   std::string instance;            // 1..64 of [A-Za-z0-9_.:-]; "" = "<service>-<pid>"
   int report_interval_ms = 250;    // docs: "every few hundred ms"
   int rate_window_ms = 2000;       // arrival rates are reported over this long (LoadMeter::SetRateWindow)
+  int recent_window_ms = 500;      // ... and recent_rate over this long (LoadMeter::SetRecentWindow)
   int workers = 1;                 // LoadMeter's worker count
   // The agent's hold/fallback and the poll timings. The link chains its own on_push after any
   // given here; a null client.clock becomes `clock`, so the agent and the link share one clock.

@@ -66,6 +66,7 @@ struct Station {
   double qdelay_sum_ms = 0;
   int64_t qdelay_n = 0;
   WindowedRate rate;                    // reported arrival rate over rate_window_s
+  WindowedRate recent;                  // reported recent rate over recent_window_s
   std::optional<ServicePolicy> policy;  // SimOptions::live_baseline: the live per-service rule
   // Baseline rule.
   double last_change = -std::numeric_limits<double>::infinity();
@@ -99,6 +100,9 @@ class Sim {
       }
       ControllerOptions co = o_.controller;
       if (co.initial_state.empty()) co.initial_state = cat_.states[0].name;
+      // The span the modelled recent rates cover: whole report windows, at least one.
+      co.recent_window_s = std::max(o_.report_interval_s,
+                                    std::ceil(o_.recent_window_s / o_.report_interval_s - 1e-9) * o_.report_interval_s);
       Result<Controller> c = Controller::Create(std::move(scaled), co, nullptr);
       if (!c.ok()) return c.status();
       ctrl_.emplace(std::move(c).value());
@@ -110,6 +114,7 @@ class Sim {
       st.bound = static_cast<size_t>(o_.queue_per_server) * st.servers;
       st.level = initial;
       st.rate.SetSpan(std::llround(o_.rate_window_s * 1000));
+      st.recent.SetSpan(std::llround(o_.recent_window_s * 1000));
       if (!ctrl_ && o_.live_baseline) {
         ServicePolicyOptions po;  // the live defaults (ControllerServerOptions::per_service)
         po.baseline = o_.baseline;
@@ -235,6 +240,7 @@ class Sim {
         r.unix_ms = now_ms;
         // As the live LoadMeter reports it: over the last rate_window_s of report windows.
         r.arrival_rate = st.rate.Add(std::llround(o_.report_interval_s * 1000), st.arrivals);
+        r.recent_rate = st.recent.Add(std::llround(o_.report_interval_s * 1000), st.arrivals);
         r.in_flight = st.busy;
         r.queue_depth = static_cast<int64_t>(st.waiting.size());
         r.utilisation = std::min(1.0, st.busy_integral / (st.servers * o_.report_interval_s));
@@ -355,6 +361,7 @@ Status CheckOptions(const SimOptions& o) {
   }
   if (!(o.push_delay_s >= 0)) return bad("push_delay_s must be >= 0");
   if (!(o.rate_window_s >= 0 && o.rate_window_s <= 3600)) return bad("rate_window_s must be in [0, 3600]");
+  if (!(o.recent_window_s >= 0 && o.recent_window_s <= 3600)) return bad("recent_window_s must be in [0, 3600]");
   return Status::Ok();
 }
 

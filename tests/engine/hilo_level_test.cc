@@ -299,6 +299,41 @@ TEST_F(HiloLevelTest, MaxNewTokensClampsEveryRequest) {
   EXPECT_EQ(r.Header("x-keel-hilo-state"), "full");
 }
 
+// A degrade reaches a request already generating: it ends soon after the switch, with the
+// prefix of what the old level would have answered, instead of finishing at the old level.
+TEST_F(HiloLevelTest, DegradeClampsRequestsAlreadyRunning) {
+  Open("full", 64, /*run_scheduler=*/false);
+  Scheduler& s = engine_->scheduler();
+  HttpTestResponse during;
+  std::thread client([&] { during = Complete(kPrompt, 50); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (s.Stats().generated_tokens < 10 && std::chrono::steady_clock::now() < deadline) {
+    if (!s.Step()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(s.Stats().generated_tokens, 10);
+  ASSERT_TRUE(link_->Pin("short").ok());  // max_new_tokens 5: below what it has already
+  levels_->Current();                     // applies it (the link's OnChange may have already)
+  std::atomic<bool> stop{false};
+  std::thread stepper([&] { s.Run(stop); });
+  client.join();
+  ASSERT_EQ(during.status, 200) << during.body;
+  EXPECT_EQ(during.Header("x-keel-hilo-state"), "full");  // the state it arrived in
+  json j = Body(during);
+  const int got = j["usage"]["completion_tokens"].get<int>();
+  EXPECT_GE(got, 10);
+  EXPECT_LT(got, 20) << "the clamp should land within a step or two, not at the old limit of 50";
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+
+  ASSERT_TRUE(link_->Pin("full").ok());
+  HttpTestResponse whole = Complete(kPrompt, 50);
+  stop = true;
+  stepper.join();
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(Body(whole)["usage"]["completion_tokens"], 50);  // a recovery clamps nothing below its level
+  const std::string cut = Text(during);
+  EXPECT_EQ(Text(whole).substr(0, cut.size()), cut);
+}
+
 TEST_F(HiloLevelTest, MaxContextCutsThePromptFromTheFront) {
   Open("short");  // max_context 8
   const Tokenizer& tok = engine_->tokenizer();

@@ -146,6 +146,44 @@ TEST_F(SchedulerTest, FullQueueIsResourceExhausted) {
   EXPECT_EQ(e->scheduler().QueueDepth(), 0);
 }
 
+// A HiLO degrade lowers the limit of work already admitted (ClampMaxTokens): the running sequence
+// that has generated past the new limit ends at the next step with what it has, the queued one
+// generates only the new limit, and neither changes the tokens it would have produced.
+TEST_F(SchedulerTest, ClampMaxTokensReachesRunningAndQueuedRequests) {
+  SchedulerOptions so;
+  so.max_running = 1;  // one runs, one waits in the queue
+  auto e = Open(64 << 20, so);
+  Collected solo_a, solo_b;
+  ASSERT_TRUE(e->scheduler().Submit(Make(*e, "Echoes", 40, &solo_a)).ok());
+  e->scheduler().RunUntilIdle();
+  ASSERT_TRUE(e->scheduler().Submit(Make(*e, "a gentle hum", 40, &solo_b)).ok());
+  e->scheduler().RunUntilIdle();
+  ASSERT_GE(solo_a.tokens.size(), 12u) << "the model must not stop early for this test";
+  ASSERT_GE(solo_b.tokens.size(), 6u);
+
+  Collected a, b, c;
+  ASSERT_TRUE(e->scheduler().Submit(Make(*e, "Echoes", 40, &a)).ok());
+  ASSERT_TRUE(e->scheduler().Submit(Make(*e, "a gentle hum", 40, &b)).ok());
+  while (a.tokens.size() < 8) ASSERT_TRUE(e->scheduler().Step());
+  ASSERT_FALSE(a.final_event.finished);
+  const size_t had = a.tokens.size();
+  e->scheduler().ClampMaxTokens(20);  // a larger pending value does not undo a smaller one
+  e->scheduler().ClampMaxTokens(5);
+  e->scheduler().ClampMaxTokens(30);
+  e->scheduler().Step();
+  EXPECT_TRUE(a.final_event.finished);
+  EXPECT_EQ(a.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(a.tokens.size(), had);  // not one token more than it had when the clamp landed
+  EXPECT_EQ(a.final_event.completion_tokens, static_cast<int>(had));
+  EXPECT_EQ(a.tokens, std::vector<int>(solo_a.tokens.begin(), solo_a.tokens.begin() + had));
+  // Submitted after the clamp: its own limit stands.
+  ASSERT_TRUE(e->scheduler().Submit(Make(*e, "Echoes", 12, &c)).ok());
+  e->scheduler().RunUntilIdle();
+  EXPECT_EQ(b.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(b.tokens, std::vector<int>(solo_b.tokens.begin(), solo_b.tokens.begin() + 5));
+  EXPECT_EQ(c.tokens, std::vector<int>(solo_a.tokens.begin(), solo_a.tokens.begin() + 12));
+}
+
 TEST_F(SchedulerTest, RequestLargerThanTheWholeCacheIsRejected) {
   auto e = Open(4 * 32768);  // 4 blocks = 64 tokens
   Collected c;

@@ -50,6 +50,65 @@ Decision Step(Controller& c, int64_t at_ms, double answer_rate) {
   return c.Decide(at_ms);
 }
 
+// The onset guard: the smoothed rate still reads the old load (its 2 s window and the level's time
+// constant lag), but the newest 500 ms already carry the surge. The guard degrades on it at once,
+// without headroom; without the guard the product stays in full while it overloads.
+TEST(HiloController, RecentRateGuardDegradesBeforeTheSmoothedRate) {
+  for (bool guard : {true, false}) {
+    ControllerOptions o;
+    o.initial_state = "full";
+    o.recent_rate_guard = guard;
+    Controller c = Make(o);
+    auto step = [&c](int64_t at, double rate, double recent) {
+      for (Service s : kAllServices) {
+        LoadReport r;
+        r.service = s;
+        r.instance = "i0";
+        r.unix_ms = at;
+        r.arrival_rate = rate;
+        r.recent_rate = recent;
+        c.Observe(r);
+      }
+      return c.Decide(at);
+    };
+    for (int i = 0; i < 40; ++i) ASSERT_EQ(step(kT0 + i * 250, 60, 60).index, 0);
+    // Recent 60 -> 240 req/s while the 2 s rate reads 75: the smoothed prediction stays < 100.
+    Decision d = step(kT0 + 40 * 250, 75, 240);
+    EXPECT_EQ(c.RecentDemand(Service::kAnswer, kT0 + 40 * 250), 240);
+    if (guard) {
+      // 120 arrivals in 500 ms, less 2 sqrt(120): (120 - 21.9) / 0.5 = 196.2 req/s -> the first
+      // state with answer and engine capacity >= 196.2 is fewer_docs (200).
+      EXPECT_EQ(d.index, 2) << d.reason;
+      EXPECT_EQ(d.reason, "degrade: answer predicted 196.2 req/s > capacity 100.0 in 'full'");
+      EXPECT_NEAR(c.Predicted(Service::kAnswer), 196.182, 1e-3);
+    } else {
+      EXPECT_EQ(d.index, 0) << d.reason;
+      EXPECT_LT(c.Predicted(Service::kAnswer), 100);
+    }
+  }
+}
+
+// The guard's bound keeps Poisson noise from degrading: a plateau at 90 req/s under full's 100
+// whose 500 ms windows read up to 2 standard deviations high (57 + 2 sqrt(45) ~ 118 req/s) stays.
+TEST(HiloController, RecentRateGuardIgnoresNoiseBelowCapacity) {
+  ControllerOptions o;
+  o.initial_state = "full";
+  Controller c = Make(o);
+  const double high = (45 + 2 * std::sqrt(45.0)) / 0.5;  // 116.8 req/s
+  for (int i = 0; i < 40; ++i) {
+    for (Service s : kAllServices) {
+      LoadReport r;
+      r.service = s;
+      r.instance = "i0";
+      r.unix_ms = kT0 + i * 250;
+      r.arrival_rate = 85;
+      r.recent_rate = i % 2 ? high : 70;
+      c.Observe(r);
+    }
+    EXPECT_EQ(c.Decide(kT0 + i * 250).index, 0) << "at report " << i;
+  }
+}
+
 TEST(HiloController, StepSurgeDegradesInOneDecision) {
   ControllerOptions o;  // the defaults: smoothing, trend and headroom
   o.initial_state = "full";

@@ -159,5 +159,30 @@ TEST(HiloLoadMeterRateWindow, ArrivalRateSpansTheLastWindowsUpToTheRateWindow) {
   EXPECT_DOUBLE_EQ(m.Take(1500).arrival_rate, 0);
 }
 
+// recent_rate is the same count over its own, shorter span: a burst shows there at full size while
+// the longer window still averages it down.
+TEST(HiloLoadMeterRateWindow, RecentRateSpansItsOwnWindow) {
+  LoadMeter m(4, 0);
+  m.SetRateWindow(2000);
+  m.SetRecentWindow(500);
+  auto arrive = [&m](int n) {
+    for (int i = 0; i < n; ++i) m.Arrive(), m.Shed();
+  };
+  for (int t = 250; t <= 2000; t += 250) {
+    arrive(25);  // 100 req/s
+    LoadReport r = m.Take(t);
+    EXPECT_DOUBLE_EQ(r.arrival_rate, 100);
+    EXPECT_DOUBLE_EQ(r.recent_rate, 100);
+  }
+  arrive(75);  // 300 req/s for one window
+  LoadReport r = m.Take(2250);
+  EXPECT_DOUBLE_EQ(r.recent_rate, 200);      // (25 + 75) in 0.5 s
+  EXPECT_DOUBLE_EQ(r.arrival_rate, 125);     // (7 x 25 + 75) in 2 s
+  arrive(75);
+  r = m.Take(2500);
+  EXPECT_DOUBLE_EQ(r.recent_rate, 300);
+  EXPECT_DOUBLE_EQ(r.arrival_rate, 150);     // (6 x 25 + 2 x 75) in 2 s
+}
+
 }  // namespace
 }  // namespace keel::hilo

@@ -60,11 +60,11 @@ if "$KEEL" hilo serve --catalog "$DIR/validated.json" --port 0 --headroom 0.5 >"
 fi
 grep -q "headroom: expected 1..10" "$DIR/bad.log" || { cat "$DIR/bad.log" >&2; fail "--headroom 0.5 refused without naming it"; }
 "$KEEL" hilo serve --catalog "$DIR/validated.json" --port "$PORT_BASE" --headroom 1.25 --recover-margin 0.7 \
-  --trend-damping-s 3 >"$DIR/controller2.log" 2>&1 &
+  --trend-damping-s 3 --recent-rate-guard false >"$DIR/controller2.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT_BASE/health" >/dev/null && break; sleep 0.1; done
 curl -sf "http://127.0.0.1:$PORT_BASE/v1/state" | grep -q '"pinned":false' || { kill $pid; fail "validated controller did not start unpinned"; }
-grep -q "headroom 1.25, recover margin 0.7 after 10 s.*trend damping 3 s" "$DIR/controller2.log" \
+grep -q "headroom 1.25, recover margin 0.7 after 10 s.*trend damping 3 s, recent-rate guard off" "$DIR/controller2.log" \
   || { kill $pid; cat "$DIR/controller2.log" >&2; fail "the controller did not take its tuning flags"; }
 kill $pid
 wait $pid 2>/dev/null || true

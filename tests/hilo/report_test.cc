@@ -15,6 +15,7 @@ LoadReport Sample() {
   r.instance = "vector-1";
   r.unix_ms = 1764900000123;
   r.arrival_rate = 412.5;
+  r.recent_rate = 530.25;
   r.in_flight = 17;
   r.queue_depth = 3;
   r.utilisation = 0.83;
@@ -38,6 +39,7 @@ TEST(HiloReport, RoundTrip) {
   EXPECT_EQ(r->instance, "vector-1");
   EXPECT_EQ(r->unix_ms, 1764900000123);
   EXPECT_EQ(r->arrival_rate, 412.5);
+  EXPECT_EQ(r->recent_rate, 530.25);
   EXPECT_EQ(r->in_flight, 17);
   EXPECT_EQ(r->queue_depth, 3);
   EXPECT_EQ(r->utilisation, 0.83);
@@ -67,6 +69,17 @@ TEST(HiloReport, EveryFieldIsRequired) {
   }
 }
 
+// recent_rate came later: a report without it (an older service) reads as 0, not an error.
+TEST(HiloReport, RecentRateIsOptional) {
+  json j = json::parse(WriteLoadReport(Sample()));
+  j.erase("recent_rate");
+  Result<LoadReport> r = ParseLoadReport(j.dump());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->recent_rate, 0);
+  j["recent_rate"] = nullptr;
+  EXPECT_EQ(ErrorOf(j), "");
+}
+
 TEST(HiloReport, HostileValuesNameTheField) {
   struct Case {
     const char* field;
@@ -77,6 +90,8 @@ TEST(HiloReport, HostileValuesNameTheField) {
       {"arrival_rate", -1, "arrival_rate: expected a number from 0 to 1e+09"},
       {"arrival_rate", 1e300, "arrival_rate: expected a number from 0 to 1e+09"},
       {"arrival_rate", "12", "arrival_rate: expected a number from 0 to 1e+09"},
+      {"recent_rate", -1, "recent_rate: expected a number from 0 to 1e+09"},
+      {"recent_rate", "fast", "recent_rate: expected a number from 0 to 1e+09"},
       {"utilisation", 1.5, "utilisation: expected a number from 0 to 1"},
       {"utilisation", -0.1, "utilisation: expected a number from 0 to 1"},
       {"p99_ms", true, "p99_ms: expected a number from 0 to 1e+09"},
