@@ -28,7 +28,7 @@
 #   ALLOW_UNVALIDATED=1  pass --allow-unvalidated to the controller (a catalog whose figures are
 #                  stale or from other binaries; the figures must still be there)
 #   PORT_BASE (17600), DIR (product dir, default OUT_DIR/product), BUILD, KEEL_SHARED, and
-#   product.sh's ENGINE_MAX_RUNNING, ANSWER_MAX_INFLIGHT, CONTROLLER_FLAGS
+#   product.sh's ENGINE_MAX_RUNNING, ENGINE_THREADS, ANSWER_MAX_INFLIGHT, CONTROLLER_FLAGS
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -120,6 +120,7 @@ WINDOW_S=$WINDOW_S
 SLO_MS=$SLO_MS
 SEED=$SEED
 ENGINE_MAX_RUNNING=${ENGINE_MAX_RUNNING:-32}
+ENGINE_THREADS=${ENGINE_THREADS:-}
 CONTROLLER_FLAGS="${CONTROLLER_FLAGS:-}"
 ENV
 echo "live: catalog $CATALOG, traces: $TRACES; baseline $BASELINE_RATE req/s, time scale $TIME_SCALE, $QUERIES queries of $MAX_TOKENS tokens, SLO $SLO_MS ms" >&2

@@ -61,7 +61,7 @@ PY
 set terminal pngcairo size 1000,700 font ",10"
 set output '$png'
 set datafile separator ','
-set multiplot layout 2,1 title "HiLO surge '$trace': quality and state over time"
+set multiplot layout 2,1 title "HiLO surge '$trace': quality and state over time" noenhanced
 set xlabel 'trace time (s)'
 set ylabel 'window quality (0..100)'
 set yrange [0:105]

@@ -16,7 +16,8 @@
 # engine's batch slots; with 8 the engine queued at 1x load, docs/results.md),
 # CONTROLLER_FLAGS (extra `keel hilo serve` flags, e.g. "--headroom 1.2" or "--baseline-queue-ms 100"),
 # ANSWER_MAX_INFLIGHT (64), ANSWER_GATEWAY_TIMEOUT_MS (5000: the answer service gives up on the
-# gateway after this, which cancels the generation, so abandoned requests do not pile up downstream).
+# gateway after this, which cancels the generation, so abandoned requests do not pile up downstream),
+# ENGINE_THREADS (each engine's OpenMP threads; default: OpenMP's, one per core).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -26,7 +27,7 @@ SHARED=${KEEL_SHARED:-$(cd .. && pwd)/shared}
 DATA=$SHARED/data
 PORT_BASE=${PORT_BASE:-17500}
 
-usage() { sed -n '2,17p' "$0" >&2; exit 2; }
+usage() { sed -n '2,20p' "$0" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1
 DIR=$2
@@ -125,9 +126,19 @@ wait_http "http://127.0.0.1:$VEC_PORT/healthz" vector "$DIR/vector.log"
 "$KEEL" answer index --vector "http://127.0.0.1:$VEC_PORT" --bvecs "$DATA/vectors/bigann10k_base.bvecs" >"$DIR/index.log" 2>&1 \
   || { echo "product: loading the vectors failed:" >&2; tail -5 "$DIR/index.log" >&2; exit 1; }
 
-run engine-large serve --model "$DATA/models/en-dense6L.bin" --tokenizer "$DATA/models/tok354.bin" --port "$ENG_L_PORT" \
+# The engines' thread count, and nothing else's (FAISS in the vector service also uses OpenMP).
+ENGINE_ENV=()
+[ -n "${ENGINE_THREADS:-}" ] && ENGINE_ENV=(env "OMP_NUM_THREADS=$ENGINE_THREADS")
+run_engine() {  # run_engine NAME ARGS...: run with ENGINE_ENV
+  local name=$1
+  shift
+  "${ENGINE_ENV[@]}" "$KEEL" "$@" >"$DIR/$name.log" 2>&1 &
+  PIDS[$name]=$!
+  echo $! >>"$DIR/pids"
+}
+run_engine engine-large serve --model "$DATA/models/en-dense6L.bin" --tokenizer "$DATA/models/tok354.bin" --port "$ENG_L_PORT" \
   --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-large
-run engine-small serve --model "$DATA/models/en-moe8x" --port "$ENG_S_PORT" \
+run_engine engine-small serve --model "$DATA/models/en-moe8x" --port "$ENG_S_PORT" \
   --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-small
 wait_http "http://127.0.0.1:$ENG_L_PORT/healthz" engine-large "$DIR/engine-large.log"
 wait_http "http://127.0.0.1:$ENG_S_PORT/healthz" engine-small "$DIR/engine-small.log"
