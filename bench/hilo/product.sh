@@ -109,10 +109,13 @@ declare -A PIDS
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/admin.token"
 chmod 600 "$DIR/admin.token"
 
-run() {  # run NAME ARGS... : starts a keel process in the background, logs to DIR/NAME.log
+run() {  # run [VAR=value ...] NAME ARGS... : starts a keel process in the background with those
+  # variables set, logs to DIR/NAME.log
+  local vars=()
+  while [[ $1 == *=* ]]; do vars+=("$1"); shift; done
   local name=$1
   shift
-  "$KEEL" "$@" >"$DIR/$name.log" 2>&1 &
+  env "${vars[@]}" "$KEEL" "$@" >"$DIR/$name.log" 2>&1 &
   PIDS[$name]=$!
   echo $! >>"$DIR/pids"
 }
@@ -128,17 +131,10 @@ wait_http "http://127.0.0.1:$VEC_PORT/healthz" vector "$DIR/vector.log"
 
 # The engines' thread count, and nothing else's (FAISS in the vector service also uses OpenMP).
 ENGINE_ENV=()
-[ -n "${ENGINE_THREADS:-}" ] && ENGINE_ENV=(env "OMP_NUM_THREADS=$ENGINE_THREADS")
-run_engine() {  # run_engine NAME ARGS...: run with ENGINE_ENV
-  local name=$1
-  shift
-  "${ENGINE_ENV[@]}" "$KEEL" "$@" >"$DIR/$name.log" 2>&1 &
-  PIDS[$name]=$!
-  echo $! >>"$DIR/pids"
-}
-run_engine engine-large serve --model "$DATA/models/en-dense6L.bin" --tokenizer "$DATA/models/tok354.bin" --port "$ENG_L_PORT" \
+[ -n "${ENGINE_THREADS:-}" ] && ENGINE_ENV=("OMP_NUM_THREADS=$ENGINE_THREADS")
+run "${ENGINE_ENV[@]}" engine-large serve --model "$DATA/models/en-dense6L.bin" --tokenizer "$DATA/models/tok354.bin" --port "$ENG_L_PORT" \
   --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-large
-run_engine engine-small serve --model "$DATA/models/en-moe8x" --port "$ENG_S_PORT" \
+run "${ENGINE_ENV[@]}" engine-small serve --model "$DATA/models/en-moe8x" --port "$ENG_S_PORT" \
   --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-small
 wait_http "http://127.0.0.1:$ENG_L_PORT/healthz" engine-large "$DIR/engine-large.log"
 wait_http "http://127.0.0.1:$ENG_S_PORT/healthz" engine-small "$DIR/engine-small.log"

@@ -191,9 +191,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--time-scale (0, 100], --window-s, --slo-ms, --scale, --baseline-rate > 0, --servers 1..4096\n");
     return 2;
   }
-  if (!(a.baseline.recover_queue_ms >= 0 && a.baseline.recover_queue_ms <= a.baseline.degrade_queue_ms &&
-        std::isfinite(a.baseline.degrade_queue_ms))) {
-    std::fprintf(stderr, "--baseline-queue-ms and --baseline-recover-queue-ms: expected 0 <= recover <= queue, finite\n");
+  if (Status s = CheckBaselineOptions(a.baseline); !s.ok()) {
+    std::fprintf(stderr, "--baseline-queue-ms and --baseline-recover-queue-ms: %s\n", s.message().c_str());
     return 2;
   }
   for (Trace& t : traces) t = Rescaled(t, a.time_scale);

@@ -8,6 +8,12 @@
 #include "keel/core/socket.h"
 
 namespace keel::engine {
+namespace {
+
+// A state's answer-length clamp. Catalog values are 1..2^20 (docs/hilo.md), so they fit an int.
+int MaxNewTokens(const hilo::State& st) { return static_cast<int>(std::max<int64_t>(1, st.engine.max_new_tokens)); }
+
+}  // namespace
 
 std::optional<bool> KvCodecIsLossless(std::string_view spec) {
   const std::string_view family = spec.substr(0, spec.find(':'));
@@ -93,7 +99,7 @@ void HiloLevels::Apply() {
   }
   // The new limit also reaches requests already queued or running, so a degrade sheds the
   // backlog's cost at once instead of serving it at the old level.
-  sched.ClampMaxTokens(static_cast<int>(std::clamp<int64_t>(st.engine.max_new_tokens, 1, 1 << 20)));
+  sched.ClampMaxTokens(MaxNewTokens(st));
   Log().info("hilo: engine applies state '{}' (kv codec {}, max_context {}, max_new_tokens {})", st.name, want,
              st.engine.max_context, st.engine.max_new_tokens);
   applied_.store(index);
@@ -105,8 +111,7 @@ AppliedLevel HiloLevels::Current() {
   const hilo::State& st = link_.catalog().states[static_cast<size_t>(index)];
   AppliedLevel out;
   out.state = &st;
-  // Catalog values are 1..2^20 (docs/hilo.md), so they fit an int.
-  out.max_new_tokens = static_cast<int>(std::max<int64_t>(1, st.engine.max_new_tokens));
+  out.max_new_tokens = MaxNewTokens(st);
   // One token short of the model's context, so that a cut prompt always leaves room to answer.
   out.max_prompt_tokens = static_cast<int>(std::clamp<int64_t>(st.engine.max_context, 1, std::max(1, seq_len_ - 1)));
   return out;

@@ -12,17 +12,21 @@ bool FiniteNonNegative(double v) { return std::isfinite(v) && v >= 0; }
 
 }  // namespace
 
-Result<ServicePolicy> ServicePolicy::Create(int num_levels, ServicePolicyOptions o) {
-  auto bad = [](const char* what) { return Status::InvalidArgument(std::string("service policy: ") + what); };
-  if (num_levels < 1) return bad("num_levels must be >= 1");
-  const BaselineOptions& b = o.baseline;
+Status CheckBaselineOptions(const BaselineOptions& b) {
   if (!FiniteNonNegative(b.degrade_queue_ms) || !FiniteNonNegative(b.recover_queue_ms) ||
       b.recover_queue_ms > b.degrade_queue_ms) {
-    return bad("expected 0 <= recover_queue_ms <= degrade_queue_ms, finite");
+    return Status::InvalidArgument("expected 0 <= recover_queue_ms <= degrade_queue_ms, finite");
   }
   if (!FiniteNonNegative(b.recover_dwell_s) || !FiniteNonNegative(b.min_dwell_s)) {
-    return bad("recover_dwell_s and min_dwell_s must be finite and >= 0");
+    return Status::InvalidArgument("recover_dwell_s and min_dwell_s must be finite and >= 0");
   }
+  return Status::Ok();
+}
+
+Result<ServicePolicy> ServicePolicy::Create(int num_levels, ServicePolicyOptions o) {
+  auto bad = [](const std::string& what) { return Status::InvalidArgument("service policy: " + what); };
+  if (num_levels < 1) return bad("num_levels must be >= 1");
+  if (Status s = CheckBaselineOptions(o.baseline); !s.ok()) return bad(s.message());
   if (!(o.utilisation_threshold > 0 && o.utilisation_threshold <= 1)) return bad("utilisation_threshold must be in (0, 1]");
   if (!FiniteNonNegative(o.p99_bound_ms)) return bad("p99_bound_ms must be finite and >= 0 (0 = not used)");
   if (!FiniteNonNegative(o.degrade_gap_s)) return bad("degrade_gap_s must be finite and >= 0");

@@ -50,6 +50,10 @@ struct BaselineOptions {
   double min_dwell_s = 5;
 };
 
+// InvalidArgument unless 0 <= recover_queue_ms <= degrade_queue_ms and both dwells are >= 0, all
+// finite. The live rule (ServicePolicy::Create) and the simulation's own rule both check this.
+Status CheckBaselineOptions(const BaselineOptions& b);
+
 struct ServicePolicyOptions {
   BaselineOptions baseline;            // queueing-delay thresholds (estimated, see above) and dwells
   double utilisation_threshold = 0.9;  // overloaded at or above; (0, 1]

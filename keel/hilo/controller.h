@@ -58,7 +58,7 @@ struct ControllerOptions {
   double report_timeout_s = 2;   // an instance's report is fresh this long
   double stale_fallback_s = 10;  // a silent service sends the product to the safe state after this
   bool recent_rate_guard = true; // predictions are at least the reported recent rates (see above)
-  double recent_window_s = 0.5;  // the span the services' recent_rate covers (ServiceLinkOptions::recent_window_ms)
+  double recent_window_s = kDefaultRecentWindowMs / 1000.0;  // the span the services' recent_rate covers
   double recent_noise_z = 2;     // the guard's lower bound: this many Poisson standard deviations below
   size_t log_capacity = 1024;    // transitions kept in Log()
   std::string initial_state;     // "" = the catalog's safe state (load unknown at start)

@@ -31,6 +31,9 @@ struct LoadReport {
 };
 
 inline constexpr size_t kMaxReportBytes = 4096;
+// The span recent_rate covers by default. The controller must know it to bound the rate's noise
+// (ControllerOptions::recent_window_s), so the services' default and its default are this one value.
+inline constexpr int kDefaultRecentWindowMs = 500;
 
 // Reads one report. Bounds: arrival_rate and recent_rate (optional) 0..1e9, in_flight and queue_depth 0..1e9, utilisation
 // 0..1, p99_ms 0..1e9, unix_ms 0..2^45 (year ~3084); instance and applied_state are names (1..64

@@ -103,7 +103,7 @@ struct ServiceLinkOptions {
   std::string instance;            // 1..64 of [A-Za-z0-9_.:-]; "" = "<service>-<pid>"
   int report_interval_ms = 250;    // docs: "every few hundred ms"
   int rate_window_ms = 2000;       // arrival rates are reported over this long (LoadMeter::SetRateWindow)
-  int recent_window_ms = 500;      // ... and recent_rate over this long (LoadMeter::SetRecentWindow)
+  int recent_window_ms = kDefaultRecentWindowMs;  // ... and recent_rate over this long (LoadMeter::SetRecentWindow)
   int workers = 1;                 // LoadMeter's worker count
   // The agent's hold/fallback and the poll timings. The link chains its own on_push after any
   // given here; a null client.clock becomes `clock`, so the agent and the link share one clock.

@@ -362,6 +362,7 @@ Status CheckOptions(const SimOptions& o) {
   if (!(o.push_delay_s >= 0)) return bad("push_delay_s must be >= 0");
   if (!(o.rate_window_s >= 0 && o.rate_window_s <= 3600)) return bad("rate_window_s must be in [0, 3600]");
   if (!(o.recent_window_s >= 0 && o.recent_window_s <= 3600)) return bad("recent_window_s must be in [0, 3600]");
+  if (Status s = CheckBaselineOptions(o.baseline); !s.ok()) return Status::InvalidArgument("sim options: baseline: " + s.message());
   return Status::Ok();
 }
 

@@ -51,7 +51,7 @@ struct SimOptions {
   double report_interval_s = 0.5;
   double rate_window_s = 0;        // reported arrival rates average this long (0: one report window);
                                    // the live services use 2 s (ServiceLinkOptions::rate_window_ms)
-  double recent_window_s = 0.5;    // ... and recent rates this long (ServiceLinkOptions::recent_window_ms)
+  double recent_window_s = kDefaultRecentWindowMs / 1000.0;  // ... and recent rates this long (ServiceLinkOptions::recent_window_ms)
   double decide_interval_s = 0.5;  // decide on every report round
   double push_delay_s = 0.05;      // long-poll push plus apply
   ControllerOptions controller;  // initial_state "" starts the simulation in the full state

@@ -32,13 +32,19 @@ Controller Make(ControllerOptions o = Exact(), MetricsRegistry* m = nullptr) {
   return std::move(c).value();
 }
 
-void Report(Controller& c, Service s, const std::string& instance, int64_t at_ms, double rate) {
+void Report(Controller& c, Service s, const std::string& instance, int64_t at_ms, double rate, double recent = 0) {
   LoadReport r;
   r.service = s;
   r.instance = instance;
   r.unix_ms = at_ms;
   r.arrival_rate = rate;
+  r.recent_rate = recent;
   c.Observe(r);
+}
+
+// Every service reports the same arrival and recent rates (one instance "i0" each).
+void ReportAll(Controller& c, int64_t at_ms, double rate, double recent) {
+  for (Service s : kAllServices) Report(c, s, "i0", at_ms, rate, recent);
 }
 
 // Every service reports (one instance each); answer carries `answer_rate`, the others a light load.
@@ -60,15 +66,7 @@ TEST(HiloController, RecentRateGuardDegradesBeforeTheSmoothedRate) {
     o.recent_rate_guard = guard;
     Controller c = Make(o);
     auto step = [&c](int64_t at, double rate, double recent) {
-      for (Service s : kAllServices) {
-        LoadReport r;
-        r.service = s;
-        r.instance = "i0";
-        r.unix_ms = at;
-        r.arrival_rate = rate;
-        r.recent_rate = recent;
-        c.Observe(r);
-      }
+      ReportAll(c, at, rate, recent);
       return c.Decide(at);
     };
     for (int i = 0; i < 40; ++i) ASSERT_EQ(step(kT0 + i * 250, 60, 60).index, 0);
@@ -96,15 +94,7 @@ TEST(HiloController, RecentRateGuardIgnoresNoiseBelowCapacity) {
   Controller c = Make(o);
   const double high = (45 + 2 * std::sqrt(45.0)) / 0.5;  // 116.8 req/s
   for (int i = 0; i < 40; ++i) {
-    for (Service s : kAllServices) {
-      LoadReport r;
-      r.service = s;
-      r.instance = "i0";
-      r.unix_ms = kT0 + i * 250;
-      r.arrival_rate = 85;
-      r.recent_rate = i % 2 ? high : 70;
-      c.Observe(r);
-    }
+    ReportAll(c, kT0 + i * 250, 85, i % 2 ? high : 70);
     EXPECT_EQ(c.Decide(kT0 + i * 250).index, 0) << "at report " << i;
   }
 }
