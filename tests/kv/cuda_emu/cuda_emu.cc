@@ -100,6 +100,7 @@ struct Emulator {
   std::vector<Barrier> warp_barriers;
   Barrier block_barrier;
   std::vector<std::array<uint64_t, 32>> warp_slots;
+  std::vector<std::array<uint32_t, 32 * 6>> warp_mma;  // per lane: a[0..3], b0, b1
   std::vector<uint8_t> smem_storage;
   void* smem = nullptr;
   void* scheduler_sp = nullptr;
@@ -181,7 +182,8 @@ void Arrive(Barrier& b, int kind, const char* what) {
   } else if (b.kind != kind) {
     Die(kind == kSyncWarp || b.kind == kSyncWarp
             ? "lanes of one warp met at different collectives (__syncwarp against a shuffle)"
-            : "lanes of one warp met at different kinds of shuffle");
+            : "lanes of one warp met at different collectives (shuffles of different kinds, or a shuffle "
+              "against an mma.sync)");
   }
   if (++b.count == b.expected) {
     b.count = 0;
@@ -267,6 +269,37 @@ void WarpBarrier(int kind) {
 }
 void BlockBarrier() { Arrive(Emu().block_barrier, 0, "__syncthreads"); }
 
+void MmaM16N8K16Bf16(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  Emulator& e = Emu();
+  Fiber& f = Current();
+  uint32_t* all = e.warp_mma[f.warp].data();
+  const unsigned lane = f.lane;
+  for (int i = 0; i < 4; ++i) all[lane * 6 + i] = a[i];
+  all[lane * 6 + 4] = b0;
+  all[lane * 6 + 5] = b1;
+  Arrive(e.warp_barriers[f.warp], kMma, "mma.sync");
+  auto half = [](uint32_t reg, int k) {
+    const uint32_t bits = (k & 1) ? (reg & 0xFFFF0000u) : (reg << 16);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    return x;
+  };
+  // A(row, k) sits in lane 4 * (row % 8) + (k % 8) / 2, register (row >= 8) + 2 * (k >= 8);
+  // B(k, col) in lane 4 * col + (k % 8) / 2, register b0 for k < 8 and b1 otherwise.
+  auto A = [&](int row, int k) { return half(all[((row & 7) * 4 + ((k & 7) >> 1)) * 6 + (row >> 3) + 2 * (k >> 3)], k); };
+  auto B = [&](int k, int col) { return half(all[(col * 4 + ((k & 7) >> 1)) * 6 + 4 + (k >> 3)], k); };
+  const int g = static_cast<int>(lane >> 2), t = static_cast<int>(lane & 3);
+  float out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+    float sum = acc[i];
+    for (int k = 0; k < 16; ++k) sum = std::fma(A(row, k), B(k, col), sum);
+    out[i] = sum;
+  }
+  Arrive(e.warp_barriers[f.warp], kMma, "mma.sync");
+  for (int i = 0; i < 4; ++i) acc[i] = out[i];
+}
+
 void Die(const char* what, const void* address) {
   Emulator& e = Emu();
   std::fprintf(stderr, "cuda-emu: %s", what);
@@ -300,6 +333,7 @@ void LaunchErased(dim3 grid, dim3 block, size_t dynamic_smem, void (*call)(const
   e.fibers.assign(n_threads, Fiber{});
   while (e.stacks.size() < static_cast<size_t>(n_threads)) e.stacks.push_back(NewStack());
   e.warp_slots.assign(n_warps, {});
+  e.warp_mma.assign(n_warps, {});
   e.smem_storage.resize(dynamic_smem + 64);
   e.smem = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(e.smem_storage.data()) + 63) & ~uintptr_t{63});
   for (unsigned z = 0; z < grid.z; ++z)

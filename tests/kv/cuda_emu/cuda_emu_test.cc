@@ -1,9 +1,11 @@
 // The CPU emulation of CUDA (cuda_runtime.h here) does what the ZipFusion kernel checks rely on:
 // shuffles and barriers exchange data, a missing barrier changes results with the thread order,
-// and misuse (divergent barriers, overruns, misaligned loads, bad launches) is reported.
+// mma.sync follows the PTX fragment layout, and misuse (divergent barriers, overruns, misaligned
+// loads, bad launches) is reported.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,36 @@ __global__ void ReadAt(const int* p, int index, int* out) { out[threadIdx.x] = _
 
 __global__ void LoadPair(const uint8_t* p, int offset, unsigned* out) {
   out[threadIdx.x] = __ldg(reinterpret_cast<const uint2*>(p + offset)).x;
+}
+
+// One m16n8k16 MMA: each lane gathers its fragments from row-major A (16 x 16 bf16 bits),
+// B (16 x 8, [k][n]) and C (16 x 8 float) with the PTX ISA's formulas for element i of a
+// fragment, written out here independently of the emulator, and scatters D the same way.
+__global__ void OneMma(const uint16_t* a, const uint16_t* b, const float* c, float* d) {
+  const int lane = static_cast<int>(threadIdx.x), group = lane >> 2, tig = lane % 4;
+  uint16_t ai[8], bi[4];
+  for (int i = 0; i < 8; ++i) {
+    const int row = (i < 2 || (i >= 4 && i < 6)) ? group : group + 8;
+    const int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+    ai[i] = a[row * 16 + col];
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int row = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+    bi[i] = b[row * 8 + group];
+  }
+  const uint32_t regs[4] = {ai[0] | (uint32_t{ai[1]} << 16), ai[2] | (uint32_t{ai[3]} << 16),
+                            ai[4] | (uint32_t{ai[5]} << 16), ai[6] | (uint32_t{ai[7]} << 16)};
+  float acc[4];
+  for (int i = 0; i < 4; ++i) acc[i] = c[(group + (i >= 2 ? 8 : 0)) * 8 + tig * 2 + (i & 1)];
+  keel_cuda_emu::MmaM16N8K16Bf16(acc, regs, bi[0] | (uint32_t{bi[1]} << 16), bi[2] | (uint32_t{bi[3]} << 16));
+  for (int i = 0; i < 4; ++i) d[(group + (i >= 2 ? 8 : 0)) * 8 + tig * 2 + (i & 1)] = acc[i];
+}
+
+__global__ void MmaAgainstShuffle(float* out) {
+  float acc[4] = {0, 0, 0, 0};
+  const uint32_t a[4] = {0, 0, 0, 0};
+  if (threadIdx.x & 1) keel_cuda_emu::MmaM16N8K16Bf16(acc, a, 0, 0);
+  else out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.f, 0);
 }
 
 int* DeviceInts(size_t n) {
@@ -105,6 +137,54 @@ TEST(CudaEmu, MissingBarrierShowsAsOrderDependence) {
   EXPECT_EQ(forward[0], -1);  // thread 1 had not written yet: the 0xFF fill of shared memory
 }
 
+uint16_t Bf16Of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>(u >> 16);  // exact for the small integers used here
+}
+
+TEST(CudaEmu, MmaFollowsThePtxFragmentLayout) {
+  // Small integers: every product and sum is exact in fp32, so D must equal A * B + C exactly.
+  std::vector<uint16_t> a(16 * 16), b(16 * 8);
+  std::vector<float> c(16 * 8), want(16 * 8);
+  for (int i = 0; i < 16 * 16; ++i) a[i] = Bf16Of(static_cast<float>((i * 7) % 11 - 5));
+  for (int i = 0; i < 16 * 8; ++i) b[i] = Bf16Of(static_cast<float>((i * 5) % 9 - 4));
+  for (int i = 0; i < 16 * 8; ++i) c[i] = static_cast<float>(i % 13 - 6);
+  auto value = [](uint16_t bits) {
+    const uint32_t u = uint32_t{bits} << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+  };
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      float sum = c[m * 8 + n];
+      for (int k = 0; k < 16; ++k) sum += value(a[m * 16 + k]) * value(b[k * 8 + n]);
+      want[m * 8 + n] = sum;
+    }
+  for (const char* order : {"forward", "reverse", "random"}) {
+    WithOrder(order, [&] {
+      uint16_t *da = nullptr, *db = nullptr;
+      float *dc = nullptr, *dd = nullptr;
+      ASSERT_EQ(cudaMalloc(&da, a.size() * 2), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&db, b.size() * 2), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dc, c.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dd, c.size() * 4), cudaSuccess);
+      cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(dc, c.data(), c.size() * 4, cudaMemcpyHostToDevice);
+      LaunchKernel(OneMma, dim3(1), dim3(32), 0, nullptr, static_cast<const uint16_t*>(da),
+                   static_cast<const uint16_t*>(db), static_cast<const float*>(dc), dd);
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+      std::vector<float> got(c.size());
+      cudaMemcpy(got.data(), dd, got.size() * 4, cudaMemcpyDeviceToHost);
+      EXPECT_EQ(got, want) << order;
+      for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dc), static_cast<void*>(dd)})
+        cudaFree(p);
+    });
+  }
+}
+
 TEST(CudaEmu, BadLaunchesSetTheLastError) {
   int* d = DeviceInts(64);
   LaunchKernel(ReadAt, dim3(1), dim3(2048), 0, nullptr, static_cast<const int*>(d), 0, d);
@@ -128,6 +208,13 @@ TEST(CudaEmuDeathTest, DivergentSyncthreadsIsReported) {
 TEST(CudaEmuDeathTest, LanesAtDifferentCollectivesAreReported) {
   int* d = DeviceInts(32);
   EXPECT_DEATH(LaunchKernel(MixedCollectives, dim3(1), dim3(32), 0, nullptr, d), "different collectives");
+  cudaFree(d);
+}
+
+TEST(CudaEmuDeathTest, MmaAgainstAShuffleIsReported) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 32 * sizeof(float)), cudaSuccess);
+  EXPECT_DEATH(LaunchKernel(MmaAgainstShuffle, dim3(1), dim3(32), 0, nullptr, d), "different collectives");
   cudaFree(d);
 }
 

@@ -18,8 +18,8 @@
 // block, so reading scores or partials nobody wrote shows up in the results.
 //
 // What it does not model: timing, the memory model beyond barriers, __CUDA_ARCH__ code paths
-// (inline PTX: the kernels' host fallbacks run instead), fast-math intrinsics (expf is the C
-// library's). Arithmetic intrinsics (__fmaf_rn, __fadd_rn, ...) are exactly IEEE round to
+// (inline PTX: the kernels' host fallbacks run instead, except mma.sync, which is emulated here
+// as a warp collective: MmaM16N8K16Bf16), fast-math intrinsics (expf is the C library's). Arithmetic intrinsics (__fmaf_rn, __fadd_rn, ...) are exactly IEEE round to
 // nearest, as on the GPU; build with -ffp-contract=off so the compiler does not fuse others.
 #pragma once
 
@@ -81,7 +81,17 @@ unsigned LaneId();
 void* DynamicShared();
 [[noreturn]] void Die(const char* what, const void* address = nullptr);
 
-enum BarrierKind : int { kSyncWarp = 1, kShfl = 2, kShflXor = 3 };
+enum BarrierKind : int { kSyncWarp = 1, kShfl = 2, kShflXor = 3, kMma = 4 };
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 over the calling lane's warp, with the
+// fragment layout of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"):
+// lane = 4 * groupID + threadID_in_group; a[0..3] hold A(g, 2t..2t+1), A(g+8, 2t..), A(g, 2t+8..),
+// A(g+8, 2t+8..); b0 holds B(2t..2t+1, g), b1 B(2t+8..2t+9, g); acc (C in, D out) holds
+// D(g, 2t..2t+1), D(g+8, 2t..2t+1). Each register packs two bf16, the lower column or row in the
+// low half. A warp collective: every lane of the warp must call it. Each output is C plus the 16
+// exact products, added in k order with fp32 fmaf (the GPU's tensor cores add in an order of
+// their own, so only results computed by the same instruction sequence compare bit for bit).
+void MmaM16N8K16Bf16(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 
 template <class F>
 void Launch(dim3 grid, dim3 block, size_t dynamic_smem, const F& body);

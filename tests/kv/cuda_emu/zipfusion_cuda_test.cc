@@ -136,14 +136,18 @@ TEST(ZipFusionCuda, KernelLoaderReproducesKeelEncodedBlocks) {
       s.n_kv_heads = kv;
       s.n_q_heads = kv;
       s.n_tokens = tokens;
-      std::vector<uint16_t> fill(vals.size(), 0xDEAD);
-      uint16_t* d_out = ToDevice(fill);
-      int* d_err = ToDevice(std::vector<int>{0});
-      ASSERT_EQ(gpu::zf_decode_blocks(s, t.buf, t.offsets, d_out, d_err), gpu::kZfOk) << gpu::zf_last_error();
-      EXPECT_EQ(ToHost(d_err, 1)[0], 0);
-      EXPECT_EQ(ToHost(d_out, vals.size()), vals);
-      gpu::zf_free(d_out);
-      gpu::zf_free(d_err);
+      // Both register layouts the attention kernel reads blocks in: K's and V's.
+      for (gpu::ZfOperand operand : {gpu::kZfKeyOperand, gpu::kZfValueOperand}) {
+        std::vector<uint16_t> fill(vals.size(), 0xDEAD);
+        uint16_t* d_out = ToDevice(fill);
+        int* d_err = ToDevice(std::vector<int>{0});
+        ASSERT_EQ(gpu::zf_decode_blocks(s, t.buf, t.offsets, d_out, operand, d_err), gpu::kZfOk)
+            << gpu::zf_last_error();
+        EXPECT_EQ(ToHost(d_err, 1)[0], 0);
+        EXPECT_EQ(ToHost(d_out, vals.size()), vals) << "operand " << operand;
+        gpu::zf_free(d_out);
+        gpu::zf_free(d_err);
+      }
     }
   // The data must have exercised the decoder: narrow and wide codes, width 0, exceptions.
   EXPECT_TRUE(widths.count(0) && widths.count(8)) << widths.size();
@@ -151,22 +155,33 @@ TEST(ZipFusionCuda, KernelLoaderReproducesKeelEncodedBlocks) {
   EXPECT_GT(exceptions, 100);
 }
 
-// Double-precision attention, for a loose sanity check (the kernels' own order differs).
-double WorstError(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
-                  const std::vector<float>& got, int batch, int kv, int group, int tokens) {
+// Double-precision attention, for a loose sanity check (the kernels' own order differs). Returns
+// the worst error over its bound, so < 1 passes. The bound is 1e-4 of sum_t p_t |v_td| plus what
+// fp32 scores cannot avoid: a score is a sum of products whose rounding errors scale with
+// sum_d |q_d k_td| / sqrt(128), not with the score, and an absolute score error e moves the
+// output by up to ~e relative to that scale. With the outlier data (2% of values x4096) that
+// floor is ~1e-4 itself.
+double WorstErrorOverBound(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+                           const std::vector<float>& got, int batch, int kv, int group, int tokens) {
   double worst = 0;
   for (int b = 0; b < batch; ++b)
     for (int h = 0; h < kv * group; ++h) {
       const float* qh = q.data() + (static_cast<size_t>(b) * kv * group + h) * kHd;
       const size_t head = (static_cast<size_t>(b) * kv + h / group) * tokens * kHd;
       std::vector<double> p(tokens);
-      double m = -INFINITY, l = 0;
+      double m = -INFINITY, l = 0, magnitude = 0;
       for (int t = 0; t < tokens; ++t) {
-        double dot = 0;
-        for (int d = 0; d < kHd; ++d) dot += static_cast<double>(qh[d]) * FromBf16(k[head + t * kHd + d]);
+        double dot = 0, abs_dot = 0;
+        for (int d = 0; d < kHd; ++d) {
+          const double x = static_cast<double>(qh[d]) * FromBf16(k[head + t * kHd + d]);
+          dot += x;
+          abs_dot += std::fabs(x);
+        }
         p[t] = dot / std::sqrt(static_cast<double>(kHd));
+        magnitude = std::max(magnitude, abs_dot / std::sqrt(static_cast<double>(kHd)));
         m = std::max(m, p[t]);
       }
+      const double bound = 1e-4 + 32 * std::ldexp(1.0, -24) * magnitude;
       for (int t = 0; t < tokens; ++t) l += (p[t] = std::exp(p[t] - m));
       for (int d = 0; d < kHd; ++d) {
         double o = 0, scale = 0;
@@ -176,7 +191,7 @@ double WorstError(const std::vector<float>& q, const std::vector<uint16_t>& k, c
           scale += p[t] * std::fabs(x);
         }
         const double g = got[(static_cast<size_t>(b) * kv * group + h) * kHd + d];
-        worst = std::max(worst, std::fabs(g - o / l) / std::max(scale / l, 1e-30));
+        worst = std::max(worst, std::fabs(g - o / l) / std::max(scale / l, 1e-30) / bound);
       }
     }
   return worst;
@@ -226,7 +241,7 @@ TEST(ZipFusionCuda, AttentionOverKeelEncodedBlocksIsBitIdenticalToBf16Kernel) {
           const std::vector<float> zf_out = ToHost(d_o2, q.size());
           EXPECT_EQ(ToHost(d_err, 1)[0], 0);
           EXPECT_EQ(std::memcmp(bf16_out.data(), zf_out.data(), q.size() * sizeof(float)), 0);
-          EXPECT_LT(WorstError(q, k, v, zf_out, batch, kv, group, tokens), 1e-4);
+          EXPECT_LT(WorstErrorOverBound(q, k, v, zf_out, batch, kv, group, tokens), 1.0);
           for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_k), static_cast<void*>(d_v),
                           static_cast<void*>(d_o1), static_cast<void*>(d_o2), static_cast<void*>(d_err), ws})
             gpu::zf_free(p);

@@ -73,8 +73,8 @@ constexpr int kBlockTokens = 16;
 constexpr int kBlockElems = kBlockTokens * kHeadDim;  // 2048
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kHalfWarps = 2 * kWarps;
-constexpr int kRowsPerLane = kBlockTokens / 2;        // 8: a half-warp takes every other row
+// 4 CTAs (16 warps) per SM: caps registers at 128 per thread, which the kernels fit without spills.
+constexpr int kMinCtasPerSm = 4;
 constexpr int kMaxBlocksPerSplit = 64;                // bounds shared memory and per-warp offsets
 constexpr int kMinBlocksPerSplit = 4;                 // one block per warp
 constexpr uint32_t kFull = 0xffffffffu;
@@ -107,6 +107,12 @@ int CudaFail(cudaError_t e, const char* what) {
 
 // The bit-level helpers below are __host__ __device__ so that they can be checked on a CPU.
 #define ZF_HD __host__ __device__ __forceinline__
+// `#pragma unroll` for __host__ __device__ code (the host compiler does not know it).
+#ifdef __CUDA_ARCH__
+#define ZF_UNROLL _Pragma("unroll")
+#else
+#define ZF_UNROLL
+#endif
 
 template <class T>
 ZF_HD T Ld(const T* p) {
@@ -156,89 +162,137 @@ ZF_HD float BitsToFloat(uint32_t u) {
 #endif
 }
 
-// Element kk (0..3) of a 4-element group as fp32: PRMT builds
-// [byte0 = exponent byte kk of e, byte1 = sign of low byte kk replicated, byte2 = low byte kk],
-// then (W & 0x007F0000) | (W << 23) puts the 7 mantissa bits at 22..16, the exponent at 30..23
-// and bit 8 (the sign) at 31. Bit-exact with widening the bf16 (bits << 16).
-ZF_HD float AssembleBf16(uint32_t e, uint32_t low, uint32_t kk) {
-  const uint32_t sel = ((4 + kk) << 12) | ((4 + kk) << 8) | ((0x8 | (4 + kk)) << 4) | kk;
-  const uint32_t w = Prmt(e, low, sel);
-  return BitsToFloat((w & 0x007F0000u) | (w << 23));
+
+// ------------------------------------------------------------------------------------------------
+// Tensor-core operands.
+
+// mma.sync m16n8k16 with bf16 inputs and fp32 accumulation: acc = A * B + acc. Fragment layouts
+// as in the PTX ISA (tests/kv/cuda_emu/cuda_runtime.h spells them out; the emulation implements
+// them as a warp collective).
+__device__ __forceinline__ void Mma(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(KEEL_CUDA_EMULATION)
+  keel_cuda_emu::MmaM16N8K16Bf16(acc, a, b0, b1);
+#else
+  (void)acc, (void)a, (void)b0, (void)b1;  // nvcc's host pass: never called there
+#endif
+}
+
+// Two floats rounded to bf16 (nearest, ties to even), `lo` in the low half: cvt.rn.bf16x2.f32.
+ZF_HD uint32_t PackBf16x2(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#else
+  auto round = [](float x) -> uint32_t {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;  // NaN: the canonical NaN, as cvt gives
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  };
+  return round(lo) | (round(hi) << 16);
+#endif
+}
+
+// x0, x1 as hi + lo, each a bf16 pair: hi = bf16(x), lo = bf16(x - hi) (the difference is exact in
+// fp32). Two MMAs, one with each, carry x to ~16 significant bits instead of bf16's 8: enough for
+// the probabilities, whose errors the output sees relative to sum p |v|.
+ZF_HD void SplitBf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = PackBf16x2(x0, x1);
+  lo = PackBf16x2(x0 - BitsToFloat(hi << 16), x1 - BitsToFloat(hi & 0xFFFF0000u));
+}
+
+// The same in three parts, hi + mid + lo, ~24 significant bits (fp32's): for the queries, whose
+// rounding errors a score sees multiplied by the keys, and keys have outlier channels.
+ZF_HD void SplitBf16x2x3(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
+  hi = PackBf16x2(x0, x1);
+  const float r0 = x0 - BitsToFloat(hi << 16), r1 = x1 - BitsToFloat(hi & 0xFFFF0000u);
+  SplitBf16x2(r0, r1, mid, lo);
+}
+
+// A bf16 pair from ZipFusion bytes: element x is byte bx of (exponent word ex, low-byte word lx),
+// element y byte by of (ey, ly); x goes to the low half. One PRMT gathers [low x, sign x, low y,
+// sign y] (the sign replicated), one gathers the exponents at bytes 0 and 2, and a shift and one
+// LOP3 put them together: bf16 = sign << 15 | exponent << 7 | mantissa.
+ZF_HD uint32_t Bf16x2FromBytes(uint32_t ex, uint32_t lx, uint32_t bx, uint32_t ey, uint32_t ly, uint32_t by) {
+  const uint32_t low = Prmt(lx, ly, bx | ((8 | bx) << 4) | ((4 + by) << 8) | ((8 | (4 + by)) << 12));
+  const uint32_t exp = Prmt(ex, ey, bx | (bx << 4) | ((4 + by) << 8) | ((4 + by) << 12));
+  constexpr uint32_t kExpBits = 0x7F807F80u;
+  return (low & ~kExpBits) | ((exp << 7) & kExpBits);
 }
 
 // ------------------------------------------------------------------------------------------------
-// Rows policies: load one 16-token block of K or V for this (seq, kv head) and hand each lane its
-// 8 rows x 8 elements as fp32. `Source` (kernel parameter) says where a tensor lives; a Rows
-// object lives in registers. Interface (all calls warp-uniform):
+// Which elements of a 16-token block lane (g = lane / 4, t = lane % 4) holds as an MMA operand.
+//
+// K is the B operand of S = [Q_hi; Q_lo] K^T (k = head dims, n = 8 tokens per MMA): the fragment
+// layout gives a lane tokens g and g + 8 and four k slots per MMA; the k order is permuted (the
+// same way in Q) so that over the 8 k-steps a lane holds dims 32t..32t+31: four whole ZipFusion
+// chunks, contiguous codes, and 16-byte bf16 loads. K-step s uses dims 32t + 4s .. 32t + 4s + 3.
+//
+// V is the B operand of O = [P_hi; P_lo] V (k = the 16 tokens, n = 8 dims per MMA): the layout
+// gives a lane tokens 2t, 2t+1, 2t+8, 2t+9; the n order is permuted so that a lane holds dims
+// 16g..16g+15 (two chunks): MMA nt's column g is dim 16g + nt.
+struct KOperand {
+  static constexpr int kRows = 2, kDims = 32;
+  static __device__ __forceinline__ int Row(int i, int lane) { return (lane >> 2) + 8 * i; }
+  static __device__ __forceinline__ int Dim0(int lane) { return 32 * (lane & 3); }
+};
+struct VOperand {
+  static constexpr int kRows = 4, kDims = 16;
+  static __device__ __forceinline__ int Row(int i, int lane) { return 2 * (lane & 3) + (i & 1) + 8 * (i >> 1); }
+  static __device__ __forceinline__ int Dim0(int lane) { return 16 * (lane >> 2); }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Rows policies: load one 16-token block of K or V for this (seq, kv head) and hand the lane its
+// operand elements (rows Op::Row(i), dims Op::Dim0 .. + Op::kDims) as bf16 pairs. `Source`
+// (kernel parameter) says where a tensor lives; a Rows object lives in registers. Interface (all
+// calls warp-uniform):
 //   Rows(src, b, kvh, n_kv_heads, stage, error)   bind to one (seq, kv head)
 //   prepare(first, stride, count, lane)   the warp will visit blocks first + it*stride, it < count
 //   fetch(blk, it, fill, lane)            load block blk (the it-th visit) holding `fill` rows
-//   row(i, v)                             elements of row 2i + (lane >= 16), dims 8(lane&15)+0..7
-// Rows >= fill are never used by the caller.
+//   Word(i, w)        dims Dim0 + 2w, Dim0 + 2w + 1 of row i, the lower dim in the low half
+//   Pair(i0, i1, d)   dim Dim0 + d of rows i0 (low half) and i1
+// Rows >= fill read as +0 (so that a probability of 0 times them is 0).
 
+struct Bf16Source {
+  const uint16_t* tensor;  // [batch][n_kv_heads][token_capacity][128]
+  int64_t token_capacity;
+};
+
+template <class Op>
 struct Bf16Rows {
-  static constexpr int kStageBytes = 0;
-  struct Source {
-    const uint16_t* tensor;  // [batch][n_kv_heads][token_capacity][128]
-    int64_t token_capacity;
-  };
+  using Source = Bf16Source;
   const uint16_t* head;  // this (seq, kv head)
-  uint4 raw[kRowsPerLane];
+  uint4 raw[Op::kRows][Op::kDims / 8];
 
   __device__ Bf16Rows(const Source& src, int b, int kvh, int n_kv_heads, uint8_t* /*stage*/, int* /*error*/)
       : head(src.tensor + (static_cast<int64_t>(b) * n_kv_heads + kvh) * src.token_capacity * kHeadDim) {}
   __device__ void prepare(int, int, int, int) {}
   __device__ __forceinline__ void fetch(int blk, int /*it*/, int fill, int lane) {
-    const int half = lane >> 4, j = lane & 15;
 #pragma unroll
-    for (int i = 0; i < kRowsPerLane; ++i) {
-      const int r = 2 * i + half;
+    for (int i = 0; i < Op::kRows; ++i) {
+      const int r = Op::Row(i, lane);
       const uint4* src = reinterpret_cast<const uint4*>(
-          head + (static_cast<int64_t>(blk) * kBlockTokens + r) * kHeadDim + 8 * j);
-      raw[i] = r < fill ? __ldg(src) : make_uint4(0, 0, 0, 0);
+          head + (static_cast<int64_t>(blk) * kBlockTokens + r) * kHeadDim + Op::Dim0(lane));
+#pragma unroll
+      for (int c = 0; c < Op::kDims / 8; ++c) raw[i][c] = r < fill ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
     }
   }
-  __device__ __forceinline__ void row(int i, float (&v)[8]) const {
-    const uint4 u = raw[i];
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[2 * k] = __uint_as_float(w[k] << 16);
-      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-    }
+  __device__ __forceinline__ uint32_t Word(int i, int w) const {
+    const uint4& u = raw[i][w >> 2];
+    const int k = w & 3;
+    return k == 0 ? u.x : k == 1 ? u.y : k == 2 ? u.z : u.w;
+  }
+  __device__ __forceinline__ uint32_t Pair(int i0, int i1, int d) const {
+    return Prmt(Word(i0, d >> 1), Word(i1, d >> 1), (d & 1) ? 0x7632u : 0x5410u);
   }
 };
-
-// Codes of one chunk (8 elements, W bits each, LSB-first) at byte offset W*c of `codes`, which is
-// 8-byte aligned (block offset % 8 == 0, and 8 + n is a multiple of 8). Only words that hold
-// needed bytes are loaded: the codes section ends on an 8-byte boundary, so no load leaves it.
-template <int W>
-ZF_HD uint64_t LoadCodes(const uint8_t* codes, int c) {
-  if constexpr (W == 1) {
-    return Ld(codes + c);
-  } else if constexpr (W == 2) {
-    return Ld(reinterpret_cast<const uint16_t*>(codes) + c);
-  } else if constexpr (W == 4) {
-    return Ld(reinterpret_cast<const uint32_t*>(codes) + c);
-  } else if constexpr (W == 8) {
-    return Ld(reinterpret_cast<const unsigned long long*>(codes) + c);
-  } else if constexpr (W == 3) {
-    const int o = 3 * c;
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(codes) + (o >> 2);
-    const int sh = o & 3;
-    const uint32_t lo = Ld(p);
-    const uint32_t hi = sh + 3 > 4 ? Ld(p + 1) : 0u;
-    return FunnelShiftRight(lo, hi, 8 * sh) & 0xFFFFFFu;
-  } else {  // 5, 6, 7: W bytes somewhere in two aligned 8-byte words
-    const int o = W * c;
-    const unsigned long long* p = reinterpret_cast<const unsigned long long*>(codes) + (o >> 3);
-    const int sh = o & 7;
-    const unsigned long long lo = Ld(p);
-    const unsigned long long hi = sh + W > 8 ? Ld(p + 1) : 0ull;
-    const unsigned long long bits = sh ? (lo >> (8 * sh)) | (hi << (64 - 8 * sh)) : lo;
-    return bits & ((1ull << (8 * W)) - 1);
-  }
-}
 
 // Four W-bit codes (bits 0..4W-1 of g) -> one code per byte.
 template <int W>
@@ -258,7 +312,8 @@ ZF_HD uint32_t SpreadFour(uint32_t g) {
   }
 }
 
-// Eight codes -> exponent bytes (base added) of elements 0..3 (e0) and 4..7 (e1).
+// Eight codes (bits 0..8W-1 of `bits`, nothing above) -> exponent bytes (base added) of elements
+// 0..3 (e0) and 4..7 (e1).
 template <int W>
 ZF_HD void ChunkExponents(uint64_t bits, uint32_t base4, uint32_t& e0, uint32_t& e1) {
   if constexpr (W == 0) {
@@ -273,20 +328,53 @@ ZF_HD void ChunkExponents(uint64_t bits, uint32_t base4, uint32_t& e0, uint32_t&
   }
 }
 
+// Codes of kChunks consecutive chunks (8 elements, W bits each, LSB-first), starting with chunk
+// `chunk0` of the codes section `codes` (8-byte aligned; it ends on an 8-byte boundary), one
+// 64-bit value per chunk. The strip is W * kChunks bytes at byte W * chunk0: 4-byte aligned for
+// the K operand (4 chunks) and for even W, 2 mod 4 for the V operand (2 chunks) with odd W, where
+// W * kChunks is 2 mod 4 too; so ceil(W * kChunks / 4) aligned words from the aligned address
+// below the strip cover it exactly and never leave the codes section.
+template <int W, int kChunks>
+ZF_HD void StripCodes(const uint8_t* codes, int chunk0, uint64_t (&bits)[kChunks]) {
+  constexpr int kWords = (W * kChunks + 3) / 4;
+  const int off = W * chunk0;
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(codes + (off & ~3));
+  const int sh = 8 * (off & 3);
+  uint32_t u[kWords + 3];
+ZF_UNROLL
+  for (int k = 0; k < kWords; ++k) u[k] = Ld(p + k);
+ZF_UNROLL
+  for (int k = kWords; k < kWords + 3; ++k) u[k] = 0;
+ZF_UNROLL
+  for (int k = 0; k < kWords + 2; ++k) u[k] = FunnelShiftRight(u[k], u[k + 1], sh);
+  constexpr uint64_t kMask = W == 8 ? ~0ull : (1ull << (8 * W)) - 1;
+ZF_UNROLL
+  for (int c = 0; c < kChunks; ++c) {
+    const int o = 8 * W * c, q = o / 32, r = o % 32;
+    const uint32_t lo = FunnelShiftRight(u[q], u[q + 1], r), hi = FunnelShiftRight(u[q + 1], u[q + 2], r);
+    bits[c] = ((static_cast<uint64_t>(hi) << 32) | lo) & kMask;
+  }
+}
+
+struct ZfSource {
+  const uint8_t* buf;      // all blocks
+  const uint64_t* table;   // [batch][n_kv_heads][block_capacity] byte offsets into buf
+  int64_t block_capacity;
+};
+
+template <class Op>
 struct ZfRows {
-  static constexpr int kStageBytes = kBlockElems;  // one exponent byte per element, per warp
-  struct Source {
-    const uint8_t* buf;      // all blocks
-    const uint64_t* table;   // [batch][n_kv_heads][block_capacity] byte offsets into buf
-    int64_t block_capacity;
-  };
+  static constexpr int kStageBytes = kBlockElems;  // shared memory per warp: one exponent byte per element
+  static constexpr int kWords = Op::kDims / 4;     // 4 elements per word
+  static constexpr int kChunks = Op::kDims / 8;
+  using Source = ZfSource;
   const uint8_t* buf;
   const uint64_t* offsets;  // this (seq, kv head)
   uint8_t* stage;           // this warp's 2 KB of shared memory
   int* error;
   uint64_t my_offset = 0;   // lane l: offset of the l-th block this warp visits
-  uint2 low[kRowsPerLane];  // low bytes (sign | mantissa) of the lane's 8 elements per row
-  uint32_t e0[kRowsPerLane], e1[kRowsPerLane];  // exponent bytes, elements 0-3 and 4-7
+  uint32_t low[Op::kRows][kWords];  // sign | mantissa bytes
+  uint32_t exp[Op::kRows][kWords];  // exponent bytes
 
   __device__ ZfRows(const Source& src, int b, int kvh, int n_kv_heads, uint8_t* warp_stage, int* error_flag)
       : buf(src.buf),
@@ -301,25 +389,37 @@ struct ZfRows {
 
   template <int W>
   __device__ __forceinline__ void Exponents(const uint8_t* codes, int fill, uint32_t base4, int lane) {
-    const int half = lane >> 4, j = lane & 15;
+    const int chunk0 = Op::Dim0(lane) / 8;
 #pragma unroll
-    for (int i = 0; i < kRowsPerLane; ++i) {
-      const int r = 2 * i + half;
-      uint64_t bits = 0;
-      if constexpr (W != 0) bits = r < fill ? LoadCodes<W>(codes, r * (kHeadDim / 8) + j) : 0;
-      ChunkExponents<W>(bits, base4, e0[i], e1[i]);
+    for (int i = 0; i < Op::kRows; ++i) {
+      const int r = Op::Row(i, lane);
+      uint64_t bits[kChunks] = {};
+      if constexpr (W != 0) {
+        if (r < fill) StripCodes<W, kChunks>(codes, r * (kHeadDim / 8) + chunk0, bits);
+      }
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        ChunkExponents<W>(bits[c], base4, exp[i][2 * c], exp[i][2 * c + 1]);
+        if (r >= fill) exp[i][2 * c] = exp[i][2 * c + 1] = 0;
+      }
     }
   }
 
   __device__ __forceinline__ void fetch(int blk, int it, int fill, int lane) {
-    const int half = lane >> 4, j = lane & 15;
+    const int d0 = Op::Dim0(lane);
     const uint8_t* p = buf + __shfl_sync(kFull, static_cast<unsigned long long>(my_offset), it);
     // Low bytes do not depend on the header: issue them together with it.
     const uint2 hdr = __ldg(reinterpret_cast<const uint2*>(p));
 #pragma unroll
-    for (int i = 0; i < kRowsPerLane; ++i) {
-      const int r = 2 * i + half;
-      low[i] = r < fill ? __ldg(reinterpret_cast<const uint2*>(p + 8 + r * kHeadDim + 8 * j)) : make_uint2(0, 0);
+    for (int i = 0; i < Op::kRows; ++i) {
+      const int r = Op::Row(i, lane);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const uint2 l = r < fill ? __ldg(reinterpret_cast<const uint2*>(p + 8 + r * kHeadDim + d0 + 8 * c))
+                                 : make_uint2(0, 0);
+        low[i][2 * c] = l.x;
+        low[i][2 * c + 1] = l.y;
+      }
     }
     // Header: u8 magic, u8 dtype, u8 width, u8 base, u16 n, u16 n_exc.
     int w = (hdr.x >> 16) & 0xFF;
@@ -348,12 +448,18 @@ struct ZfRows {
     }
     if (n_exc > 0) {  // warp-uniform
       // Stage exponent bytes (element t*128 + d at stage[t*128 + d]), scatter the exceptions'
-      // exponents over them, read back.
+      // exponents over them, read back: per lane 4 16-byte stores and loads plus ~n_exc/32
+      // byte stores, against searching the sorted list per element.
       __syncwarp();
 #pragma unroll
-      for (int i = 0; i < kRowsPerLane; ++i) {
-        const int r = 2 * i + half;
-        if (r < fill) *reinterpret_cast<uint2*>(stage + r * kHeadDim + 8 * j) = make_uint2(e0[i], e1[i]);
+      for (int i = 0; i < Op::kRows; ++i) {
+        const int r = Op::Row(i, lane);
+        if (r < fill) {
+#pragma unroll
+          for (int q = 0; q < kWords / 4; ++q)
+            *reinterpret_cast<uint4*>(stage + r * kHeadDim + d0 + 16 * q) =
+                make_uint4(exp[i][4 * q], exp[i][4 * q + 1], exp[i][4 * q + 2], exp[i][4 * q + 3]);
+        }
       }
       __syncwarp();
       const uint8_t* exc_pos = codes + w * n / 8;  // even offset: u16 loads are aligned
@@ -364,50 +470,48 @@ struct ZfRows {
       }
       __syncwarp();
 #pragma unroll
-      for (int i = 0; i < kRowsPerLane; ++i) {
-        const int r = 2 * i + half;
+      for (int i = 0; i < Op::kRows; ++i) {
+        const int r = Op::Row(i, lane);
         if (r < fill) {
-          const uint2 e = *reinterpret_cast<const uint2*>(stage + r * kHeadDim + 8 * j);
-          e0[i] = e.x;
-          e1[i] = e.y;
+#pragma unroll
+          for (int q = 0; q < kWords / 4; ++q) {
+            const uint4 e = *reinterpret_cast<const uint4*>(stage + r * kHeadDim + d0 + 16 * q);
+            exp[i][4 * q] = e.x;
+            exp[i][4 * q + 1] = e.y;
+            exp[i][4 * q + 2] = e.z;
+            exp[i][4 * q + 3] = e.w;
+          }
         }
       }
     }
   }
 
-  __device__ __forceinline__ void row(int i, float (&v)[8]) const {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[k] = AssembleBf16(e0[i], low[i].x, k);
-      v[k + 4] = AssembleBf16(e1[i], low[i].y, k);
-    }
+  __device__ __forceinline__ uint32_t Word(int i, int w) const {
+    const uint32_t b = 2 * (w & 1);
+    return Bf16x2FromBytes(exp[i][w >> 1], low[i][w >> 1], b, exp[i][w >> 1], low[i][w >> 1], b + 1);
+  }
+  __device__ __forceinline__ uint32_t Pair(int i0, int i1, int d) const {
+    const uint32_t b = d & 3;
+    return Bf16x2FromBytes(exp[i0][d >> 2], low[i0][d >> 2], b, exp[i1][d >> 2], low[i1][d >> 2], b);
   }
 };
 
+// A kernel's choice of Rows policy. (A tag with a member template rather than a template template
+// parameter: nvcc's host stubs do not handle the latter for kernels.)
+struct Bf16Tensors {
+  static constexpr int kStageBytes = 0;
+  using Source = Bf16Source;
+  template <class Op>
+  using Rows = Bf16Rows<Op>;
+};
+struct ZfTensors {
+  static constexpr int kStageBytes = kBlockElems;
+  using Source = ZfSource;
+  template <class Op>
+  using Rows = ZfRows<Op>;
+};
+
 // ------------------------------------------------------------------------------------------------
-// Half-warp butterfly reduce-scatter of N values: after it each lane holds max(N/16, 1) finished
-// sums, of values base .. base+count-1. At each xor step a lane keeps one half of its live values
-// (upper half if its lane bit is set) and adds the partner's copy of that half. Fixed tree.
-template <int C, int O, int N>
-__device__ __forceinline__ void ReduceScatterStage(float (&v)[N], int lane, int& base) {
-  if constexpr (O > 0) {
-    if constexpr (C > 1) {
-      constexpr int H = C / 2;
-      const bool upper = (lane & O) != 0;
-#pragma unroll
-      for (int x = 0; x < H; ++x) {
-        const float send = upper ? v[x] : v[x + H];
-        const float keep = upper ? v[x + H] : v[x];
-        v[x] = __fadd_rn(keep, __shfl_xor_sync(kFull, send, O));
-      }
-      if (upper) base += H;
-      ReduceScatterStage<H, O / 2>(v, lane, base);
-    } else {
-      v[0] = __fadd_rn(v[0], __shfl_xor_sync(kFull, v[0], O));
-      ReduceScatterStage<1, O / 2>(v, lane, base);
-    }
-  }
-}
 
 struct KernelArgs {
   const float* q;       // [batch][n_q_heads][128]
@@ -418,68 +522,90 @@ struct KernelArgs {
   float scale;
 };
 
-// One CTA: one (split, kv head, seq). Dynamic shared memory: max(G * S, 8 * G * 128) floats,
-// S = blocks_per_split * 16 (scores, later reused for the cross-warp reduction).
-template <class Rows, int G>
-__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(KernelArgs a, typename Rows::Source k_src,
-                                                                  typename Rows::Source v_src) {
+// Per-warp partial outputs in shared memory, padded so that the lanes' 16-byte stores spread
+// over the banks: (warp, head) rows of kOutRow floats, lane t's 32 dims at 36 t.
+constexpr int kOutLane = 36;
+constexpr int kOutRow = 4 * kOutLane;
+
+// Dynamic shared memory (floats) of one CTA: the split's scores, later the warps' partial outputs.
+size_t SharedFloats(int group, int blocks_per_split) {
+  return std::max<size_t>(static_cast<size_t>(group) * blocks_per_split * kBlockTokens,
+                          static_cast<size_t>(kWarps) * group * kOutRow);
+}
+
+// One CTA: one (split, kv head, seq); warp w takes blocks w, w + 4, ... of the split.
+template <class Tensors, int G>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel(KernelArgs a, typename Tensors::Source k_src,
+                                                                  typename Tensors::Source v_src) {
+  using KRows = typename Tensors::template Rows<KOperand>;
+  using VRows = typename Tensors::template Rows<VOperand>;
   KEEL_DYNAMIC_SHARED(float, smem);
-  __shared__ __align__(16) uint8_t stage_mem[Rows::kStageBytes > 0 ? kWarps * Rows::kStageBytes : 16];
+  constexpr int kStage = Tensors::kStageBytes;
+  __shared__ __align__(16) uint8_t stage_mem[kStage > 0 ? kWarps * kStage : 16];
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = lane >> 4, j = lane & 15;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n_blocks = (a.n_tokens + kBlockTokens - 1) / kBlockTokens;
   const int blk0 = split * a.blocks_per_split;
   const int blk_end = min(blk0 + a.blocks_per_split, n_blocks);
   const int n_tok = min(blk_end * kBlockTokens, a.n_tokens) - blk0 * kBlockTokens;
   const int S = a.blocks_per_split * kBlockTokens;
   const int my_blocks = max(0, (blk_end - blk0 - warp + kWarps - 1) / kWarps);
-  uint8_t* stage = Rows::kStageBytes > 0 ? stage_mem + warp * Rows::kStageBytes : nullptr;
-  const int q_head0 = kvh * G;
-  const int64_t row0 = static_cast<int64_t>(b) * a.n_q_heads + q_head0;  // first (seq, q head) row
+  uint8_t* stage = kStage > 0 ? stage_mem + warp * kStage : nullptr;
+  const int64_t row0 = static_cast<int64_t>(b) * a.n_q_heads + kvh * G;  // first (seq, q head) row
+  // MMA rows g (hi parts) and g + 8 (lo parts) carry query head g; rows of g >= G are zero.
+  const bool has_head = g < G;
 
-  // Query dims 8j..8j+7 of the group's heads.
-  float q[G][8];
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    const float4* src = reinterpret_cast<const float4*>(a.q + (row0 + h) * kHeadDim + 8 * j);
-    const float4 x = __ldg(src), y = __ldg(src + 1);
-    q[h][0] = x.x; q[h][1] = x.y; q[h][2] = x.z; q[h][3] = x.w;
-    q[h][4] = y.x; q[h][5] = y.y; q[h][6] = y.z; q[h][7] = y.w;
-  }
-
-  // ---- QK: scores[h][t] for the split's tokens.
+  // ---- QK: S^T = [Q_hi; Q_mid] K^T + [Q_lo; 0] K^T per block: 2 x 8 x 2 MMAs (two 8-token
+  // halves, 8 k-steps, two parts of Q).
   {
-    Rows rows(k_src, b, kvh, a.n_kv_heads, stage, a.error);
+    uint32_t qa[8][4];  // A fragments [Q_hi; Q_mid]: k-step s covers dims 32t + 4s .. + 3 of head g
+    uint32_t ql[8][2];  // Q_lo's rows (A registers 0 and 2; registers 1 and 3 are the zero rows)
+    {
+      float qv[32];
+      const float4* src = reinterpret_cast<const float4*>(a.q + (row0 + g) * kHeadDim + 32 * t);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float4 x = has_head ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        qv[4 * k] = x.x;
+        qv[4 * k + 1] = x.y;
+        qv[4 * k + 2] = x.z;
+        qv[4 * k + 3] = x.w;
+      }
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        SplitBf16x2x3(qv[4 * s], qv[4 * s + 1], qa[s][0], qa[s][1], ql[s][0]);
+        SplitBf16x2x3(qv[4 * s + 2], qv[4 * s + 3], qa[s][2], qa[s][3], ql[s][1]);
+      }
+    }
+    KRows rows(k_src, b, kvh, a.n_kv_heads, stage, a.error);
     rows.prepare(blk0 + warp, kWarps, my_blocks, lane);
     for (int it = 0; it < my_blocks; ++it) {
       const int blk = blk0 + warp + it * kWarps;
       const int fill = min(kBlockTokens, a.n_tokens - blk * kBlockTokens);
       rows.fetch(blk, it, fill, lane);
-      constexpr int N = kRowsPerLane * G;
-      float part[N];  // part[i*G + h]: row 2i+half, head h, this lane's 8 dims
+      // [token half][k-step parity]: two accumulators per half keep the dependent MMA chains at 8.
+      // Rows g accumulate Q_hi and Q_lo, rows g + 8 Q_mid.
+      float acc[2][2][4] = {};
 #pragma unroll
-      for (int i = 0; i < kRowsPerLane; ++i) {
-        float v[8];
-        rows.row(i, v);
+      for (int s = 0; s < 8; ++s)
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
-          float acc = __fmul_rn(q[h][0], v[0]);
-#pragma unroll
-          for (int e = 1; e < 8; ++e) acc = __fmaf_rn(q[h][e], v[e], acc);
-          part[i * G + h] = acc;
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t b0 = rows.Word(i, 2 * s), b1 = rows.Word(i, 2 * s + 1);
+          const uint32_t lo[4] = {ql[s][0], 0u, ql[s][1], 0u};
+          Mma(acc[i][s & 1], qa[s], b0, b1);
+          Mma(acc[i][s & 1], lo, b0, b1);
         }
-      }
-      int base = 0;
-      ReduceScatterStage<N, 8>(part, lane, base);
-      constexpr int kHeld = N >= 16 ? N / 16 : 1;
-      constexpr int kDupMask = N >= 16 ? 0 : 16 / N - 1;  // lanes holding copies of the same sums
-      if ((lane & kDupMask) == 0) {
+      if (has_head) {
 #pragma unroll
-        for (int x = 0; x < kHeld; ++x) {
-          const int idx = base + x, i = idx / G, h = idx % G, r = 2 * i + half;
-          smem[h * S + (blk - blk0) * kBlockTokens + r] = r < fill ? __fmul_rn(part[x], a.scale) : -INFINITY;
-        }
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int tok = 8 * i + 2 * t + j;  // column 2t + j of half i
+            // Element j is row g (hi + lo), element 2 + j row g + 8 (mid).
+            const float dot = __fadd_rn(__fadd_rn(acc[i][0][j], acc[i][1][j]), __fadd_rn(acc[i][0][2 + j], acc[i][1][2 + j]));
+            smem[g * S + (blk - blk0) * kBlockTokens + tok] = tok < fill ? __fmul_rn(dot, a.scale) : -INFINITY;
+          }
       }
     }
   }
@@ -489,13 +615,13 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(KernelArgs a, 
   for (int h = warp; h < G; h += kWarps) {
     float* s = smem + h * S;
     float m = -INFINITY;
-    for (int t = lane; t < n_tok; t += 32) m = fmaxf(m, s[t]);
+    for (int x = lane; x < n_tok; x += 32) m = fmaxf(m, s[x]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
     float l = 0.f;
-    for (int t = lane; t < n_tok; t += 32) {
-      const float e = expf(__fsub_rn(s[t], m));
-      s[t] = e;
+    for (int x = lane; x < n_tok; x += 32) {
+      const float e = expf(__fsub_rn(s[x], m));
+      s[x] = e;
       l = __fadd_rn(l, e);
     }
 #pragma unroll
@@ -508,53 +634,55 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(KernelArgs a, 
   }
   __syncthreads();
 
-  // ---- PV: acc[h][e] += p[h][t] * v[t][8j+e] over this lane's rows.
-  float acc[G][8];
-#pragma unroll
-  for (int h = 0; h < G; ++h)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[h][e] = 0.f;
+  // ---- PV: O^T = [P_hi; P_lo] V per block, 16 MMAs (one per 8 dims); o[nt] holds dims
+  // 32t + nt (elements 0, 2) and 32t + 16 + nt (1, 3), hi and lo parts.
+  float o[16][4] = {};
   {
-    Rows rows(v_src, b, kvh, a.n_kv_heads, stage, a.error);
+    VRows rows(v_src, b, kvh, a.n_kv_heads, stage, a.error);
     rows.prepare(blk0 + warp, kWarps, my_blocks, lane);
     for (int it = 0; it < my_blocks; ++it) {
       const int blk = blk0 + warp + it * kWarps;
       const int fill = min(kBlockTokens, a.n_tokens - blk * kBlockTokens);
       rows.fetch(blk, it, fill, lane);
+      float p[4] = {0.f, 0.f, 0.f, 0.f};  // tokens 2t, 2t+1, 2t+8, 2t+9
+      if (has_head) {
+        const float* ps = smem + g * S + (blk - blk0) * kBlockTokens;
 #pragma unroll
-      for (int i = 0; i < kRowsPerLane; ++i) {
-        const int r = 2 * i + half;
-        if (r < fill) {
-          float v[8];
-          rows.row(i, v);
-          const int t = (blk - blk0) * kBlockTokens + r;
-#pragma unroll
-          for (int h = 0; h < G; ++h) {
-            const float p = smem[h * S + t];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[h][e] = __fmaf_rn(p, v[e], acc[h][e]);
-          }
+        for (int j = 0; j < 4; ++j) {
+          const int tok = 2 * t + (j & 1) + 8 * (j >> 1);
+          p[j] = tok < fill ? ps[tok] : 0.f;
         }
       }
+      uint32_t pa[4];
+      SplitBf16x2(p[0], p[1], pa[0], pa[1]);
+      SplitBf16x2(p[2], p[3], pa[2], pa[3]);
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) Mma(o[nt], pa, rows.Pair(0, 1, nt), rows.Pair(2, 3, nt));
     }
   }
   __syncthreads();  // probabilities no longer needed: reuse smem for the reduction
 
-  // ---- Sum the 8 half-warp partials in a fixed order and write the split's partial output.
-  const int hw = warp * 2 + half;
+  // ---- Sum the 4 warps' partials in a fixed order and write the split's partial output.
+  if (has_head) {
+    float* dst = smem + (warp * G + g) * kOutRow + kOutLane * t;
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    float4* dst = reinterpret_cast<float4*>(smem + (hw * G + h) * kHeadDim + 8 * j);
-    dst[0] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-    dst[1] = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
+    for (int k = 0; k < 4; ++k) {
+      reinterpret_cast<float4*>(dst)[k] =
+          make_float4(__fadd_rn(o[4 * k][0], o[4 * k][2]), __fadd_rn(o[4 * k + 1][0], o[4 * k + 1][2]),
+                      __fadd_rn(o[4 * k + 2][0], o[4 * k + 2][2]), __fadd_rn(o[4 * k + 3][0], o[4 * k + 3][2]));
+      reinterpret_cast<float4*>(dst + 16)[k] =
+          make_float4(__fadd_rn(o[4 * k][1], o[4 * k][3]), __fadd_rn(o[4 * k + 1][1], o[4 * k + 1][3]),
+                      __fadd_rn(o[4 * k + 2][1], o[4 * k + 2][3]), __fadd_rn(o[4 * k + 3][1], o[4 * k + 3][3]));
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < G * kHeadDim; idx += kThreads) {
     const int h = idx / kHeadDim, d = idx % kHeadDim;
-    float o = smem[h * kHeadDim + d];
+    const int at = (d / 32) * kOutLane + d % 32;
+    float sum = smem[h * kOutRow + at];
 #pragma unroll
-    for (int x = 1; x < kHalfWarps; ++x) o = __fadd_rn(o, smem[(x * G + h) * kHeadDim + d]);
-    a.part_out[((row0 + h) * a.n_splits + split) * kHeadDim + d] = o;
+    for (int x = 1; x < kWarps; ++x) sum = __fadd_rn(sum, smem[(x * G + h) * kOutRow + at]);
+    a.part_out[((row0 + h) * a.n_splits + split) * kHeadDim + d] = sum;
   }
 }
 
@@ -575,29 +703,39 @@ __global__ void __launch_bounds__(kHeadDim) CombineSplitsKernel(const float* par
   out[row * kHeadDim + d] = __fdiv_rn(o, l);
 }
 
-// Test hook: one warp per block, decode with ZfRows and write bf16 bits.
-__global__ void __launch_bounds__(32) DecodeBlocksKernel(ZfRows::Source src, int n_kv_heads, int n_tokens,
-                                                         uint16_t* out, int64_t token_capacity, int* error) {
-  __shared__ __align__(16) uint8_t stage[ZfRows::kStageBytes];
+// Test hook: one warp per block, decode with ZfRows<Op> and write bf16 bits.
+template <class Op>
+__global__ void __launch_bounds__(32) DecodeBlocksKernel(ZfSource src, int n_kv_heads, int n_tokens, uint16_t* out,
+                                                         int64_t token_capacity, int* error) {
+  __shared__ __align__(16) uint8_t stage[ZfRows<Op>::kStageBytes];
   const int blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
-  const int half = lane >> 4, j = lane & 15;
   const int fill = min(kBlockTokens, n_tokens - blk * kBlockTokens);
-  ZfRows rows(src, b, kvh, n_kv_heads, stage, error);
+  ZfRows<Op> rows(src, b, kvh, n_kv_heads, stage, error);
   rows.prepare(blk, 1, 1, lane);
   rows.fetch(blk, 0, fill, lane);
-  uint16_t* head = out + (static_cast<int64_t>(b) * n_kv_heads + kvh) * token_capacity * kHeadDim;
+  uint16_t* head = out + ((static_cast<int64_t>(b) * n_kv_heads + kvh) * token_capacity +
+                          static_cast<int64_t>(blk) * kBlockTokens) * kHeadDim + Op::Dim0(lane);
+  if constexpr (Op::kRows == 2) {  // K: whole bf16 pairs of one row
 #pragma unroll
-  for (int i = 0; i < kRowsPerLane; ++i) {
-    const int r = 2 * i + half;
-    if (r < fill) {
-      float v[8];
-      rows.row(i, v);
-      uint32_t w[4];
+    for (int i = 0; i < Op::kRows; ++i) {
+      const int r = Op::Row(i, lane);
+      if (r < fill) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        w[k] = (__float_as_uint(v[2 * k]) >> 16) | (__float_as_uint(v[2 * k + 1]) & 0xFFFF0000u);
-      *reinterpret_cast<uint4*>(head + (static_cast<int64_t>(blk) * kBlockTokens + r) * kHeadDim + 8 * j) =
-          make_uint4(w[0], w[1], w[2], w[3]);
+        for (int q = 0; q < Op::kDims / 8; ++q)
+          reinterpret_cast<uint4*>(head + r * kHeadDim)[q] =
+              make_uint4(rows.Word(i, 4 * q), rows.Word(i, 4 * q + 1), rows.Word(i, 4 * q + 2), rows.Word(i, 4 * q + 3));
+      }
+    }
+  } else {  // V: pairs of rows
+#pragma unroll
+    for (int i = 0; i < Op::kRows; i += 2) {
+      const int r0 = Op::Row(i, lane), r1 = Op::Row(i + 1, lane);
+#pragma unroll
+      for (int d = 0; d < Op::kDims; ++d) {
+        const uint32_t x = rows.Pair(i, i + 1, d);
+        if (r0 < fill) head[r0 * kHeadDim + d] = static_cast<uint16_t>(x);
+        if (r1 < fill) head[r1 * kHeadDim + d] = static_cast<uint16_t>(x >> 16);
+      }
     }
   }
 }
@@ -630,9 +768,9 @@ int CheckShape(const ZfAttnShape& s) {
   return kZfOk;
 }
 
-template <class Rows>
-int Launch(const ZfAttnShape& s, const ZfPlan& plan, const float* q, const typename Rows::Source& k_src,
-           const typename Rows::Source& v_src,
+template <class Tensors>
+int Launch(const ZfAttnShape& s, const ZfPlan& plan, const float* q, const typename Tensors::Source& k_src,
+           const typename Tensors::Source& v_src,
            float* out, void* workspace, size_t workspace_bytes, int* error, void* stream) {
   if (workspace_bytes < plan.workspace_bytes || (plan.workspace_bytes > 0 && workspace == nullptr))
     return Fail(kZfInvalidArgument, "workspace of " + std::to_string(workspace_bytes) + " bytes, need " +
@@ -653,15 +791,14 @@ int Launch(const ZfAttnShape& s, const ZfPlan& plan, const float* q, const typen
   a.n_splits = plan.n_splits;
   a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   const dim3 grid(plan.n_splits, s.n_kv_heads, s.batch);
-  const size_t S = static_cast<size_t>(plan.blocks_per_split) * kBlockTokens;
-  const size_t smem = std::max<size_t>(g * S, static_cast<size_t>(kHalfWarps) * g * kHeadDim) * sizeof(float);
+  const size_t smem = SharedFloats(g, plan.blocks_per_split) * sizeof(float);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   using keel::cuda::LaunchKernel;
   switch (g) {
-    case 1: LaunchKernel(DecodeAttentionKernel<Rows, 1>, grid, kThreads, smem, st, a, k_src, v_src); break;
-    case 2: LaunchKernel(DecodeAttentionKernel<Rows, 2>, grid, kThreads, smem, st, a, k_src, v_src); break;
-    case 4: LaunchKernel(DecodeAttentionKernel<Rows, 4>, grid, kThreads, smem, st, a, k_src, v_src); break;
-    default: LaunchKernel(DecodeAttentionKernel<Rows, 8>, grid, kThreads, smem, st, a, k_src, v_src); break;
+    case 1: LaunchKernel(DecodeAttentionKernel<Tensors, 1>, grid, kThreads, smem, st, a, k_src, v_src); break;
+    case 2: LaunchKernel(DecodeAttentionKernel<Tensors, 2>, grid, kThreads, smem, st, a, k_src, v_src); break;
+    case 4: LaunchKernel(DecodeAttentionKernel<Tensors, 4>, grid, kThreads, smem, st, a, k_src, v_src); break;
+    default: LaunchKernel(DecodeAttentionKernel<Tensors, 8>, grid, kThreads, smem, st, a, k_src, v_src); break;
   }
   ZF_CUDA(cudaGetLastError());
   LaunchKernel(CombineSplitsKernel, dim3(static_cast<unsigned>(rows)), dim3(kHeadDim), 0, st,
@@ -718,7 +855,7 @@ int zf_attention_bf16(const ZfAttnShape& s, const float* q, const uint16_t* k, c
   const int64_t cap = s.token_capacity > 0 ? s.token_capacity : s.n_tokens;
   if (cap < s.n_tokens) return Fail(kZfInvalidArgument, "token_capacity < n_tokens");
   if (!Aligned(k, 16) || !Aligned(v, 16)) return Fail(kZfInvalidArgument, "k and v must be 16-byte aligned");
-  return Launch<Bf16Rows>(s, plan, q, {k, cap}, {v, cap}, out, workspace, workspace_bytes, nullptr, stream);
+  return Launch<Bf16Tensors>(s, plan, q, {k, cap}, {v, cap}, out, workspace, workspace_bytes, nullptr, stream);
 }
 
 int zf_attention_zipfusion(const ZfAttnShape& s, const float* q, const uint8_t* k_blocks, const uint64_t* k_offsets,
@@ -731,24 +868,32 @@ int zf_attention_zipfusion(const ZfAttnShape& s, const float* q, const uint8_t* 
   if (!k_blocks || !v_blocks || !Aligned(k_blocks, 8) || !Aligned(v_blocks, 8) || !Aligned(k_offsets, 8) ||
       !Aligned(v_offsets, 8))
     return Fail(kZfInvalidArgument, "block buffers and offset tables must be non-null and 8-byte aligned");
-  return Launch<ZfRows>(s, plan, q, {k_blocks, k_offsets, cap}, {v_blocks, v_offsets, cap}, out, workspace,
+  return Launch<ZfTensors>(s, plan, q, {k_blocks, k_offsets, cap}, {v_blocks, v_offsets, cap}, out, workspace,
                         workspace_bytes, error_flag, stream);
 }
 
 int zf_decode_blocks(const ZfAttnShape& s, const uint8_t* blocks, const uint64_t* offsets, uint16_t* out,
-                     int* error_flag, void* stream) {
+                     ZfOperand operand, int* error_flag, void* stream) {
   ZfPlan plan;
   ZfAttnShape s1 = s;
   s1.blocks_per_split = 1;  // no device query needed
   if (int rc = zf_make_plan(s1, &plan)) return rc;
+  if (operand != kZfKeyOperand && operand != kZfValueOperand)
+    return Fail(kZfInvalidArgument, "operand must be kZfKeyOperand or kZfValueOperand");
   const int64_t tcap = s.token_capacity > 0 ? s.token_capacity : s.n_tokens;
   const int64_t bcap = s.block_capacity > 0 ? s.block_capacity : plan.n_blocks;
   if (tcap < s.n_tokens || bcap < plan.n_blocks) return Fail(kZfInvalidArgument, "capacity below n_tokens");
   if (!Aligned(blocks, 8) || !Aligned(offsets, 8) || !Aligned(out, 16))
     return Fail(kZfInvalidArgument, "misaligned pointer");
   const dim3 grid(plan.n_blocks, s.n_kv_heads, s.batch);
-  keel::cuda::LaunchKernel(DecodeBlocksKernel, grid, dim3(32), 0, static_cast<cudaStream_t>(stream),
-                           ZfRows::Source{blocks, offsets, bcap}, s.n_kv_heads, s.n_tokens, out, tcap, error_flag);
+  const ZfSource src{blocks, offsets, bcap};
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (operand == kZfKeyOperand)
+    keel::cuda::LaunchKernel(DecodeBlocksKernel<KOperand>, grid, dim3(32), 0, st, src, s.n_kv_heads, s.n_tokens, out,
+                             tcap, error_flag);
+  else
+    keel::cuda::LaunchKernel(DecodeBlocksKernel<VOperand>, grid, dim3(32), 0, st, src, s.n_kv_heads, s.n_tokens, out,
+                             tcap, error_flag);
   ZF_CUDA(cudaGetLastError());
   return Ok();
 }

@@ -79,10 +79,12 @@ int zf_attention_zipfusion(const ZfAttnShape& shape, const float* q, const uint8
                            void* stream = nullptr);
 
 // Test hook: decodes every block of one ZipFusion tensor with the attention kernel's own block
-// loader and writes bf16 bits in the bf16 layout above (rows of partial blocks past n_tokens are
-// left untouched).
+// loader, in the register layout it uses for K (kZfKeyOperand) or for V (kZfValueOperand), and
+// writes bf16 bits in the bf16 layout above (rows of partial blocks past n_tokens are left
+// untouched).
+enum ZfOperand : int { kZfKeyOperand = 0, kZfValueOperand = 1 };
 int zf_decode_blocks(const ZfAttnShape& shape, const uint8_t* blocks, const uint64_t* offsets,
-                     uint16_t* out, int* error_flag = nullptr, void* stream = nullptr);
+                     uint16_t* out, ZfOperand operand, int* error_flag = nullptr, void* stream = nullptr);
 
 // ---- Host-side helpers (no device needed unless stated).
 

@@ -380,11 +380,14 @@ void CheckDecode(const Dataset& ds, int* d_error) {
   unsigned long long* d_count = nullptr;
   CUDA_OK(cudaMalloc(&d_out, n * sizeof(uint16_t)));
   CUDA_OK(cudaMalloc(&d_count, sizeof(unsigned long long)));
-  for (int t = 0; t < 2; ++t) {
+  // Each tensor in both register layouts of the attention kernel (K's and V's).
+  for (int x = 0; x < 4; ++x) {
+    const int t = x / 2;
+    const zf::ZfOperand operand = x % 2 == 0 ? zf::kZfKeyOperand : zf::kZfValueOperand;
     CUDA_OK(cudaMemset(d_out, 0xFF, n * sizeof(uint16_t)));
     CUDA_OK(cudaMemset(d_count, 0, sizeof(unsigned long long)));
     CUDA_OK(cudaMemset(d_error, 0, sizeof(int)));
-    ZF_OK(zf::zf_decode_blocks(s, ds.d_blocks, t == 0 ? ds.d_k_off : ds.d_v_off, d_out, d_error));
+    ZF_OK(zf::zf_decode_blocks(s, ds.d_blocks, t == 0 ? ds.d_k_off : ds.d_v_off, d_out, operand, d_error));
     keel::cuda::LaunchKernel(CountMismatches, dim3(1024), dim3(256), 0, nullptr, static_cast<const uint16_t*>(d_out),
                              static_cast<const uint16_t*>(t == 0 ? ds.d_k : ds.d_v), n, d_count);
     CUDA_OK(cudaGetLastError());
@@ -392,7 +395,8 @@ void CheckDecode(const Dataset& ds, int* d_error) {
     int err = 0;
     CUDA_OK(cudaMemcpy(&count, d_count, sizeof(count), cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(&err, d_error, sizeof(err), cudaMemcpyDeviceToHost));
-    Check(count == 0 && err == 0, ds.name + ": GPU block decode of " + (t == 0 ? "K" : "V") + ": " +
+    Check(count == 0 && err == 0, ds.name + ": GPU block decode of " + (t == 0 ? "K" : "V") +
+                                      (x % 2 == 0 ? " (K layout)" : " (V layout)") + ": " +
                                       std::to_string(count) + " of " + std::to_string(n) +
                                       " values differ, error flag " + std::to_string(err));
   }
