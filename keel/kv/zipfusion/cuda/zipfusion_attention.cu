@@ -215,24 +215,28 @@ ZF_HD void SplitBf16x2x3(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32
   SplitBf16x2(r0, r1, mid, lo);
 }
 
-// A bf16 pair from ZipFusion bytes: element x is byte bx of (exponent word ex, low-byte word lx),
-// element y byte by of (ey, ly); x goes to the low half. One PRMT gathers [low x, sign x, low y,
-// sign y] (the sign replicated), one gathers the exponents at bytes 0 and 2, and a shift and one
-// LOP3 put them together: bf16 = sign << 15 | exponent << 7 | mantissa.
-ZF_HD uint32_t Bf16x2FromBytes(uint32_t ex, uint32_t lx, uint32_t bx, uint32_t ey, uint32_t ly, uint32_t by) {
-  const uint32_t low = Prmt(lx, ly, bx | ((8 | bx) << 4) | ((4 + by) << 8) | ((8 | (4 + by)) << 12));
-  const uint32_t exp = Prmt(ex, ey, bx | (bx << 4) | ((4 + by) << 8) | ((4 + by) << 12));
-  constexpr uint32_t kExpBits = 0x7F807F80u;
-  return (low & ~kExpBits) | ((exp << 7) & kExpBits);
+// A bf16 pair from ZipFusion bytes, in one LOP3: `exps` holds the two exponents at bits 7..14 and
+// 23..30, `lows` the two low bytes (sign | mantissa) at bytes 0 and 2, each followed by a byte
+// holding its sign bit replicated (PRMT's sign mode). bf16 = sign << 15 | exponent << 7 | mantissa.
+// The exponent positions come from one shift of a word of exponent bytes: << 7 puts bytes 0 and
+// 2 there, >> 1 bytes 1 and 3, so each shift serves a pair; other bits of either input are ignored.
+constexpr uint32_t kExpBits = 0x7F807F80u;
+ZF_HD uint32_t JoinBf16x2(uint32_t exps, uint32_t lows) { return (lows & ~kExpBits) | (exps & kExpBits); }
+
+// PRMT selector: byte x of the first word, then its sign, byte y of the second word, its sign.
+ZF_HD constexpr uint32_t LowsSelector(uint32_t x, uint32_t y) {
+  return x | ((8 | x) << 4) | ((4 + y) << 8) | ((8 | (4 + y)) << 12);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Which elements of a 16-token block lane (g = lane / 4, t = lane % 4) holds as an MMA operand.
 //
-// K is the B operand of S = [Q_hi; Q_lo] K^T (k = head dims, n = 8 tokens per MMA): the fragment
+// K is the B operand of S = [Q_hi; Q_mid] K^T (k = head dims, n = 8 tokens per MMA): the fragment
 // layout gives a lane tokens g and g + 8 and four k slots per MMA; the k order is permuted (the
 // same way in Q) so that over the 8 k-steps a lane holds dims 32t..32t+31: four whole ZipFusion
-// chunks, contiguous codes, and 16-byte bf16 loads. K-step s uses dims 32t + 4s .. 32t + 4s + 3.
+// chunks, contiguous codes, and 16-byte bf16 loads. K-step s uses dims 32t + 4s .. 32t + 4s + 3,
+// register b0 dims 4s and 4s + 2, b1 dims 4s + 1 and 4s + 3 (pairs that one shift of a word of
+// exponent bytes serves: JoinBf16x2).
 //
 // V is the B operand of O = [P_hi; P_lo] V (k = the 16 tokens, n = 8 dims per MMA): the layout
 // gives a lane tokens 2t, 2t+1, 2t+8, 2t+9; the n order is permuted so that a lane holds dims
@@ -240,11 +244,22 @@ ZF_HD uint32_t Bf16x2FromBytes(uint32_t ex, uint32_t lx, uint32_t bx, uint32_t e
 struct KOperand {
   static constexpr int kRows = 2, kDims = 32;
   static __device__ __forceinline__ int Row(int i, int lane) { return (lane >> 2) + 8 * i; }
+  // The row a lane reads for row i of a block holding `fill` rows: rows past the end read row 0,
+  // so that no per-element selects are needed (K: their score columns are dropped; V: their
+  // probabilities are 0, times finite values) and both loaders read the same values.
+  static __device__ __forceinline__ int Loaded(int i, int lane, int fill) {
+    const int r = Row(i, lane);
+    return r < fill ? r : 0;
+  }
   static __device__ __forceinline__ int Dim0(int lane) { return 32 * (lane & 3); }
 };
 struct VOperand {
   static constexpr int kRows = 4, kDims = 16;
   static __device__ __forceinline__ int Row(int i, int lane) { return 2 * (lane & 3) + (i & 1) + 8 * (i >> 1); }
+  static __device__ __forceinline__ int Loaded(int i, int lane, int fill) {
+    const int r = Row(i, lane);
+    return r < fill ? r : 0;
+  }
   static __device__ __forceinline__ int Dim0(int lane) { return 16 * (lane >> 2); }
 };
 
@@ -254,11 +269,11 @@ struct VOperand {
 // (kernel parameter) says where a tensor lives; a Rows object lives in registers. Interface (all
 // calls warp-uniform):
 //   Rows(src, b, kvh, n_kv_heads, stage, error)   bind to one (seq, kv head)
-//   prepare(first, stride, count, lane)   the warp will visit blocks first + it*stride, it < count
+//   prepare(first, stride, count, n_tokens, lane)   the warp will visit blocks first + it*stride, it < count
 //   fetch(blk, it, fill, lane)            load block blk (the it-th visit) holding `fill` rows
-//   Word(i, w)        dims Dim0 + 2w, Dim0 + 2w + 1 of row i, the lower dim in the low half
+//   Word(i, w)        dims Dim0 + 4(w/2) + (w%2) and that + 2 of row i, the lower in the low half
 //   Pair(i0, i1, d)   dim Dim0 + d of rows i0 (low half) and i1
-// Rows >= fill read as +0 (so that a probability of 0 times them is 0).
+// Rows >= fill read as row 0 (Op::Loaded).
 
 struct Bf16Source {
   const uint16_t* tensor;  // [batch][n_kv_heads][token_capacity][128]
@@ -273,24 +288,28 @@ struct Bf16Rows {
 
   __device__ Bf16Rows(const Source& src, int b, int kvh, int n_kv_heads, uint8_t* /*stage*/, int* /*error*/)
       : head(src.tensor + (static_cast<int64_t>(b) * n_kv_heads + kvh) * src.token_capacity * kHeadDim) {}
-  __device__ void prepare(int, int, int, int) {}
+  __device__ void prepare(int, int, int, int, int) {}
   __device__ __forceinline__ void fetch(int blk, int /*it*/, int fill, int lane) {
 #pragma unroll
     for (int i = 0; i < Op::kRows; ++i) {
-      const int r = Op::Row(i, lane);
+      const int r = Op::Loaded(i, lane, fill);
       const uint4* src = reinterpret_cast<const uint4*>(
           head + (static_cast<int64_t>(blk) * kBlockTokens + r) * kHeadDim + Op::Dim0(lane));
 #pragma unroll
-      for (int c = 0; c < Op::kDims / 8; ++c) raw[i][c] = r < fill ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < Op::kDims / 8; ++c) raw[i][c] = __ldg(src + c);
     }
   }
+  // Dims 2k, 2k + 1 of row i, as stored.
+  __device__ __forceinline__ uint32_t Raw(int i, int k) const {
+    const uint4& u = raw[i][k >> 2];
+    const int x = k & 3;
+    return x == 0 ? u.x : x == 1 ? u.y : x == 2 ? u.z : u.w;
+  }
   __device__ __forceinline__ uint32_t Word(int i, int w) const {
-    const uint4& u = raw[i][w >> 2];
-    const int k = w & 3;
-    return k == 0 ? u.x : k == 1 ? u.y : k == 2 ? u.z : u.w;
+    return Prmt(Raw(i, 2 * (w >> 1)), Raw(i, 2 * (w >> 1) + 1), (w & 1) ? 0x7632u : 0x5410u);
   }
   __device__ __forceinline__ uint32_t Pair(int i0, int i1, int d) const {
-    return Prmt(Word(i0, d >> 1), Word(i1, d >> 1), (d & 1) ? 0x7632u : 0x5410u);
+    return Prmt(Raw(i0, d >> 1), Raw(i1, d >> 1), (d & 1) ? 0x7632u : 0x5410u);
   }
 };
 
@@ -337,16 +356,19 @@ ZF_HD void ChunkExponents(uint64_t bits, uint32_t base4, uint32_t& e0, uint32_t&
 template <int W, int kChunks>
 ZF_HD void StripCodes(const uint8_t* codes, int chunk0, uint64_t (&bits)[kChunks]) {
   constexpr int kWords = (W * kChunks + 3) / 4;
+  constexpr bool kAligned = (W * kChunks) % 4 == 0;  // then W * chunk0 is a multiple of 4 too
   const int off = W * chunk0;
   const uint32_t* p = reinterpret_cast<const uint32_t*>(codes + (off & ~3));
-  const int sh = 8 * (off & 3);
   uint32_t u[kWords + 3];
 ZF_UNROLL
   for (int k = 0; k < kWords; ++k) u[k] = Ld(p + k);
 ZF_UNROLL
   for (int k = kWords; k < kWords + 3; ++k) u[k] = 0;
+  if constexpr (!kAligned) {
+    const int sh = 8 * (off & 3);
 ZF_UNROLL
-  for (int k = 0; k < kWords + 2; ++k) u[k] = FunnelShiftRight(u[k], u[k + 1], sh);
+    for (int k = 0; k < kWords + 2; ++k) u[k] = FunnelShiftRight(u[k], u[k + 1], sh);
+  }
   constexpr uint64_t kMask = W == 8 ? ~0ull : (1ull << (8 * W)) - 1;
 ZF_UNROLL
   for (int c = 0; c < kChunks; ++c) {
@@ -373,6 +395,7 @@ struct ZfRows {
   uint8_t* stage;           // this warp's 2 KB of shared memory
   int* error;
   uint64_t my_offset = 0;   // lane l: offset of the l-th block this warp visits
+  uint32_t my_header = 0;   // and its header, checked: width | base << 4 | n_exc << 12
   uint32_t low[Op::kRows][kWords];  // sign | mantissa bytes
   uint32_t exp[Op::kRows][kWords];  // exponent bytes
 
@@ -381,10 +404,23 @@ struct ZfRows {
         offsets(src.table + (static_cast<int64_t>(b) * n_kv_heads + kvh) * src.block_capacity),
         stage(warp_stage),
         error(error_flag) {}
-  // All of the warp's offsets in one load (count <= kMaxBlocksPerSplit / kWarps <= 32): takes a
-  // dependent global load off each block's critical path.
-  __device__ void prepare(int first, int stride, int count, int lane) {
-    my_offset = lane < count ? __ldg(reinterpret_cast<const unsigned long long*>(offsets) + first + lane * stride) : 0;
+  // All of the warp's offsets and block headers in two loads (count <= kMaxBlocksPerSplit / kWarps
+  // <= 32), each lane checking its block's header: takes two dependent global loads and the
+  // checks off each block's critical path, so that a block's low bytes, codes and exceptions all
+  // go out at once. A bad header (magic, dtype, width, base, n, exception count) raises *error
+  // and reads the block as width 0 without exceptions.
+  __device__ void prepare(int first, int stride, int count, int n_tokens, int lane) {
+    if (lane >= count) return;
+    const int blk = first + lane * stride;
+    my_offset = __ldg(reinterpret_cast<const unsigned long long*>(offsets) + blk);
+    const uint2 hdr = __ldg(reinterpret_cast<const uint2*>(buf + my_offset));
+    // Header: u8 magic, u8 dtype, u8 width, u8 base, u16 n, u16 n_exc.
+    const int w = (hdr.x >> 16) & 0xFF, base = hdr.x >> 24, n_exc = hdr.y >> 16;
+    const int n = min(kBlockTokens, n_tokens - blk * kBlockTokens) * kHeadDim;
+    const bool bad = (hdr.x & 0xFF) != kMagic || ((hdr.x >> 8) & 0xFF) != 0 || w > 8 || base + (1 << w) - 1 > 255 ||
+                     static_cast<int>(hdr.y & 0xFFFF) != n || n_exc > n;
+    if (bad && error) atomicOr(error, 1);
+    my_header = bad ? static_cast<uint32_t>(base) << 4 : w | (base << 4) | (n_exc << 12);
   }
 
   template <int W>
@@ -392,107 +428,119 @@ struct ZfRows {
     const int chunk0 = Op::Dim0(lane) / 8;
 #pragma unroll
     for (int i = 0; i < Op::kRows; ++i) {
-      const int r = Op::Row(i, lane);
+      const int r = Op::Loaded(i, lane, fill);
       uint64_t bits[kChunks] = {};
-      if constexpr (W != 0) {
-        if (r < fill) StripCodes<W, kChunks>(codes, r * (kHeadDim / 8) + chunk0, bits);
-      }
+      if constexpr (W != 0) StripCodes<W, kChunks>(codes, r * (kHeadDim / 8) + chunk0, bits);
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        ChunkExponents<W>(bits[c], base4, exp[i][2 * c], exp[i][2 * c + 1]);
-        if (r >= fill) exp[i][2 * c] = exp[i][2 * c + 1] = 0;
-      }
+      for (int c = 0; c < kChunks; ++c) ChunkExponents<W>(bits[c], base4, exp[i][2 * c], exp[i][2 * c + 1]);
     }
   }
 
+  // What fetch learns from a block's header (and the first exceptions, loaded with the codes).
+  struct Opened {
+    const uint8_t* codes;
+    const uint8_t* exc_pos;  // u16 positions, then u8 exponents
+    int w, n, n_exc, pos0;
+    uint32_t base4;
+    uint8_t exp0;
+  };
+
   __device__ __forceinline__ void fetch(int blk, int it, int fill, int lane) {
+    const Opened o = Open(it, fill, lane);
+    switch (o.w) {  // warp-uniform: one width per block
+      case 0: Exponents<0>(o.codes, fill, o.base4, lane); break;
+      case 1: Exponents<1>(o.codes, fill, o.base4, lane); break;
+      case 2: Exponents<2>(o.codes, fill, o.base4, lane); break;
+      case 3: Exponents<3>(o.codes, fill, o.base4, lane); break;
+      case 4: Exponents<4>(o.codes, fill, o.base4, lane); break;
+      case 5: Exponents<5>(o.codes, fill, o.base4, lane); break;
+      case 6: Exponents<6>(o.codes, fill, o.base4, lane); break;
+      case 7: Exponents<7>(o.codes, fill, o.base4, lane); break;
+      default: Exponents<8>(o.codes, fill, o.base4, lane); break;
+    }
+    (void)blk;
+    Patch(o, fill, lane);
+  }
+
+  // The block's (checked) header and the loads that do not depend on the width's decoder: low
+  // bytes and the first 32 exceptions.
+  __device__ __forceinline__ Opened Open(int it, int fill, int lane) {
     const int d0 = Op::Dim0(lane);
     const uint8_t* p = buf + __shfl_sync(kFull, static_cast<unsigned long long>(my_offset), it);
-    // Low bytes do not depend on the header: issue them together with it.
-    const uint2 hdr = __ldg(reinterpret_cast<const uint2*>(p));
+    const uint32_t hdr = __shfl_sync(kFull, my_header, it);
 #pragma unroll
     for (int i = 0; i < Op::kRows; ++i) {
-      const int r = Op::Row(i, lane);
+      const int r = Op::Loaded(i, lane, fill);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        const uint2 l = r < fill ? __ldg(reinterpret_cast<const uint2*>(p + 8 + r * kHeadDim + d0 + 8 * c))
-                                 : make_uint2(0, 0);
+        const uint2 l = __ldg(reinterpret_cast<const uint2*>(p + 8 + r * kHeadDim + d0 + 8 * c));
         low[i][2 * c] = l.x;
         low[i][2 * c + 1] = l.y;
       }
     }
-    // Header: u8 magic, u8 dtype, u8 width, u8 base, u16 n, u16 n_exc.
-    int w = (hdr.x >> 16) & 0xFF;
-    const int base = hdr.x >> 24;
-    const int n = fill * kHeadDim;
-    int n_exc = hdr.y >> 16;
-    const bool bad = (hdr.x & 0xFF) != kMagic || ((hdr.x >> 8) & 0xFF) != 0 || w > 8 ||
-                     base + (1 << w) - 1 > 255 || static_cast<int>(hdr.y & 0xFFFF) != n || n_exc > n;
-    if (bad) {
-      if (lane == 0 && error) atomicOr(error, 1);
-      w = 0;
-      n_exc = 0;
-    }
-    const uint8_t* codes = p + 8 + n;
-    const uint32_t base4 = static_cast<uint32_t>(base) * 0x01010101u;
-    switch (w) {  // warp-uniform: one width per block
-      case 0: Exponents<0>(codes, fill, base4, lane); break;
-      case 1: Exponents<1>(codes, fill, base4, lane); break;
-      case 2: Exponents<2>(codes, fill, base4, lane); break;
-      case 3: Exponents<3>(codes, fill, base4, lane); break;
-      case 4: Exponents<4>(codes, fill, base4, lane); break;
-      case 5: Exponents<5>(codes, fill, base4, lane); break;
-      case 6: Exponents<6>(codes, fill, base4, lane); break;
-      case 7: Exponents<7>(codes, fill, base4, lane); break;
-      default: Exponents<8>(codes, fill, base4, lane); break;
-    }
-    if (n_exc > 0) {  // warp-uniform
-      // Stage exponent bytes (element t*128 + d at stage[t*128 + d]), scatter the exceptions'
-      // exponents over them, read back: per lane 4 16-byte stores and loads plus ~n_exc/32
-      // byte stores, against searching the sorted list per element.
-      __syncwarp();
+    Opened o;
+    o.w = hdr & 15;
+    o.n = fill * kHeadDim;
+    o.n_exc = hdr >> 12;
+    const uint32_t base = (hdr >> 4) & 0xFF;
+    o.codes = p + 8 + o.n;
+    o.base4 = base * 0x01010101u;
+    o.exc_pos = o.codes + o.w * o.n / 8;  // even offset: u16 loads are aligned
+    o.pos0 = lane < o.n_exc ? __ldg(reinterpret_cast<const uint16_t*>(o.exc_pos) + lane) : o.n;
+    o.exp0 = lane < o.n_exc ? __ldg(o.exc_pos + 2 * o.n_exc + lane) : 0;
+    return o;
+  }
+
+  // Exceptions: stage the exponent bytes (element t*128 + d at stage[t*128 + d]), scatter the
+  // exceptions' exponents over them, read back. Per lane 4 16-byte stores and loads plus
+  // ~n_exc/32 byte stores, where searching the sorted list per element would cost far more.
+  __device__ __forceinline__ void Patch(const Opened& o, int fill, int lane) {
+    if (o.n_exc == 0) return;  // warp-uniform
+    const int d0 = Op::Dim0(lane);
+    __syncwarp();
 #pragma unroll
-      for (int i = 0; i < Op::kRows; ++i) {
-        const int r = Op::Row(i, lane);
-        if (r < fill) {
+    for (int i = 0; i < Op::kRows; ++i) {
+      const int r = Op::Row(i, lane);
+      if (r < fill) {
 #pragma unroll
-          for (int q = 0; q < kWords / 4; ++q)
-            *reinterpret_cast<uint4*>(stage + r * kHeadDim + d0 + 16 * q) =
-                make_uint4(exp[i][4 * q], exp[i][4 * q + 1], exp[i][4 * q + 2], exp[i][4 * q + 3]);
-        }
+        for (int q = 0; q < kWords / 4; ++q)
+          *reinterpret_cast<uint4*>(stage + r * kHeadDim + d0 + 16 * q) =
+              make_uint4(exp[i][4 * q], exp[i][4 * q + 1], exp[i][4 * q + 2], exp[i][4 * q + 3]);
       }
-      __syncwarp();
-      const uint8_t* exc_pos = codes + w * n / 8;  // even offset: u16 loads are aligned
-      const uint8_t* exc_exp = exc_pos + 2 * n_exc;
-      for (int x = lane; x < n_exc; x += 32) {
-        const int pos = __ldg(reinterpret_cast<const uint16_t*>(exc_pos) + x);
-        if (pos < n) stage[pos] = __ldg(exc_exp + x);
-      }
-      __syncwarp();
+    }
+    __syncwarp();
+    if (o.pos0 < o.n) stage[o.pos0] = o.exp0;
+#pragma unroll 1  // rare (a block with more than 32 exceptions): keep it small
+    for (int x = lane + 32; x < o.n_exc; x += 32) {
+      const int pos = __ldg(reinterpret_cast<const uint16_t*>(o.exc_pos) + x);
+      if (pos < o.n) stage[pos] = __ldg(o.exc_pos + 2 * o.n_exc + x);
+    }
+    __syncwarp();
 #pragma unroll
-      for (int i = 0; i < Op::kRows; ++i) {
-        const int r = Op::Row(i, lane);
-        if (r < fill) {
+    for (int i = 0; i < Op::kRows; ++i) {
+      const int r = Op::Loaded(i, lane, fill);  // rows past the end: row 0, patched like the rest
 #pragma unroll
-          for (int q = 0; q < kWords / 4; ++q) {
-            const uint4 e = *reinterpret_cast<const uint4*>(stage + r * kHeadDim + d0 + 16 * q);
-            exp[i][4 * q] = e.x;
-            exp[i][4 * q + 1] = e.y;
-            exp[i][4 * q + 2] = e.z;
-            exp[i][4 * q + 3] = e.w;
-          }
-        }
+      for (int q = 0; q < kWords / 4; ++q) {
+        const uint4 e = *reinterpret_cast<const uint4*>(stage + r * kHeadDim + d0 + 16 * q);
+        exp[i][4 * q] = e.x;
+        exp[i][4 * q + 1] = e.y;
+        exp[i][4 * q + 2] = e.z;
+        exp[i][4 * q + 3] = e.w;
       }
     }
   }
 
   __device__ __forceinline__ uint32_t Word(int i, int w) const {
-    const uint32_t b = 2 * (w & 1);
-    return Bf16x2FromBytes(exp[i][w >> 1], low[i][w >> 1], b, exp[i][w >> 1], low[i][w >> 1], b + 1);
+    const uint32_t e = exp[i][w >> 1], l = low[i][w >> 1];
+    return (w & 1) ? JoinBf16x2(e >> 1, Prmt(l, l, LowsSelector(1, 3))) : JoinBf16x2(e << 7, Prmt(l, l, LowsSelector(0, 2)));
   }
   __device__ __forceinline__ uint32_t Pair(int i0, int i1, int d) const {
-    const uint32_t b = d & 3;
-    return Bf16x2FromBytes(exp[i0][d >> 2], low[i0][d >> 2], b, exp[i1][d >> 2], low[i1][d >> 2], b);
+    const int w = d >> 2;
+    const uint32_t x = d & 3, even = d & 2;
+    // Exponents of dims even, even + 1 of both rows in one PRMT, shared by the pairs of d and d ^ 1.
+    const uint32_t e = Prmt(exp[i0][w], exp[i1][w], even | ((even + 1) << 4) | ((4 + even) << 8) | ((5 + even) << 12));
+    const uint32_t lows = Prmt(low[i0][w], low[i1][w], LowsSelector(x, x));
+    return JoinBf16x2((d & 1) ? e >> 1 : e << 7, lows);
   }
 };
 
@@ -574,12 +622,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
       }
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        SplitBf16x2x3(qv[4 * s], qv[4 * s + 1], qa[s][0], qa[s][1], ql[s][0]);
-        SplitBf16x2x3(qv[4 * s + 2], qv[4 * s + 3], qa[s][2], qa[s][3], ql[s][1]);
+        // k slots 2t, 2t + 1 are dims 4s, 4s + 2; slots 2t + 8, 2t + 9 dims 4s + 1, 4s + 3 (KOperand).
+        SplitBf16x2x3(qv[4 * s], qv[4 * s + 2], qa[s][0], qa[s][1], ql[s][0]);
+        SplitBf16x2x3(qv[4 * s + 1], qv[4 * s + 3], qa[s][2], qa[s][3], ql[s][1]);
       }
     }
     KRows rows(k_src, b, kvh, a.n_kv_heads, stage, a.error);
-    rows.prepare(blk0 + warp, kWarps, my_blocks, lane);
+    rows.prepare(blk0 + warp, kWarps, my_blocks, a.n_tokens, lane);
     for (int it = 0; it < my_blocks; ++it) {
       const int blk = blk0 + warp + it * kWarps;
       const int fill = min(kBlockTokens, a.n_tokens - blk * kBlockTokens);
@@ -639,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
   float o[16][4] = {};
   {
     VRows rows(v_src, b, kvh, a.n_kv_heads, stage, a.error);
-    rows.prepare(blk0 + warp, kWarps, my_blocks, lane);
+    rows.prepare(blk0 + warp, kWarps, my_blocks, a.n_tokens, lane);
     for (int it = 0; it < my_blocks; ++it) {
       const int blk = blk0 + warp + it * kWarps;
       const int fill = min(kBlockTokens, a.n_tokens - blk * kBlockTokens);
@@ -711,7 +760,7 @@ __global__ void __launch_bounds__(32) DecodeBlocksKernel(ZfSource src, int n_kv_
   const int blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
   const int fill = min(kBlockTokens, n_tokens - blk * kBlockTokens);
   ZfRows<Op> rows(src, b, kvh, n_kv_heads, stage, error);
-  rows.prepare(blk, 1, 1, lane);
+  rows.prepare(blk, 1, 1, n_tokens, lane);
   rows.fetch(blk, 0, fill, lane);
   uint16_t* head = out + ((static_cast<int64_t>(b) * n_kv_heads + kvh) * token_capacity +
                           static_cast<int64_t>(blk) * kBlockTokens) * kHeadDim + Op::Dim0(lane);
@@ -721,9 +770,13 @@ __global__ void __launch_bounds__(32) DecodeBlocksKernel(ZfSource src, int n_kv_
       const int r = Op::Row(i, lane);
       if (r < fill) {
 #pragma unroll
-        for (int q = 0; q < Op::kDims / 8; ++q)
+        for (int q = 0; q < Op::kDims / 8; ++q) {
+          // Words 4q.. hold dims (8q, 8q+2), (8q+1, 8q+3), (8q+4, 8q+6), (8q+5, 8q+7): back to dim order.
+          const uint32_t w0 = rows.Word(i, 4 * q), w1 = rows.Word(i, 4 * q + 1);
+          const uint32_t w2 = rows.Word(i, 4 * q + 2), w3 = rows.Word(i, 4 * q + 3);
           reinterpret_cast<uint4*>(head + r * kHeadDim)[q] =
-              make_uint4(rows.Word(i, 4 * q), rows.Word(i, 4 * q + 1), rows.Word(i, 4 * q + 2), rows.Word(i, 4 * q + 3));
+              make_uint4(Prmt(w0, w1, 0x5410u), Prmt(w0, w1, 0x7632u), Prmt(w2, w3, 0x5410u), Prmt(w2, w3, 0x7632u));
+        }
       }
     }
   } else {  // V: pairs of rows
