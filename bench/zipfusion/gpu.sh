@@ -2,7 +2,11 @@
 # ZipFusion CUDA decode attention on an NVIDIA GPU (H100/H200-class): builds the kernels and
 # zipfusion_gpu_bench, checks that the ZipFusion kernel is bit-identical to the bf16 kernel of the
 # same design (and to a CPU reference within tolerance), then times both at 1K..128K context,
-# batch 1 and 8, and prints a Markdown table for docs/results.md. Under 5 minutes.
+# batch 1 and 8, on the measured and the harsh K/V profiles, and prints Markdown tables for
+# docs/results.md. When PyTorch is importable and sees the GPU, the same run first times its
+# scaled_dot_product_attention (cuDNN and flash backends) on the same shapes
+# (bench/zipfusion/torch_sdpa.py), and the tables add those times and ZipFusion's ratio to the
+# fastest of them. Under 5 minutes.
 #
 #   bench/zipfusion/gpu.sh [harness args, e.g. --quick | --iters 30 | --contexts 8192]
 #
@@ -51,8 +55,21 @@ fi
 
 echo "_$(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1), CUDA $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')_"
 echo
+PEER_ARGS=()
+PEER=$BUILD/torch_sdpa.txt
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  if timeout 120 python3 bench/zipfusion/torch_sdpa.py "$@" >"$PEER"; then
+    sed -n 's/^# //p' "$PEER" | head -n 1
+    PEER_ARGS=(--peer "$PEER")
+  else
+    echo "gpu.sh: torch_sdpa.py failed; the table has no PyTorch columns" >&2
+  fi
+else
+  echo "(PyTorch with CUDA not importable here: no PyTorch columns)"
+fi
+echo
 rc=0
-timeout "${KEEL_GPU_BENCH_TIMEOUT:-240}" "$BIN" "$@" || rc=$?
+timeout "${KEEL_GPU_BENCH_TIMEOUT:-240}" "$BIN" ${PEER_ARGS[@]+"${PEER_ARGS[@]}"} "$@" || rc=$?
 if [ "$rc" -eq 124 ]; then
   echo "gpu.sh: zipfusion_gpu_bench timed out" >&2
 fi

@@ -12,7 +12,12 @@
 #include <vector>
 
 #include "keel/kv/zipfusion/cuda/zipfusion_attention.h"
+#include "keel/kv/zipfusion/cuda/zipfusion_attention_c.h"
 #include "keel/kv/zipfusion/format.h"
+
+extern "C" int keel_zf_c_api_run(const float* q, const uint16_t* k, const uint16_t* v, int tokens, float* out,
+                                 const char** stage);
+extern "C" int keel_zf_c_api_bad_head_dim(const char** name, const char** message);
 
 namespace keel::kv::zipfusion {
 namespace {
@@ -334,6 +339,45 @@ TEST(ZipFusionCuda, BadArgumentsGetAStatusAndAMessage) {
   EXPECT_EQ(gpu::zf_attention_bf16(s, q, kv, kv, out, ws, plan.workspace_bytes), gpu::kZfOk);
   EXPECT_STREQ(gpu::zf_last_error(), "");
   for (void* p : {static_cast<void*>(q), static_cast<void*>(kv), static_cast<void*>(out), ws}) gpu::zf_free(p);
+}
+
+TEST(ZipFusionCuda, CApiRunsAttentionLikeTheCppApi) {
+  const int tokens = 40;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> q(32 * kHd);
+  for (float& x : q) x = normal(rng);
+  const std::vector<uint16_t> k = MakeValues(Kind::kNormal, static_cast<size_t>(8) * tokens * kHd, 31);
+  const std::vector<uint16_t> v = MakeValues(Kind::kNormal, static_cast<size_t>(8) * tokens * kHd, 32);
+  std::vector<float> from_c(32 * kHd, -1.f);
+  const char* stage = "";
+  ASSERT_EQ(keel_zf_c_api_run(q.data(), k.data(), v.data(), tokens, from_c.data(), &stage), KEEL_ZF_OK)
+      << stage << ": " << keel_zf_last_error();
+
+  gpu::ZfAttnShape s;  // the C API's defaults: 32 query heads over 8 KV heads
+  s.n_tokens = tokens;
+  gpu::ZfPlan plan;
+  ASSERT_EQ(gpu::zf_make_plan(s, &plan), gpu::kZfOk);
+  float* d_q = ToDevice(q);
+  uint16_t* d_k = ToDevice(k);
+  uint16_t* d_v = ToDevice(v);
+  float* d_out = ToDevice(std::vector<float>(q.size(), -2.f));
+  void* ws = nullptr;
+  ASSERT_EQ(gpu::zf_malloc(&ws, plan.workspace_bytes), gpu::kZfOk);
+  ASSERT_EQ(gpu::zf_attention_bf16(s, d_q, d_k, d_v, d_out, ws, plan.workspace_bytes), gpu::kZfOk);
+  const std::vector<float> from_cpp = ToHost(d_out, q.size());
+  EXPECT_EQ(std::memcmp(from_c.data(), from_cpp.data(), q.size() * sizeof(float)), 0);
+  EXPECT_LT(WorstErrorOverBound(q, k, v, from_c, 1, 8, 4, tokens), 1.0);
+  for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_k), static_cast<void*>(d_v), static_cast<void*>(d_out), ws})
+    gpu::zf_free(p);
+
+  const char* name = "";
+  const char* message = "";
+  EXPECT_EQ(keel_zf_c_api_bad_head_dim(&name, &message), KEEL_ZF_UNSUPPORTED);
+  EXPECT_STREQ(name, "unsupported");
+  EXPECT_NE(std::string(message).find("head_dim 64"), std::string::npos) << message;
+  EXPECT_EQ(keel_zf_make_plan(nullptr, nullptr), KEEL_ZF_INVALID_ARGUMENT);
+  EXPECT_STREQ(keel_zf_last_error(), "shape is NULL");
 }
 
 }  // namespace

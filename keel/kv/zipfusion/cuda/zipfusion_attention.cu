@@ -1,13 +1,14 @@
 // CUDA decode attention over ZipFusion blocks and over uncompressed bf16, one design for both.
-// See zipfusion_attention.h for the API and layouts, keel/kv/zipfusion/format.h for the block
-// format (and the CPU fused decoder this mirrors).
+// See zipfusion_attention.h for the API and layouts (zipfusion_attention_c.h for C callers),
+// keel/kv/zipfusion/format.h for the block format (and the CPU fused decoder this mirrors).
 //
 // Design
 // ------
-// Decode attention reads every K and V byte of the context once and does ~1 FMA per byte per
-// query head, so it is memory bound; ZipFusion wins only if decoding costs fewer cycles than the
-// bytes it saves. Everything below serves two goals: keep all SMs streaming, and keep the decode
-// a handful of integer instructions per element.
+// Decode attention reads every K and V byte of the context once, so it is memory bound, and
+// ZipFusion wins only if decoding costs less than the bytes it saves. At 4.4 TB/s an H200 has
+// ~11 thread instructions per ZipFusion element (1.44 bytes) in all; scalar FMAs alone took ~8 of
+// them with 4 query heads per KV head (the first design: 0.34-0.60x of bf16). So the arithmetic
+// goes to the tensor cores and the decode writes their operands directly.
 //
 // Split-K (flash-decoding). With one query token there is no parallelism over queries: a batch-1,
 // 8-KV-head call has only 8 (seq, kv head) pairs, far fewer than the 132 SMs of an H100. So the
@@ -17,42 +18,43 @@
 // (seq, q head) in split order: out = sum_s e^(m_s-M) o_s / sum_s e^(m_s-M) l_s. The split size
 // is chosen so that ~4 CTAs per SM exist (at least 4 blocks, one per warp; at most 64).
 //
-// GQA. A CTA serves all `group` query heads of its KV head, so each K/V byte is read from memory
-// once and used `group` times (the query vectors live in registers).
+// GQA on tensor cores. A CTA serves all `group` (G <= 8) query heads of its KV head, each K/V
+// byte read once. mma.sync m16n8k16 (bf16 in, fp32 accumulate) has 16 rows: query head g uses
+// rows g and g + 8 for two bf16 parts of its fp32 values, so the queries keep ~24 bits (Q split
+// hi/mid/lo: [Q_hi; Q_mid] and [Q_lo; 0], two MMAs per k-step) and the probabilities ~16
+// (P = [P_hi; P_lo]); rows of heads >= G are zero. Per 16-token block and warp:
+//   QK:  S^T = Q' K^T: 2 token halves x 8 k-steps x 2 = 32 MMAs, K as the B operand;
+//   PV:  O^T += P' V: 16 MMAs (8 dims each), V as the B operand.
+// Scores go to shared memory; the softmax runs over the split's scores there (warp per head,
+// fixed reduction tree); the 4 warps' partial outputs are summed in a fixed order.
 //
-// Thread mapping. A CTA has 4 warps; warp w takes blocks w, w+4, ... of the split. Within a block
-// (16 tokens x 128), each half-warp takes one token row at a time and each of its 16 lanes owns
-// 8 consecutive elements (lane j: dims 8j..8j+7): lanes 0-15 take rows 0,2,...,14, lanes 16-31
-// rows 1,3,...,15. Eight elements per lane is exactly a ZipFusion "chunk": its low bytes are one
-// aligned 8-byte load and its codes are w bytes at codes + w*chunk (format.h), and for bf16 it is
-// one 16-byte load. A warp owning a whole block also lets it handle the block's exception list
-// alone. All rows of a block are loaded before any is used, to keep many bytes in flight.
+// Operand layouts (KOperand, VOperand below). A warp owns whole blocks (warp w: blocks w, w+4, ...
+// of the split), so it handles a block's exception list alone. The MMA fragment layout fixes which
+// tokens a lane holds; the order of the reduced dimension (K: head dims) and of the output
+// columns (V: head dims) is ours to permute, and it is permuted so that every lane holds whole
+// ZipFusion chunks (8 consecutive dims of one token: one 8-byte load of low bytes and W bytes of
+// codes) and the bf16 loader whole 16-byte loads.
 //
-//   QK:  each lane multiplies its 8 elements with its 8 query dims for each head (a fixed FMA
-//        chain), then the 16 lanes of a row reduce the 8 rows x group partial dots with a
-//        butterfly reduce-scatter (each xor step halves the values a lane keeps), ~8x fewer
-//        shuffles than reducing each dot on its own. Scores go to shared memory.
-//   softmax over the split's scores in shared memory (warp per head, fixed reduction tree).
-//   PV:  each lane accumulates p * v into acc[group][8] for its 8 dims, over its rows; the 8
-//        half-warp partials are summed through shared memory in a fixed order.
-//
-// Bit-identity. Both kernels are instantiations of one template; only the "Rows" policy that
-// loads a block into fp32 registers differs. Every floating-point operation is an explicit
-// __fmaf_rn/__fmul_rn/__fadd_rn (never contracted or reassociated), so the arithmetic and its
-// order are the same in both, and so are the outputs, bit for bit.
-//
-// ZipFusion decode of one chunk (8 elements) in registers:
-//   1. codes -> 8 exponent bytes in two words (w-specific bit spreading, + base per byte; no
+// ZipFusion decode straight into the B registers (bf16 pairs):
+//   1. codes -> exponent bytes, four per word (W-specific bit spreading, + base per byte; no
 //      carries since base + code <= 255);
 //   2. if the block has exceptions (warp-uniform branch), the warp stages its exponent bytes in
 //      shared memory (2 KB per warp), scatters the exception exponents in (one store per
-//      exception, lanes in parallel) and reads them back: cheaper than every lane searching the
-//      sorted list, and exceptions are rare but not absent (~2% of the elements of normally
-//      distributed data at w = 3);
-//   3. per element, one PRMT builds [e | sign x8 | low | -] and two ops give the fp32 bits:
-//      (W & 0x007F0000) | (W << 23)  -- mantissa from the low byte, exponent from byte 0, and the
-//      sign from bit 8 (the replicated sign byte) shifted to bit 31. Bit-exact with bf16 << 16.
+//      exception, lanes in parallel; the first 32 are loaded with the codes) and reads them back:
+//      8 16-byte shared accesses per lane per block, against searching the sorted list per
+//      element or patching registers by index (a loop per exception); real K/V has exceptions in
+//      nearly every block (~1.2% of elements);
+//   3. per bf16 pair, one shift puts two exponents of a word at bits 7 and 23, one PRMT gathers
+//      the two low bytes with their signs replicated, one LOP3 joins them (JoinBf16x2).
+// Headers are loaded and checked once per warp (prepare), so a block's low bytes, codes and first
+// exceptions all go out in one round trip. bench/zipfusion/sass_budget.sh counts the SASS.
+//
+// Bit-identity. Both kernels are instantiations of one template; only the "Rows" policy that
+// produces a block's B operands differs, and both produce the same bf16 bits. Every other
+// floating-point operation is an explicit __fmaf_rn/__fmul_rn/__fadd_rn or the same mma.sync
+// sequence, so the outputs are the same bit for bit.
 #include "keel/kv/zipfusion/cuda/zipfusion_attention.h"
+#include "keel/kv/zipfusion/cuda/zipfusion_attention_c.h"
 
 #include <cuda_runtime.h>
 
@@ -1048,3 +1050,91 @@ int zf_device_info(char* name, size_t name_capacity, int* sm_count) {
 }
 
 }  // namespace keel::kv::zipfusion::gpu
+
+// ------------------------------------------------------------------------------------------------
+// C API (zipfusion_attention_c.h): the same functions with C types.
+
+namespace {
+namespace gpu = keel::kv::zipfusion::gpu;
+static_assert(int{KEEL_ZF_OK} == int{gpu::kZfOk} && int{KEEL_ZF_INVALID_ARGUMENT} == int{gpu::kZfInvalidArgument} &&
+              int{KEEL_ZF_UNSUPPORTED} == int{gpu::kZfUnsupported} && int{KEEL_ZF_CUDA_ERROR} == int{gpu::kZfCudaError} &&
+              int{KEEL_ZF_CORRUPT_BLOCK} == int{gpu::kZfCorruptBlock});
+
+int ToShape(const keel_zf_shape* c, gpu::ZfAttnShape* s) {
+  if (c == nullptr) return gpu::Fail(gpu::kZfInvalidArgument, "shape is NULL");
+  s->batch = c->batch;
+  s->n_q_heads = c->n_q_heads;
+  s->n_kv_heads = c->n_kv_heads;
+  s->head_dim = c->head_dim;
+  s->n_tokens = c->n_tokens;
+  s->token_capacity = c->token_capacity;
+  s->block_capacity = c->block_capacity;
+  s->blocks_per_split = c->blocks_per_split;
+  return gpu::kZfOk;
+}
+}  // namespace
+
+extern "C" {
+
+void keel_zf_shape_init(keel_zf_shape* shape) {
+  if (shape == nullptr) return;
+  const gpu::ZfAttnShape d;
+  shape->batch = d.batch;
+  shape->n_q_heads = d.n_q_heads;
+  shape->n_kv_heads = d.n_kv_heads;
+  shape->head_dim = d.head_dim;
+  shape->n_tokens = d.n_tokens;
+  shape->token_capacity = d.token_capacity;
+  shape->block_capacity = d.block_capacity;
+  shape->blocks_per_split = d.blocks_per_split;
+}
+
+int keel_zf_make_plan(const keel_zf_shape* shape, keel_zf_plan* plan) {
+  gpu::ZfAttnShape s;
+  if (int rc = ToShape(shape, &s)) return rc;
+  if (plan == nullptr) return gpu::Fail(gpu::kZfInvalidArgument, "plan is NULL");
+  gpu::ZfPlan p;
+  if (int rc = gpu::zf_make_plan(s, &p)) return rc;
+  plan->n_blocks = p.n_blocks;
+  plan->blocks_per_split = p.blocks_per_split;
+  plan->n_splits = p.n_splits;
+  plan->workspace_bytes = p.workspace_bytes;
+  return gpu::kZfOk;
+}
+
+int keel_zf_attention_bf16(const keel_zf_shape* shape, const float* q, const uint16_t* k, const uint16_t* v,
+                           float* out, void* workspace, size_t workspace_bytes, void* stream) {
+  gpu::ZfAttnShape s;
+  if (int rc = ToShape(shape, &s)) return rc;
+  return gpu::zf_attention_bf16(s, q, k, v, out, workspace, workspace_bytes, stream);
+}
+
+int keel_zf_attention_zipfusion(const keel_zf_shape* shape, const float* q, const uint8_t* k_blocks,
+                                const uint64_t* k_offsets, const uint8_t* v_blocks, const uint64_t* v_offsets,
+                                float* out, void* workspace, size_t workspace_bytes, int* error_flag,
+                                void* stream) {
+  gpu::ZfAttnShape s;
+  if (int rc = ToShape(shape, &s)) return rc;
+  return gpu::zf_attention_zipfusion(s, q, k_blocks, k_offsets, v_blocks, v_offsets, out, workspace, workspace_bytes,
+                                     error_flag, stream);
+}
+
+int keel_zf_validate_block(const uint8_t* data, size_t size, int n) { return gpu::zf_validate_block(data, size, n); }
+size_t keel_zf_packed_bytes(const size_t* sizes, size_t count) { return gpu::zf_packed_bytes(sizes, count); }
+void keel_zf_pack_blocks(const uint8_t* const* blocks, const size_t* sizes, size_t count, uint8_t* out,
+                         uint64_t* offsets) {
+  gpu::zf_pack_blocks(blocks, sizes, count, out, offsets);
+}
+int keel_zf_upload_blocks(const uint8_t* const* blocks, const size_t* sizes, const int* n, size_t count,
+                          uint8_t** d_buf, uint64_t** d_offsets) {
+  return gpu::zf_upload_blocks(blocks, sizes, n, count, d_buf, d_offsets);
+}
+int keel_zf_malloc(void** ptr, size_t bytes) { return gpu::zf_malloc(ptr, bytes); }
+int keel_zf_free(void* ptr) { return gpu::zf_free(ptr); }
+int keel_zf_copy_to_device(void* dst, const void* src, size_t bytes) { return gpu::zf_copy_to_device(dst, src, bytes); }
+int keel_zf_copy_to_host(void* dst, const void* src, size_t bytes) { return gpu::zf_copy_to_host(dst, src, bytes); }
+int keel_zf_synchronize(void) { return gpu::zf_synchronize(); }
+const char* keel_zf_last_error(void) { return gpu::zf_last_error(); }
+const char* keel_zf_status_name(int status) { return gpu::zf_status_name(status); }
+
+}  // extern "C"

@@ -1,26 +1,33 @@
 // zipfusion_gpu_bench: correctness and throughput of the CUDA ZipFusion decode-attention kernel
-// against the uncompressed bf16 kernel of the same design (zipfusion_attention.h).
+// against the uncompressed bf16 kernel of the same design (zipfusion_attention.h), and, given
+// their times, against another implementation on the same shapes (PyTorch's SDPA: gpu.sh).
 //
-//   zipfusion_gpu_bench [--quick] [--iters N] [--contexts 1024,4096,...] [--batches 1,8] [--no-ref]
-//                       [--check-only]
+//   zipfusion_gpu_bench [--quick] [--iters N] [--contexts 1024,4096,...] [--batches 1,8]
+//                       [--profiles measured,harsh] [--peer FILE] [--no-ref] [--check-only]
 //
-// 1. Builds synthetic K/V (bf16) with realistic exponent statistics: normal values of std ~1,
-//    K with a few large-magnitude channels, rare outliers (x8..x64), zeros and subnormals.
-//    Encodes them with the self-contained host encoder below (format of
+// 1. Builds synthetic K/V (bf16) in two profiles: "measured", the exponent statistics of real
+//    K/V (normal values of std 0.55 in every channel, as measured in docs/zipfusion.md), and
+//    "harsh": K with a few large-magnitude channels, rare outliers (x8..x64), zeros and
+//    subnormals. Encodes them with the self-contained host encoder below (format of
 //    keel/kv/zipfusion/format.h: width and base per block minimising the size, exceptions),
 //    checking every block decodes back on the host.
 // 2. Correctness, all before any timing:
-//    - the GPU block loader (zf_decode_blocks) reproduces every bf16 value, on the realistic data
-//      and on a "width sweep" set that makes the encoder use every width 0..8 with exceptions;
+//    - the GPU block loader (zf_decode_blocks) reproduces every bf16 value in both register
+//      layouts the kernel uses (K's and V's), on both profiles and on a "width sweep" set that
+//      makes the encoder use every width 0..8 with exceptions;
 //    - zf_attention_zipfusion and zf_attention_bf16 outputs are bit-identical (memcmp) for GQA
 //      groups 1, 2, 4, 8, several split sizes, partial last blocks;
 //    - both agree with a double-precision CPU reference within tolerance.
-// 3. Throughput: head_dim 128, 8 KV heads, 32 query heads, batch 1 and 8, context 1K..128K,
-//    median over iterations with the L2 cache flushed before each; prints a Markdown table.
+// 3. Throughput: head_dim 128, 8 KV heads, 32 query heads, batch 1 and 8, context 1K..128K, each
+//    profile, median over iterations with the L2 cache flushed before each; prints a Markdown
+//    table. --peer FILE adds other implementations' times on the same shapes: lines
+//    "<name> <context> <batch> <microseconds>" (bench/zipfusion/torch_sdpa.py writes them), and
+//    the ratio of ZipFusion to the fastest of bf16 and the peers.
 // Exits non-zero on any mismatch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -45,6 +52,7 @@ constexpr int kHeadDim = 128;
 constexpr int kBlockTokens = 16;
 
 int g_failures = 0;
+double g_worst_reference_error = 0;  // over all reference comparisons, relative to sum p|v|
 
 void Check(bool ok, const std::string& what) {
   if (!ok) {
@@ -206,10 +214,26 @@ float FromBf16(uint16_t h) {
   return f;
 }
 
-enum class Kind { kRealistic, kWidthSweep };
+// kMeasured: the statistics measured on real K/V (docs/zipfusion.md, "Exponent statistics"; the CPU
+// benchmark's `measured` profile): normal values of std 0.55 in every channel (w = 3, ~1.2 %
+// exceptions, ~0.71x bf16). kHarsh: K with outlier channels and rare outliers, zeros and
+// subnormals in both (more exceptions, wider codes). kWidthSweep: every width 0..8.
+enum class Kind { kMeasured, kHarsh, kWidthSweep };
+
+const char* KindName(Kind k) { return k == Kind::kMeasured ? "measured" : k == Kind::kHarsh ? "harsh" : "width sweep"; }
+
+// Two values per hash: a Box-Muller pair of normals, std 0.55.
+void MeasuredPair(uint64_t key, uint16_t* out) {
+  const uint64_t h = Mix(key), h2 = Mix(key ^ 0xA5A5A5A5DEADBEEFull);
+  const double u1 = (static_cast<double>(h >> 11) + 1.0) / 9007199254740993.0;
+  const double u2 = static_cast<double>(h2 >> 11) / 9007199254740992.0;
+  const double r = 0.55 * std::sqrt(-2.0 * std::log(u1));
+  out[0] = ToBf16(static_cast<float>(r * std::cos(6.283185307179586 * u2)));
+  out[1] = ToBf16(static_cast<float>(r * std::sin(6.283185307179586 * u2)));
+}
 
 // Two values per hash: a Box-Muller pair of normals, then the rare specials.
-void RealisticPair(uint64_t key, bool is_k, int d, uint16_t* out) {
+void HarshPair(uint64_t key, bool is_k, int d, uint16_t* out) {
   const uint64_t h = Mix(key), h2 = Mix(key ^ 0xA5A5A5A5DEADBEEFull);
   const double u1 = (static_cast<double>(h >> 11) + 1.0) / 9007199254740993.0;
   const double u2 = static_cast<double>(h2 >> 11) / 9007199254740992.0;
@@ -241,7 +265,7 @@ uint16_t SweepValue(uint64_t key, int block_class) {
 
 struct Dataset {
   std::string name;
-  Kind kind = Kind::kRealistic;
+  Kind kind = Kind::kHarsh;
   int batch = 0, n_kv_heads = 0, n_tokens = 0, n_blocks = 0;
   std::vector<uint16_t> k, v;                  // [b][h][n_tokens][128] bf16 bits
   std::vector<uint32_t> k_size, v_size;        // encoded size per block, [b][h][blk]
@@ -283,8 +307,10 @@ void Build(Dataset& ds, uint64_t seed) {
     const uint64_t useed = Mix(seed * 1315423911ull + static_cast<uint64_t>(u));
     for (int64_t i = 0; i < ds.head_elems(); i += 2) {
       const uint64_t key = useed ^ static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-      if (ds.kind == Kind::kRealistic) {
-        RealisticPair(key, is_k, static_cast<int>(i % kHeadDim), vals + i);
+      if (ds.kind == Kind::kMeasured) {
+        MeasuredPair(key, vals + i);
+      } else if (ds.kind == Kind::kHarsh) {
+        HarshPair(key, is_k, static_cast<int>(i % kHeadDim), vals + i);
       } else {
         const int blk = static_cast<int>(i / (kBlockTokens * kHeadDim));
         const int cls = static_cast<int>((blk + uu) % 10);
@@ -535,6 +561,7 @@ bool CheckAttention(Device& dev, const Dataset& ds, const zf::ZfAttnShape& s, bo
   if (reference) {
     double worst = 0;
     const int64_t bad = CompareWithReference(ds, s, dev.q_host, a, &worst);
+    g_worst_reference_error = std::max(g_worst_reference_error, worst);
     Check(bad == 0, std::string(what) + ": " + std::to_string(bad) + " outputs off the CPU reference (worst " +
                         std::to_string(worst) + " of sum p|v|)");
   }
@@ -578,6 +605,51 @@ std::vector<int> ParseList(const char* s) {
   return out;
 }
 
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+// Another implementation's time on one shape (32 query heads over 8 KV heads, head_dim 128).
+struct PeerTime {
+  std::string name;
+  int context = 0, batch = 0;
+  double us = 0;
+};
+
+bool ReadPeers(const char* path, std::vector<PeerTime>* out) {
+  FILE* f = std::fopen(path, "r");
+  if (!f) {
+    std::fprintf(stderr, "--peer %s: %s\n", path, std::strerror(errno));
+    return false;
+  }
+  char line[512];
+  int n = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    ++n;
+    if (line[0] == '#' || line[0] == '\n') continue;
+    char name[128];
+    PeerTime p;
+    if (std::sscanf(line, "%127s %d %d %lf", name, &p.context, &p.batch, &p.us) != 4 || p.context <= 0 ||
+        p.batch <= 0 || !(p.us > 0)) {
+      std::fprintf(stderr, "--peer %s:%d: expected '<name> <context> <batch> <microseconds>'\n", path, n);
+      std::fclose(f);
+      return false;
+    }
+    p.name = name;
+    out->push_back(p);
+  }
+  std::fclose(f);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -586,6 +658,8 @@ int main(int argc, char** argv) {
   int iters = 15;
   bool reference = true;
   bool check_only = false;
+  std::vector<Kind> profiles = {Kind::kMeasured, Kind::kHarsh};
+  std::vector<PeerTime> peers;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -597,13 +671,26 @@ int main(int argc, char** argv) {
       contexts = ParseList(argv[++i]);
     } else if (a == "--batches" && i + 1 < argc) {
       batches = ParseList(argv[++i]);
+    } else if (a == "--profiles" && i + 1 < argc) {
+      profiles.clear();
+      for (const std::string& name : SplitCommas(argv[++i])) {
+        if (name == "measured") profiles.push_back(Kind::kMeasured);
+        else if (name == "harsh") profiles.push_back(Kind::kHarsh);
+        else {
+          std::fprintf(stderr, "--profiles: unknown profile '%s' (measured, harsh)\n", name.c_str());
+          return 2;
+        }
+      }
+    } else if (a == "--peer" && i + 1 < argc) {
+      if (!ReadPeers(argv[++i], &peers)) return 2;
     } else if (a == "--no-ref") {
       reference = false;
     } else if (a == "--check-only") {
       check_only = true;  // correctness on the small sets only (the CPU emulation runs this)
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--iters N] [--contexts 1024,4096,...] [--batches 1,8] [--no-ref] [--check-only]\n",
+                   "usage: %s [--quick] [--iters N] [--contexts 1024,4096,...] [--batches 1,8]\n"
+                   "          [--profiles measured,harsh] [--peer FILE] [--no-ref] [--check-only]\n",
                    argv[0]);
       return 2;
     }
@@ -659,8 +746,9 @@ int main(int argc, char** argv) {
       int batch, kv, tokens;
     };
     const Small smalls[] = {
-        {"realistic 1000 tok", Kind::kRealistic, 3, 4, 1000},
-        {"realistic 37 tok", Kind::kRealistic, 2, 2, 37},
+        {"harsh 1000 tok", Kind::kHarsh, 3, 4, 1000},
+        {"harsh 37 tok", Kind::kHarsh, 2, 2, 37},
+        {"measured 200 tok", Kind::kMeasured, 2, 2, 200},
         {"width sweep", Kind::kWidthSweep, 2, 4, 2000},
     };
     int64_t checks = 0;
@@ -678,7 +766,7 @@ int main(int argc, char** argv) {
           Check(ds.width_hist[w] > 0, std::string(sm.name) + ": no block of width " + std::to_string(w));
         Check(ds.exceptions > 0, std::string(sm.name) + ": no exceptions");
       }
-      const bool ref = reference && sm.kind == Kind::kRealistic;
+      const bool ref = reference && sm.kind != Kind::kWidthSweep;
       std::vector<int> lengths = {ds.n_tokens};
       if (ds.n_tokens > 64) lengths.insert(lengths.end(), {16, 48, (ds.n_tokens / 16) * 16});
       for (int group : {1, 2, 4, 8})
@@ -689,8 +777,9 @@ int main(int argc, char** argv) {
           }
       Release(ds);
     }
-    std::printf("Correctness: %lld bf16-vs-ZipFusion runs on small sets, widths 0..8, partial blocks, GQA 1..8: %s\n",
-                static_cast<long long>(checks), g_failures == 0 ? "bit-identical" : "FAILED");
+    std::printf("Correctness: %lld bf16-vs-ZipFusion runs on small sets, widths 0..8, partial blocks, GQA 1..8: %s; "
+                "worst error against the double-precision reference %.2g of sum p|v| (limit 1e-4)\n",
+                static_cast<long long>(checks), g_failures == 0 ? "bit-identical" : "FAILED", g_worst_reference_error);
     std::fflush(stdout);
   }
 
@@ -699,60 +788,82 @@ int main(int argc, char** argv) {
     return g_failures ? 1 : 0;
   }
 
-  // ---- Benchmark set: the largest batch and context; smaller runs read a prefix of it.
-  Dataset big;
-  big.name = "bench";
-  big.batch = max_batch;
-  big.n_kv_heads = 8;
-  big.n_tokens = max_ctx;
-  Build(big, 1);
-  CheckDecode(big, dev.error);
-  const size_t raw_bytes = big.tensor_elems() * 2 * sizeof(uint16_t);
-  const int total_blocks = big.width_hist[0] + big.width_hist[1] + big.width_hist[2] + big.width_hist[3] +
-                           big.width_hist[4] + big.width_hist[5] + big.width_hist[6] + big.width_hist[7] +
-                           big.width_hist[8];
-  std::printf("Data: %d x %d KV heads x %d tokens x 128, K and V: %.1f MiB bf16 -> %.1f MiB ZipFusion (%.3fx); "
-              "widths",
-              big.batch, big.n_kv_heads, big.n_tokens, raw_bytes / 1048576.0, big.encoded_bytes / 1048576.0,
-              static_cast<double>(big.encoded_bytes) / raw_bytes);
-  for (int w = 0; w <= 8; ++w)
-    if (big.width_hist[w]) std::printf(" w%d %.1f%%", w, 100.0 * big.width_hist[w] / total_blocks);
-  std::printf("; %.1f exceptions per 2048-value block (setup %.0f s)\n\n",
-              static_cast<double>(big.exceptions) / total_blocks, elapsed());
-  std::fflush(stdout);
-
+  // ---- Benchmark: per profile, one data set of the largest batch and context; smaller runs read
+  // a prefix of it.
   size_t flush_bytes = std::max<size_t>(256u << 20, 4 * static_cast<size_t>(prop.l2CacheSize));
   void* flush = nullptr;
   CUDA_OK(cudaMalloc(&flush, flush_bytes));
-
-  std::printf("| context | batch | bf16 µs | bf16 GB/s | ZipFusion µs | ZipFusion GB/s | bytes ZF/bf16 "
-              "| speed ZF/bf16 |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  std::fflush(stdout);
-  for (int ctx : contexts)
-    for (int batch : batches) {
-      const zf::ZfAttnShape s = ShapeFor(big, batch, ctx, 4, 0);  // 32 query heads over 8 KV heads
-      const bool ok = CheckAttention(dev, big, s, reference);
-      const int nb = ctx / kBlockTokens;
-      size_t zf_bytes = 0;
-      for (int b = 0; b < batch; ++b)
-        for (int h = 0; h < big.n_kv_heads; ++h) {
-          const int64_t at = (static_cast<int64_t>(b) * big.n_kv_heads + h) * big.n_blocks;
-          for (int blk = 0; blk < nb; ++blk) zf_bytes += big.k_size[at + blk] + big.v_size[at + blk] + 16;
+  std::vector<std::string> peer_names;
+  for (const PeerTime& p : peers)
+    if (std::find(peer_names.begin(), peer_names.end(), p.name) == peer_names.end()) peer_names.push_back(p.name);
+  auto peer_us = [&](const std::string& name, int ctx, int batch) {
+    for (const PeerTime& p : peers)
+      if (p.name == name && p.context == ctx && p.batch == batch) return p.us;
+    return 0.0;
+  };
+  for (Kind profile : profiles) {
+    Dataset big;
+    big.name = std::string("bench, ") + KindName(profile);
+    big.kind = profile;
+    big.batch = max_batch;
+    big.n_kv_heads = 8;
+    big.n_tokens = max_ctx;
+    Build(big, 1);
+    CheckDecode(big, dev.error);
+    const size_t raw_bytes = big.tensor_elems() * 2 * sizeof(uint16_t);
+    int total_blocks = 0;
+    for (int w = 0; w <= 8; ++w) total_blocks += big.width_hist[w];
+    std::printf("\n### Profile: %s\n\nData: %d x %d KV heads x %d tokens x 128, K and V: %.1f MiB bf16 -> %.1f MiB "
+                "ZipFusion (%.3fx); widths",
+                KindName(profile), big.batch, big.n_kv_heads, big.n_tokens, raw_bytes / 1048576.0,
+                big.encoded_bytes / 1048576.0, static_cast<double>(big.encoded_bytes) / raw_bytes);
+    for (int w = 0; w <= 8; ++w)
+      if (big.width_hist[w]) std::printf(" w%d %.1f%%", w, 100.0 * big.width_hist[w] / total_blocks);
+    std::printf("; %.1f exceptions per 2048-value block (setup %.0f s)\n\n",
+                static_cast<double>(big.exceptions) / total_blocks, elapsed());
+    std::printf("| context | batch | bf16 µs | bf16 GB/s | ZipFusion µs | ZipFusion GB/s | bytes ZF/bf16 | speed ZF/bf16 |");
+    for (const std::string& n : peer_names) std::printf(" %s µs |", n.c_str());
+    std::printf(" ZF vs fastest other |\n|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (size_t i = 0; i < peer_names.size(); ++i) std::printf("---:|");
+    std::printf("---:|\n");
+    std::fflush(stdout);
+    for (int ctx : contexts)
+      for (int batch : batches) {
+        const zf::ZfAttnShape s = ShapeFor(big, batch, ctx, 4, 0);  // 32 query heads over 8 KV heads
+        const bool ok = CheckAttention(dev, big, s, reference);
+        const int nb = ctx / kBlockTokens;
+        size_t zf_bytes = 0;
+        for (int b = 0; b < batch; ++b)
+          for (int h = 0; h < big.n_kv_heads; ++h) {
+            const int64_t at = (static_cast<int64_t>(b) * big.n_kv_heads + h) * big.n_blocks;
+            for (int blk = 0; blk < nb; ++blk) zf_bytes += big.k_size[at + blk] + big.v_size[at + blk] + 16;
+          }
+        const size_t bf_bytes = static_cast<size_t>(batch) * big.n_kv_heads * ctx * kHeadDim * 2 * sizeof(uint16_t);
+        const double t_bf = TimeKernel([&] { return RunBf16(dev, big, s); }, iters, flush, flush_bytes);
+        const double t_zf = TimeKernel([&] { return RunZf(dev, big, s); }, iters, flush, flush_bytes);
+        const std::string ctx_name = ctx % 1024 == 0 ? std::to_string(ctx / 1024) + "K" : std::to_string(ctx);
+        std::printf("| %s | %d | %.1f | %.0f | %.1f | %.0f | %.3f | %.2fx |", ctx_name.c_str(), batch, t_bf,
+                    bf_bytes / t_bf / 1e3, t_zf, zf_bytes / t_zf / 1e3, static_cast<double>(zf_bytes) / bf_bytes,
+                    t_bf / t_zf);
+        double fastest = t_bf;
+        for (const std::string& n : peer_names) {
+          const double us = peer_us(n, ctx, batch);
+          if (us > 0) {
+            std::printf(" %.1f |", us);
+            fastest = std::min(fastest, us);
+          } else {
+            std::printf(" – |");
+          }
         }
-      const size_t bf_bytes = static_cast<size_t>(batch) * big.n_kv_heads * ctx * kHeadDim * 2 * sizeof(uint16_t);
-      const double t_bf = TimeKernel([&] { return RunBf16(dev, big, s); }, iters, flush, flush_bytes);
-      const double t_zf = TimeKernel([&] { return RunZf(dev, big, s); }, iters, flush, flush_bytes);
-      const std::string ctx_name = ctx % 1024 == 0 ? std::to_string(ctx / 1024) + "K" : std::to_string(ctx);
-      std::printf("| %s | %d | %.1f | %.0f | %.1f | %.0f | %.3f | %.2fx%s |\n", ctx_name.c_str(), batch, t_bf,
-                  bf_bytes / t_bf / 1e3, t_zf, zf_bytes / t_zf / 1e3, static_cast<double>(zf_bytes) / bf_bytes,
-                  t_bf / t_zf, ok ? "" : " (MISMATCH)");
-      std::fflush(stdout);
-    }
+        std::printf(" %.2fx%s |\n", fastest / t_zf, ok ? "" : " (MISMATCH)");
+        std::fflush(stdout);
+      }
+    Release(big);
+  }
   std::printf("\nGB/s = bytes of K/V (and ZipFusion offset tables) read / median kernel time, L2 flushed before "
-              "each run; both kernels are bit-identical.%s Total %.0f s.\n",
+              "each run; the two Keel kernels are bit-identical. \"ZF vs fastest other\" = the fastest of Keel bf16 "
+              "and the peers' times / ZipFusion's (above 1: ZipFusion is faster).%s Total %.0f s.\n",
               g_failures ? " FAILURES ABOVE." : "", elapsed());
-  Release(big);
   cudaFree(flush);
   if (g_failures) {
     std::fprintf(stderr, "zipfusion_gpu_bench: %d check(s) failed\n", g_failures);
