@@ -16,7 +16,9 @@
 // (split, kv head, seq). A CTA writes its unnormalised partial output and its softmax max m and
 // sum l per query head to a workspace; a second small kernel combines the splits of each
 // (seq, q head) in split order: out = sum_s e^(m_s-M) o_s / sum_s e^(m_s-M) l_s. The split size
-// is chosen so that ~4 CTAs per SM exist (at least 4 blocks, one per warp; at most 64).
+// is chosen so that ~4 CTAs per SM exist (at least 4 blocks, one per warp; at most 64). On sm_90
+// the combine kernel is launched with Programmatic Dependent Launch, so its launch overlaps the
+// attention kernel's tail (it waits for the grid's completion before reading).
 //
 // GQA on tensor cores. A CTA serves all `group` (G <= 8) query heads of its KV head, each K/V
 // byte read once. mma.sync m16n8k16 (bf16 in, fp32 accumulate) has 16 rows: query head g uses
@@ -46,8 +48,8 @@
 //      nearly every block (~1.2% of elements);
 //   3. per bf16 pair, one shift puts two exponents of a word at bits 7 and 23, one PRMT gathers
 //      the two low bytes with their signs replicated, one LOP3 joins them (JoinBf16x2).
-// Headers are loaded and checked once per warp (prepare), so a block's low bytes, codes and first
-// exceptions all go out in one round trip. bench/zipfusion/sass_budget.sh counts the SASS.
+// Headers are loaded and checked once per warp (prepare, for K and V at the kernel's start), so a
+// block's low bytes, codes and first exceptions all go out in one round trip. bench/zipfusion/sass_budget.sh counts the SASS.
 //
 // Bit-identity. Both kernels are instantiations of one template; only the "Rows" policy that
 // produces a block's B operands differs, and both produce the same bf16 bits. Every other
@@ -590,6 +592,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
   using KRows = typename Tensors::template Rows<KOperand>;
   using VRows = typename Tensors::template Rows<VOperand>;
   KEEL_DYNAMIC_SHARED(float, smem);
+  keel::cuda::AllowDependentLaunch();  // the combine kernel waits for this grid's completion itself
   constexpr int kStage = Tensors::kStageBytes;
   __shared__ __align__(16) uint8_t stage_mem[kStage > 0 ? kWarps * kStage : 16];
 
@@ -605,6 +608,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
   const int64_t row0 = static_cast<int64_t>(b) * a.n_q_heads + kvh * G;  // first (seq, q head) row
   // MMA rows g (hi parts) and g + 8 (lo parts) carry query head g; rows of g >= G are zero.
   const bool has_head = g < G;
+
+  // Both tensors' block offsets and headers go out first, so that V's are in registers by the
+  // time PV starts (each costs two dependent round trips otherwise).
+  KRows krows(k_src, b, kvh, a.n_kv_heads, stage, a.error);
+  VRows vrows(v_src, b, kvh, a.n_kv_heads, stage, a.error);
+  krows.prepare(blk0 + warp, kWarps, my_blocks, a.n_tokens, lane);
+  vrows.prepare(blk0 + warp, kWarps, my_blocks, a.n_tokens, lane);
 
   // ---- QK: S^T = [Q_hi; Q_mid] K^T + [Q_lo; 0] K^T per block: 2 x 8 x 2 MMAs (two 8-token
   // halves, 8 k-steps, two parts of Q).
@@ -629,8 +639,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
         SplitBf16x2x3(qv[4 * s + 1], qv[4 * s + 3], qa[s][2], qa[s][3], ql[s][1]);
       }
     }
-    KRows rows(k_src, b, kvh, a.n_kv_heads, stage, a.error);
-    rows.prepare(blk0 + warp, kWarps, my_blocks, a.n_tokens, lane);
+    KRows& rows = krows;
     for (int it = 0; it < my_blocks; ++it) {
       const int blk = blk0 + warp + it * kWarps;
       const int fill = min(kBlockTokens, a.n_tokens - blk * kBlockTokens);
@@ -689,8 +698,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
   // 32t + nt (elements 0, 2) and 32t + 16 + nt (1, 3), hi and lo parts.
   float o[16][4] = {};
   {
-    VRows rows(v_src, b, kvh, a.n_kv_heads, stage, a.error);
-    rows.prepare(blk0 + warp, kWarps, my_blocks, a.n_tokens, lane);
+    VRows& rows = vrows;
     for (int it = 0; it < my_blocks; ++it) {
       const int blk = blk0 + warp + it * kWarps;
       const int fill = min(kBlockTokens, a.n_tokens - blk * kBlockTokens);
@@ -738,8 +746,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
 }
 
 // Combines the splits of one (seq, q head): thread d writes out[d]. Shared by both paths.
+// Launched with LaunchKernelAfterPrevious, so its launch overlaps the attention kernel's tail.
 __global__ void __launch_bounds__(kHeadDim) CombineSplitsKernel(const float* part_out, const float* part_ml,
                                                                 float* out, int n_splits) {
+  keel::cuda::WaitForPrerequisiteGrid();
   const int64_t row = blockIdx.x;
   const int d = threadIdx.x;
   const float* ml = part_ml + row * n_splits * 2;
@@ -856,7 +866,7 @@ int Launch(const ZfAttnShape& s, const ZfPlan& plan, const float* q, const typen
     default: LaunchKernel(DecodeAttentionKernel<Tensors, 8>, grid, kThreads, smem, st, a, k_src, v_src); break;
   }
   ZF_CUDA(cudaGetLastError());
-  LaunchKernel(CombineSplitsKernel, dim3(static_cast<unsigned>(rows)), dim3(kHeadDim), 0, st,
+  keel::cuda::LaunchKernelAfterPrevious(CombineSplitsKernel, dim3(static_cast<unsigned>(rows)), dim3(kHeadDim), 0, st,
                static_cast<const float*>(a.part_out), static_cast<const float*>(a.part_ml), out, plan.n_splits);
   ZF_CUDA(cudaGetLastError());
   return Ok();
