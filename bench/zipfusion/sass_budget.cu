@@ -17,8 +17,9 @@ __global__ void BudgetEmpty(ZfSource src, const uint32_t* frags, float* out) {
   reinterpret_cast<float4*>(out)[lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
 }
 
-template <class Tensors, int W>
-__device__ __forceinline__ void Load(typename Tensors::template Rows<KOperand>& rows, int lane) {
+// fetch() of block 0 with the width fixed at W (fetch dispatches on the header's width).
+template <class Tensors, int W, class Rows>
+__device__ __forceinline__ void Load(Rows& rows, int lane) {
   rows.prepare(0, 1, 1, kBlockTokens, lane);
   if constexpr (Tensors::kStageBytes == 0) {
     rows.fetch(0, 0, kBlockTokens, lane);
@@ -58,14 +59,7 @@ __global__ void BudgetValueBlock(typename Tensors::Source src, const uint32_t* f
   __shared__ __align__(16) uint8_t stage[kBlockElems];
   const int lane = threadIdx.x & 31;
   typename Tensors::template Rows<VOperand> rows(src, 0, 0, 1, stage, nullptr);
-  rows.prepare(0, 1, 1, kBlockTokens, lane);
-  if constexpr (Tensors::kStageBytes == 0) {
-    rows.fetch(0, 0, kBlockTokens, lane);
-  } else {
-    const auto o = rows.Open(0, kBlockTokens, lane);
-    rows.template Exponents<W>(o.codes, kBlockTokens, o.base4, lane);
-    rows.Patch(o, kBlockTokens, lane);
-  }
+  Load<Tensors, W>(rows, lane);
   const uint32_t pa[4] = {frags[lane], frags[32 + lane], frags[64 + lane], frags[96 + lane]};
   float o[16][4] = {};
 #pragma unroll
