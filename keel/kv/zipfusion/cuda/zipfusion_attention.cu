@@ -248,24 +248,22 @@ ZF_HD constexpr uint32_t LowsSelector(uint32_t x, uint32_t y) {
 struct KOperand {
   static constexpr int kRows = 2, kDims = 32;
   static __device__ __forceinline__ int Row(int i, int lane) { return (lane >> 2) + 8 * i; }
-  // The row a lane reads for row i of a block holding `fill` rows: rows past the end read row 0,
-  // so that no per-element selects are needed (K: their score columns are dropped; V: their
-  // probabilities are 0, times finite values) and both loaders read the same values.
-  static __device__ __forceinline__ int Loaded(int i, int lane, int fill) {
-    const int r = Row(i, lane);
-    return r < fill ? r : 0;
-  }
   static __device__ __forceinline__ int Dim0(int lane) { return 32 * (lane & 3); }
 };
 struct VOperand {
   static constexpr int kRows = 4, kDims = 16;
   static __device__ __forceinline__ int Row(int i, int lane) { return 2 * (lane & 3) + (i & 1) + 8 * (i >> 1); }
-  static __device__ __forceinline__ int Loaded(int i, int lane, int fill) {
-    const int r = Row(i, lane);
-    return r < fill ? r : 0;
-  }
   static __device__ __forceinline__ int Dim0(int lane) { return 16 * (lane >> 2); }
 };
+
+// The row a lane reads for its row i of a block holding `fill` rows: rows past the end read row
+// 0, so that no per-element selects are needed (K: their score columns are dropped; V: their
+// probabilities are 0, times finite values) and both loaders read the same values.
+template <class Op>
+__device__ __forceinline__ int LoadedRow(int i, int lane, int fill) {
+  const int r = Op::Row(i, lane);
+  return r < fill ? r : 0;
+}
 
 // ------------------------------------------------------------------------------------------------
 // Rows policies: load one 16-token block of K or V for this (seq, kv head) and hand the lane its
@@ -277,7 +275,7 @@ struct VOperand {
 //   fetch(blk, it, fill, lane)            load block blk (the it-th visit) holding `fill` rows
 //   Word(i, w)        dims Dim0 + 4(w/2) + (w%2) and that + 2 of row i, the lower in the low half
 //   Pair(i0, i1, d)   dim Dim0 + d of rows i0 (low half) and i1
-// Rows >= fill read as row 0 (Op::Loaded).
+// Rows >= fill read as row 0 (LoadedRow).
 
 struct Bf16Source {
   const uint16_t* tensor;  // [batch][n_kv_heads][token_capacity][128]
@@ -296,7 +294,7 @@ struct Bf16Rows {
   __device__ __forceinline__ void fetch(int blk, int /*it*/, int fill, int lane) {
 #pragma unroll
     for (int i = 0; i < Op::kRows; ++i) {
-      const int r = Op::Loaded(i, lane, fill);
+      const int r = LoadedRow<Op>(i, lane, fill);
       const uint4* src = reinterpret_cast<const uint4*>(
           head + (static_cast<int64_t>(blk) * kBlockTokens + r) * kHeadDim + Op::Dim0(lane));
 #pragma unroll
@@ -432,7 +430,7 @@ struct ZfRows {
     const int chunk0 = Op::Dim0(lane) / 8;
 #pragma unroll
     for (int i = 0; i < Op::kRows; ++i) {
-      const int r = Op::Loaded(i, lane, fill);
+      const int r = LoadedRow<Op>(i, lane, fill);
       uint64_t bits[kChunks] = {};
       if constexpr (W != 0) StripCodes<W, kChunks>(codes, r * (kHeadDim / 8) + chunk0, bits);
 #pragma unroll
@@ -474,7 +472,7 @@ struct ZfRows {
     const uint32_t hdr = __shfl_sync(kFull, my_header, it);
 #pragma unroll
     for (int i = 0; i < Op::kRows; ++i) {
-      const int r = Op::Loaded(i, lane, fill);
+      const int r = LoadedRow<Op>(i, lane, fill);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const uint2 l = __ldg(reinterpret_cast<const uint2*>(p + 8 + r * kHeadDim + d0 + 8 * c));
@@ -522,7 +520,7 @@ struct ZfRows {
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < Op::kRows; ++i) {
-      const int r = Op::Loaded(i, lane, fill);  // rows past the end: row 0, patched like the rest
+      const int r = LoadedRow<Op>(i, lane, fill);  // rows past the end: row 0, patched like the rest
 #pragma unroll
       for (int q = 0; q < kWords / 4; ++q) {
         const uint4 e = *reinterpret_cast<const uint4*>(stage + r * kHeadDim + d0 + 16 * q);
