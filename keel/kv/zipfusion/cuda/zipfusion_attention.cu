@@ -604,7 +604,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) DecodeAttentionKernel
   const int my_blocks = max(0, (blk_end - blk0 - warp + kWarps - 1) / kWarps);
   uint8_t* stage = kStage > 0 ? stage_mem + warp * kStage : nullptr;
   const int64_t row0 = static_cast<int64_t>(b) * a.n_q_heads + kvh * G;  // first (seq, q head) row
-  // MMA rows g (hi parts) and g + 8 (lo parts) carry query head g; rows of g >= G are zero.
+  // MMA rows g and g + 8 carry query head g (two parts of its values); rows of g >= G are zero.
   const bool has_head = g < G;
 
   // Both tensors' block offsets and headers go out first, so that V's are in registers by the
