@@ -77,7 +77,7 @@ void Controller::Observe(const LoadReport& r) {
   } else if (r.unix_ms < it->second.unix_ms) {
     return;  // reordered delivery: keep the newer one
   }
-  it->second = Instance{r.unix_ms, r.arrival_rate, r.recent_rate};
+  it->second = Instance{r.unix_ms, r.arrival_rate, r.recent_rate, r.recent_span_ms / 1000.0};
   s.last_heard_ms = std::max(s.last_heard_ms, r.unix_ms);
 }
 
@@ -92,10 +92,13 @@ double Controller::Demand(Service s, int64_t now_ms) const {
   return any ? sum : -1;
 }
 
-double Controller::RecentDemand(Service s, int64_t now_ms) const {
-  double sum = 0;
+Controller::Recent Controller::RecentDemand(Service s, int64_t now_ms) const {
+  Recent sum;
   for (const auto& [name, inst] : services_[static_cast<int>(s)].instances) {
-    if (now_ms - inst.unix_ms <= Ms(opt_.report_timeout_s)) sum += inst.recent_rate;
+    if (now_ms - inst.unix_ms > Ms(opt_.report_timeout_s)) continue;
+    const double span_s = inst.recent_span_s > 0 ? inst.recent_span_s : opt_.recent_window_s;
+    sum.rate += inst.recent_rate;
+    sum.variance += inst.recent_rate / span_s;  // Poisson: rate x span arrivals, variance the same
   }
   return sum;
 }
@@ -110,7 +113,7 @@ double Controller::TrendReach(double seconds) const {
 // the last sample with the trend decaying as exp(-t / trend_damping_s), and each weight is
 // 1 - exp(-dt / tau). For dt << tau the trend weight over dt is about dt / tau, so a level step of
 // d moves the trend by about d / trend_tau_s whatever the decision interval.
-void Controller::UpdatePrediction(ServiceState& s, double demand, double recent, int64_t now_ms) const {
+void Controller::UpdatePrediction(ServiceState& s, double demand, const Recent& recent, int64_t now_ms) const {
   if (!s.has_model) {
     s.has_model = true;
     s.level = demand;
@@ -129,9 +132,8 @@ void Controller::UpdatePrediction(ServiceState& s, double demand, double recent,
     s.sample_ms = now_ms;
   }
   s.predicted = std::max(0.0, s.level + s.trend * TrendReach(opt_.lookahead_s)) * opt_.headroom;
-  if (opt_.recent_rate_guard && recent > 0) {
-    const double n = recent * opt_.recent_window_s;  // arrivals in the window
-    s.predicted = std::max(s.predicted, (n - opt_.recent_noise_z * std::sqrt(n)) / opt_.recent_window_s);
+  if (opt_.recent_rate_guard && recent.rate > 0) {
+    s.predicted = std::max(s.predicted, recent.rate - opt_.recent_noise_z * std::sqrt(recent.variance));
   }
 }
 

@@ -12,12 +12,15 @@
 //    decays with trend_damping_s, because a step's trend outlives the step: undamped, a 1.8x step
 //    was predicted at 2.0x and sent the product one state too deep.
 //  - Onset guard (recent_rate_guard): a service's prediction is at least a lower confidence bound
-//    on the sum of its fresh instances' recent rates (LoadReport::recent_rate, the newest
-//    recent_window_s), without smoothing or headroom. The smoothed level lags a fast onset by a
-//    second or more (2 s report window, then level_tau_s), and a product that is already
-//    overloaded sheds meanwhile. The bound is Poisson's, n - z sqrt(n) arrivals in the window
-//    (z = recent_noise_z): a 500 ms window at 100 req/s holds 50 +- 7 arrivals, and a plateau
-//    near a state's capacity must not be sent a state deeper by that noise.
+//    on the sum of its fresh instances' recent rates (LoadReport::recent_rate, over the span each
+//    report gives in recent_span_ms, or recent_window_s for a report without one), without
+//    smoothing or headroom. The smoothed level lags a fast onset by a second or more (2 s report
+//    window, then level_tau_s), and a product that is already overloaded sheds meanwhile. The
+//    bound is Poisson's: an instance's rate r over a span w counts r w arrivals, with variance
+//    r / w in the rate, so the sum R is bounded by R - z sqrt(sum r_i / w_i) (z = recent_noise_z;
+//    for one span that is (n - z sqrt(n)) / w with n arrivals). A 500 ms window at 100 req/s
+//    holds 50 +- 7 arrivals, and a plateau near a state's capacity must not be sent a state
+//    deeper by that noise.
 //  - Target: the highest-quality state whose capacity covers every service's prediction; none
 //    covers -> the lowest state ("overloaded").
 //  - Degrade at once (min_dwell_s does not apply). Recover only to a state that has covered every
@@ -58,7 +61,7 @@ struct ControllerOptions {
   double report_timeout_s = 2;   // an instance's report is fresh this long
   double stale_fallback_s = 10;  // a silent service sends the product to the safe state after this
   bool recent_rate_guard = true; // predictions are at least the reported recent rates (see above)
-  double recent_window_s = kDefaultRecentWindowMs / 1000.0;  // the span the services' recent_rate covers
+  double recent_window_s = kDefaultRecentWindowMs / 1000.0;  // the span of a recent_rate reported without one
   double recent_noise_z = 2;     // the guard's lower bound: this many Poisson standard deviations below
   size_t log_capacity = 1024;    // transitions kept in Log()
   std::string initial_state;     // "" = the catalog's safe state (load unknown at start)
@@ -107,8 +110,13 @@ class Controller {
   const Catalog& catalog() const { return catalog_; }
   // Sum of fresh instances' arrival rates at now_ms; -1 when the service has no fresh instance.
   double Demand(Service s, int64_t now_ms) const;
-  // The same sum of their recent rates (0 when none is fresh or none reports one).
-  double RecentDemand(Service s, int64_t now_ms) const;
+  // The sum of their recent rates (0 when none is fresh or none reports one), and that sum's
+  // variance by Poisson counting (sum of rate / span).
+  struct Recent {
+    double rate = 0;
+    double variance = 0;
+  };
+  Recent RecentDemand(Service s, int64_t now_ms) const;
   // The last prediction (x headroom) for `s`; 0 before its first fresh report.
   double Predicted(Service s) const { return services_[static_cast<int>(s)].predicted; }
   // The most recent transitions, oldest first, at most log_capacity of them.
@@ -120,6 +128,7 @@ class Controller {
     int64_t unix_ms = 0;
     double arrival_rate = 0;
     double recent_rate = 0;
+    double recent_span_s = 0;  // as reported; 0 = not reported
   };
   struct ServiceState {
     std::map<std::string, Instance> instances;
@@ -132,7 +141,7 @@ class Controller {
   };
 
   Controller(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics);
-  void UpdatePrediction(ServiceState& s, double demand, double recent, int64_t now_ms) const;
+  void UpdatePrediction(ServiceState& s, double demand, const Recent& recent, int64_t now_ms) const;
   // Whether every known service's prediction (with headroom) is <= factor x its capacity in `state`.
   bool Covers(int state, const std::array<bool, kNumServices>& known, double factor) const;
   // How far the damped trend carries over `seconds`: seconds undamped, else tau (1 - e^-s/tau).

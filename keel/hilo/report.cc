@@ -36,6 +36,9 @@ Result<LoadReport> ParseLoadReport(std::string_view text) {
   KEEL_RETURN_IF_ERROR(r.Int("unix_ms", 0, kMaxUnixMs, &out.unix_ms));
   KEEL_RETURN_IF_ERROR(r.Number("arrival_rate", 0, kMaxRate, &out.arrival_rate));
   if (r.Member("recent_rate") != nullptr) KEEL_RETURN_IF_ERROR(r.Number("recent_rate", 0, kMaxRate, &out.recent_rate));
+  if (r.Member("recent_span_ms") != nullptr) {
+    KEEL_RETURN_IF_ERROR(r.Int("recent_span_ms", 0, kMaxRecentSpanMs, &out.recent_span_ms));
+  }
   KEEL_RETURN_IF_ERROR(r.Int("in_flight", 0, kMaxCount, &out.in_flight));
   KEEL_RETURN_IF_ERROR(r.Int("queue_depth", 0, kMaxCount, &out.queue_depth));
   KEEL_RETURN_IF_ERROR(r.Number("utilisation", 0, 1, &out.utilisation));
@@ -51,6 +54,7 @@ std::string WriteLoadReport(const LoadReport& r) {
   j["unix_ms"] = r.unix_ms;
   j["arrival_rate"] = r.arrival_rate;
   j["recent_rate"] = r.recent_rate;
+  j["recent_span_ms"] = r.recent_span_ms;
   j["in_flight"] = r.in_flight;
   j["queue_depth"] = r.queue_depth;
   j["utilisation"] = r.utilisation;

@@ -23,6 +23,10 @@ struct LoadReport {
   // it shows a fast onset a second or more before the smoothed rate does. Optional on the wire
   // (0 when a service does not send it).
   double recent_rate = 0;
+  // The time recent_rate covers, ms (whole report windows, so about recent_window_ms): the
+  // controller bounds the rate's noise with it. Optional (0: not sent; the controller then
+  // assumes its own recent_window_s).
+  int64_t recent_span_ms = 0;
   int64_t in_flight = 0;      // requests being served
   int64_t queue_depth = 0;    // requests waiting
   double utilisation = 0;     // busy fraction of the service's workers, 0..1
@@ -31,13 +35,16 @@ struct LoadReport {
 };
 
 inline constexpr size_t kMaxReportBytes = 4096;
-// The span recent_rate covers by default. The controller must know it to bound the rate's noise
-// (ControllerOptions::recent_window_s), so the services' default and its default are this one value.
+// The span recent_rate covers by default. A report says what its rate covered (recent_span_ms);
+// for one that does not (an older service) the controller assumes its recent_window_s, whose
+// default is this same value.
 inline constexpr int kDefaultRecentWindowMs = 500;
+inline constexpr int64_t kMaxRecentSpanMs = 3600 * 1000;
 
-// Reads one report. Bounds: arrival_rate and recent_rate (optional) 0..1e9, in_flight and queue_depth 0..1e9, utilisation
-// 0..1, p99_ms 0..1e9, unix_ms 0..2^45 (year ~3084); instance and applied_state are names (1..64
-// of [A-Za-z0-9_.:-]; applied_state may be ""); service one of the catalog's services.
+// Reads one report. Bounds: arrival_rate and recent_rate (optional) 0..1e9, recent_span_ms
+// (optional) 0..3600000, in_flight and queue_depth 0..1e9, utilisation 0..1, p99_ms 0..1e9,
+// unix_ms 0..2^45 (year ~3084); instance and applied_state are names (1..64 of [A-Za-z0-9_.:-];
+// applied_state may be ""); service one of the catalog's services.
 Result<LoadReport> ParseLoadReport(std::string_view text);
 // Writes `r` as one line of JSON that ParseLoadReport reads back to an equal report.
 std::string WriteLoadReport(const LoadReport& r);

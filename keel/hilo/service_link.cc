@@ -113,6 +113,7 @@ LoadReport LoadMeter::Take(int64_t now_ms) {
     std::lock_guard<std::mutex> lock(mu_);
     r.arrival_rate = rate_.Add(window_ms, arrivals);
     r.recent_rate = recent_.Add(window_ms, arrivals);
+    r.recent_span_ms = recent_.covered_ms();
   }
   r.in_flight = std::min<int64_t>(in_service, 1000000000);
   r.queue_depth = std::min<int64_t>(queued, 1000000000);

@@ -100,9 +100,6 @@ class Sim {
       }
       ControllerOptions co = o_.controller;
       if (co.initial_state.empty()) co.initial_state = cat_.states[0].name;
-      // The span the modelled recent rates cover: whole report windows, at least one.
-      co.recent_window_s = std::max(o_.report_interval_s,
-                                    std::ceil(o_.recent_window_s / o_.report_interval_s - 1e-9) * o_.report_interval_s);
       Result<Controller> c = Controller::Create(std::move(scaled), co, nullptr);
       if (!c.ok()) return c.status();
       ctrl_.emplace(std::move(c).value());
@@ -241,6 +238,7 @@ class Sim {
         // As the live LoadMeter reports it: over the last rate_window_s of report windows.
         r.arrival_rate = st.rate.Add(std::llround(o_.report_interval_s * 1000), st.arrivals);
         r.recent_rate = st.recent.Add(std::llround(o_.report_interval_s * 1000), st.arrivals);
+        r.recent_span_ms = st.recent.covered_ms();
         r.in_flight = st.busy;
         r.queue_depth = static_cast<int64_t>(st.waiting.size());
         r.utilisation = std::min(1.0, st.busy_integral / (st.servers * o_.report_interval_s));

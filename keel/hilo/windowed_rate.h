@@ -31,11 +31,17 @@ class WindowedRate {
       rate_arrivals = 0;
       for (const auto& [ms, n] : recent_) rate_ms += ms, rate_arrivals += n;
     }
+    covered_ms_ = rate_ms;
     return rate_ms > 0 ? std::min(static_cast<double>(rate_arrivals) / (static_cast<double>(rate_ms) / 1000.0), 1e9) : 0;
   }
 
+  // The time the last rate Add returned covers: whole windows, so the span rounded up to them (or
+  // less while fewer have been recorded).
+  int64_t covered_ms() const { return covered_ms_; }
+
  private:
   int64_t span_ms_ = 0;
+  int64_t covered_ms_ = 0;
   std::deque<std::pair<int64_t, int64_t>> recent_;  // (window ms, arrivals), newest last
 };
 

@@ -32,13 +32,15 @@ Controller Make(ControllerOptions o = Exact(), MetricsRegistry* m = nullptr) {
   return std::move(c).value();
 }
 
-void Report(Controller& c, Service s, const std::string& instance, int64_t at_ms, double rate, double recent = 0) {
+void Report(Controller& c, Service s, const std::string& instance, int64_t at_ms, double rate, double recent = 0,
+            int64_t recent_span_ms = 0) {
   LoadReport r;
   r.service = s;
   r.instance = instance;
   r.unix_ms = at_ms;
   r.arrival_rate = rate;
   r.recent_rate = recent;
+  r.recent_span_ms = recent_span_ms;
   c.Observe(r);
 }
 
@@ -72,7 +74,7 @@ TEST(HiloController, RecentRateGuardDegradesBeforeTheSmoothedRate) {
     for (int i = 0; i < 40; ++i) ASSERT_EQ(step(kT0 + i * 250, 60, 60).index, 0);
     // Recent 60 -> 240 req/s while the 2 s rate reads 75: the smoothed prediction stays < 100.
     Decision d = step(kT0 + 40 * 250, 75, 240);
-    EXPECT_EQ(c.RecentDemand(Service::kAnswer, kT0 + 40 * 250), 240);
+    EXPECT_EQ(c.RecentDemand(Service::kAnswer, kT0 + 40 * 250).rate, 240);
     if (guard) {
       // 120 arrivals in 500 ms, less 2 sqrt(120): (120 - 21.9) / 0.5 = 196.2 req/s -> the first
       // state with answer and engine capacity >= 196.2 is fewer_docs (200).
@@ -97,6 +99,49 @@ TEST(HiloController, RecentRateGuardIgnoresNoiseBelowCapacity) {
     ReportAll(c, kT0 + i * 250, 85, i % 2 ? high : 70);
     EXPECT_EQ(c.Decide(kT0 + i * 250).index, 0) << "at report " << i;
   }
+}
+
+// The noise bound follows the span each report says its recent rate covers, not a window the
+// controller assumes: the same 240 req/s counted over 2 s is 480 arrivals (bound 240 - 2
+// sqrt(120) = 218.1 req/s), over 100 ms only 24 (240 - 2 sqrt(2400) = 142.0). A report without
+// a span gets the controller's recent_window_s (500 ms: 196.2, as above).
+TEST(HiloController, RecentRateBoundUsesTheReportedSpan) {
+  auto predicted = [](int64_t span_ms) {
+    ControllerOptions o;
+    o.initial_state = "full";
+    Controller c = Make(o);
+    for (int i = 0; i < 40; ++i) {
+      for (Service s : kAllServices) Report(c, s, "i0", kT0 + i * 250, 60, 60, span_ms);
+      c.Decide(kT0 + i * 250);
+    }
+    for (Service s : kAllServices) Report(c, s, "i0", kT0 + 40 * 250, 75, 240, span_ms);
+    c.Decide(kT0 + 40 * 250);
+    return c.Predicted(Service::kAnswer);
+  };
+  EXPECT_NEAR(predicted(2000), 240 - 2 * std::sqrt(120.0), 1e-6);
+  EXPECT_NEAR(predicted(100), 240 - 2 * std::sqrt(2400.0), 1e-6);
+  EXPECT_NEAR(predicted(0), 240 - 2 * std::sqrt(480.0), 1e-6);  // 500 ms assumed
+}
+
+// Instances with different spans: the variances add. 100 req/s over 500 ms and 100 req/s over
+// 2 s: 200 - 2 sqrt(100 / 0.5 + 100 / 2) = 168.4 req/s, which puts answer (capacity 100 in full,
+// 200 in fewer_docs) in fewer_docs.
+TEST(HiloController, RecentRateBoundAddsTheInstancesVariances) {
+  ControllerOptions o;
+  o.initial_state = "full";
+  Controller c = Make(o);
+  for (int i = 0; i < 40; ++i) {
+    ReportAll(c, kT0 + i * 250, 40, 40);
+    c.Decide(kT0 + i * 250);
+  }
+  const int64_t at = kT0 + 40 * 250;
+  Report(c, Service::kAnswer, "i0", at, 40, 100, 500);
+  Report(c, Service::kAnswer, "i1", at, 40, 100, 2000);
+  const Controller::Recent r = c.RecentDemand(Service::kAnswer, at);
+  EXPECT_DOUBLE_EQ(r.rate, 200);
+  EXPECT_DOUBLE_EQ(r.variance, 100 / 0.5 + 100 / 2.0);
+  c.Decide(at);
+  EXPECT_NEAR(c.Predicted(Service::kAnswer), 200 - 2 * std::sqrt(250.0), 1e-6);
 }
 
 TEST(HiloController, StepSurgeDegradesInOneDecision) {

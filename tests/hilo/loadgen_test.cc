@@ -182,6 +182,20 @@ TEST(HiloLoadMeterRateWindow, RecentRateSpansItsOwnWindow) {
   r = m.Take(2500);
   EXPECT_DOUBLE_EQ(r.recent_rate, 300);
   EXPECT_DOUBLE_EQ(r.arrival_rate, 150);     // (6 x 25 + 2 x 75) in 2 s
+  EXPECT_EQ(r.recent_span_ms, 500);          // what the recent rate covered, for the controller
+}
+
+// The span a report gives is the time its recent rate covered: whole windows, so the configured
+// span rounded up to them (400 ms in 300 ms windows: 600), and less before enough have passed.
+TEST(HiloLoadMeterRateWindow, RecentSpanIsTheTimeTheRateCovered) {
+  LoadMeter m(4, 0);
+  m.SetRecentWindow(400);
+  m.Arrive(), m.Shed();
+  EXPECT_EQ(m.Take(300).recent_span_ms, 300);  // one window so far
+  EXPECT_EQ(m.Take(600).recent_span_ms, 600);
+  EXPECT_EQ(m.Take(900).recent_span_ms, 600);
+  m.SetRecentWindow(0);
+  EXPECT_EQ(m.Take(1200).recent_span_ms, 300);  // the current window alone
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ LoadReport Sample() {
   r.unix_ms = 1764900000123;
   r.arrival_rate = 412.5;
   r.recent_rate = 530.25;
+  r.recent_span_ms = 500;
   r.in_flight = 17;
   r.queue_depth = 3;
   r.utilisation = 0.83;
@@ -40,6 +41,7 @@ TEST(HiloReport, RoundTrip) {
   EXPECT_EQ(r->unix_ms, 1764900000123);
   EXPECT_EQ(r->arrival_rate, 412.5);
   EXPECT_EQ(r->recent_rate, 530.25);
+  EXPECT_EQ(r->recent_span_ms, 500);
   EXPECT_EQ(r->in_flight, 17);
   EXPECT_EQ(r->queue_depth, 3);
   EXPECT_EQ(r->utilisation, 0.83);
@@ -69,15 +71,19 @@ TEST(HiloReport, EveryFieldIsRequired) {
   }
 }
 
-// recent_rate came later: a report without it (an older service) reads as 0, not an error.
-TEST(HiloReport, RecentRateIsOptional) {
-  json j = json::parse(WriteLoadReport(Sample()));
-  j.erase("recent_rate");
-  Result<LoadReport> r = ParseLoadReport(j.dump());
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->recent_rate, 0);
-  j["recent_rate"] = nullptr;
-  EXPECT_EQ(ErrorOf(j), "");
+// recent_rate and recent_span_ms came later: a report without them (an older service) reads as
+// 0, not an error.
+TEST(HiloReport, RecentRateAndSpanAreOptional) {
+  for (const char* field : {"recent_rate", "recent_span_ms"}) {
+    json j = json::parse(WriteLoadReport(Sample()));
+    j.erase(field);
+    Result<LoadReport> r = ParseLoadReport(j.dump());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(std::string(field) == "recent_rate" ? r->recent_rate : static_cast<double>(r->recent_span_ms), 0)
+        << field;
+    j[field] = nullptr;
+    EXPECT_EQ(ErrorOf(j), "") << field;
+  }
 }
 
 TEST(HiloReport, HostileValuesNameTheField) {
@@ -92,6 +98,9 @@ TEST(HiloReport, HostileValuesNameTheField) {
       {"arrival_rate", "12", "arrival_rate: expected a number from 0 to 1e+09"},
       {"recent_rate", -1, "recent_rate: expected a number from 0 to 1e+09"},
       {"recent_rate", "fast", "recent_rate: expected a number from 0 to 1e+09"},
+      {"recent_span_ms", -500, "recent_span_ms: expected a non-negative integer"},
+      {"recent_span_ms", 3600001, "recent_span_ms: expected at most 3600000"},
+      {"recent_span_ms", "500", "recent_span_ms: expected a non-negative integer"},
       {"utilisation", 1.5, "utilisation: expected a number from 0 to 1"},
       {"utilisation", -0.1, "utilisation: expected a number from 0 to 1"},
       {"p99_ms", true, "p99_ms: expected a number from 0 to 1e+09"},
