@@ -170,6 +170,22 @@ std::string_view ServiceName(Service s) {
   return "unknown";
 }
 
+bool SameLevel(const State& a, const State& b, Service s) {
+  switch (s) {
+    case Service::kAnswer:
+      return a.answer.retrieval == b.answer.retrieval && a.answer.context_docs == b.answer.context_docs;
+    case Service::kVector:
+      return a.vector.nprobe == b.vector.nprobe && a.vector.k == b.vector.k && a.vector.rerank == b.vector.rerank &&
+             a.vector.fanout == b.vector.fanout;
+    case Service::kEngine:
+      return a.engine.kv_codec == b.engine.kv_codec && a.engine.lossless == b.engine.lossless &&
+             a.engine.max_context == b.engine.max_context && a.engine.max_new_tokens == b.engine.max_new_tokens;
+    case Service::kGateway:
+      return a.gateway.model == b.gateway.model && a.gateway.max_tokens_clamp == b.gateway.max_tokens_clamp;
+  }
+  return false;
+}
+
 std::optional<Service> ServiceFromName(std::string_view name) {
   for (Service s : kAllServices) {
     if (ServiceName(s) == name) return s;

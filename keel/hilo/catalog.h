@@ -63,6 +63,10 @@ struct State {
   std::optional<Figures> figures;  // absent: not validated
 };
 
+// Whether states `a` and `b` give service `s` the same level (every knob equal): a request that
+// service handles at either is handled the same way.
+bool SameLevel(const State& a, const State& b, Service s);
+
 struct Catalog {
   std::vector<State> states;  // 4..6, index 0 = full quality
   std::string safe_state;     // where services and the controller fall back when blind

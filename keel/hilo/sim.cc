@@ -38,7 +38,7 @@ struct Req {
   double arrival = 0;
   double enqueued = 0;  // when it entered its current service
   int stage = 0;        // index into kPath
-  int worst = 0;        // cheapest state index applied so far
+  int worst = 0;        // the cheapest level applied so far, as a state index (Sim::quality_state_)
   int answer_level = 0;
 };
 
@@ -92,6 +92,14 @@ class Sim {
   Result<SimResult> Run() {
     const int n = static_cast<int>(cat_.states.size());
     full_q_ = cat_.states[0].figures->quality;
+    for (int s = 0; s < kNumServices; ++s) {
+      quality_state_[s].assign(n, 0);
+      for (int k = 0; k < n; ++k) {
+        int j = 0;
+        while (!SameLevel(cat_.states[j], cat_.states[k], kAllServices[s])) ++j;
+        quality_state_[s][k] = j;
+      }
+    }
     int initial = 0;
     if (policy_ == Policy::kHilo) {
       Catalog scaled = cat_;
@@ -185,7 +193,7 @@ class Sim {
     ++st.busy;
     st.qdelay_sum_ms += (t - r.enqueued) * 1000;
     ++st.qdelay_n;
-    r.worst = std::max(r.worst, st.level);
+    r.worst = std::max(r.worst, quality_state_[svc][st.level]);
     if (svc == static_cast<int>(Service::kAnswer)) r.answer_level = st.level;
     const double capacity = cat_.states[st.level].figures->capacity[svc] * o_.scale;
     const double mean_s = o_.capacity_utilisation * st.servers / capacity;
@@ -330,6 +338,13 @@ class Sim {
   }
 
   const Catalog& cat_;
+  // quality_state_[s][k]: the first state that gives service s the same level as state k. A
+  // request is scored as the cheapest of these over the services that handled it: a service the
+  // per-service rule stepped to a state that leaves its own knobs as they were (the engine's
+  // max_new_tokens is the same in shorter16 and small16; the model is the gateway's) handled it
+  // as before. Levels that differ still count as that whole state (no quality is measured for a
+  // mix of levels), which is pessimistic for such mixes.
+  std::array<std::vector<int>, kNumServices> quality_state_;
   const Trace& trace_;
   Policy policy_;
   const SimOptions& o_;

@@ -252,5 +252,41 @@ TEST(HiloCatalog, CheckUsableRefusesUnvalidatedStaleAndOld) {
   EXPECT_TRUE(CheckUsable(c, good.binaries, now, 90000).ok());
 }
 
+// SameLevel compares every knob of one service and nothing of the others'.
+TEST(HiloCatalog, SameLevelComparesEveryKnobOfOneService) {
+  const Catalog c = TestCatalog();
+  const State& full = c.states[0];
+  for (Service s : kAllServices) EXPECT_TRUE(SameLevel(full, full, s));
+  auto differs_only_in = [&](const State& other, Service changed) {
+    for (Service s : kAllServices) EXPECT_EQ(SameLevel(full, other, s), s != changed) << ServiceName(s);
+  };
+  State x = full;
+  x.answer.context_docs = 7;
+  differs_only_in(x, Service::kAnswer);
+  x = full;
+  x.answer.retrieval = false;
+  differs_only_in(x, Service::kAnswer);
+  for (int knob = 0; knob < 4; ++knob) {
+    x = full;
+    if (knob == 0) x.vector.nprobe = 8;
+    if (knob == 1) x.vector.k = 5;
+    if (knob == 2) x.vector.rerank = false;
+    if (knob == 3) x.vector.fanout = 2;
+    differs_only_in(x, Service::kVector);
+    x = full;
+    if (knob == 0) x.engine.kv_codec = "raw";
+    if (knob == 1) x.engine.lossless = false;
+    if (knob == 2) x.engine.max_context = 512;
+    if (knob == 3) x.engine.max_new_tokens = 16;
+    differs_only_in(x, Service::kEngine);
+  }
+  x = full;
+  x.gateway.model = "small";
+  differs_only_in(x, Service::kGateway);
+  x = full;
+  x.gateway.max_tokens_clamp = 8;
+  differs_only_in(x, Service::kGateway);
+}
+
 }  // namespace
 }  // namespace keel::hilo
