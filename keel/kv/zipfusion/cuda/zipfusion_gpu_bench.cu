@@ -3,7 +3,8 @@
 // their times, against another implementation on the same shapes (PyTorch's SDPA: gpu.sh).
 //
 //   zipfusion_gpu_bench [--quick] [--iters N] [--contexts 1024,4096,...] [--batches 1,8]
-//                       [--profiles measured,harsh] [--peer FILE] [--no-ref] [--check-only]
+//                       [--profiles measured,harsh] [--peer FILE] [--blocks-per-split N]
+//                       [--no-ref] [--check-only]
 //
 // 1. Builds synthetic K/V (bf16) in two profiles: "measured", the exponent statistics of real
 //    K/V (normal values of std 0.55 in every channel, as measured in docs/zipfusion.md), and
@@ -22,7 +23,8 @@
 //    profile, median over iterations with the L2 cache flushed before each; prints a Markdown
 //    table. --peer FILE adds other implementations' times on the same shapes: lines
 //    "<name> <context> <batch> <microseconds>" (bench/zipfusion/torch_sdpa.py writes them), and
-//    the ratio of ZipFusion to the fastest of bf16 and the peers.
+//    the ratio of ZipFusion to the fastest of bf16 and the peers. --blocks-per-split N (1..64)
+//    times with that split size instead of the automatic plan, to tune it.
 // Exits non-zero on any mismatch.
 #include <cuda_runtime.h>
 
@@ -659,6 +661,7 @@ int main(int argc, char** argv) {
   bool reference = true;
   bool check_only = false;
   std::vector<Kind> profiles = {Kind::kMeasured, Kind::kHarsh};
+  int blocks_per_split = 0;  // the timed runs' split size; 0 = the automatic plan
   std::vector<PeerTime> peers;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -683,6 +686,12 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--peer" && i + 1 < argc) {
       if (!ReadPeers(argv[++i], &peers)) return 2;
+    } else if (a == "--blocks-per-split" && i + 1 < argc) {
+      blocks_per_split = std::atoi(argv[++i]);
+      if (blocks_per_split < 0 || blocks_per_split > 64) {
+        std::fprintf(stderr, "--blocks-per-split: expected 0 (automatic) to 64\n");
+        return 2;
+      }
     } else if (a == "--no-ref") {
       reference = false;
     } else if (a == "--check-only") {
@@ -690,7 +699,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--iters N] [--contexts 1024,4096,...] [--batches 1,8]\n"
-                   "          [--profiles measured,harsh] [--peer FILE] [--no-ref] [--check-only]\n",
+                   "          [--profiles measured,harsh] [--peer FILE] [--blocks-per-split N] [--no-ref] [--check-only]\n",
                    argv[0]);
       return 2;
     }
@@ -819,8 +828,9 @@ int main(int argc, char** argv) {
                 big.encoded_bytes / 1048576.0, static_cast<double>(big.encoded_bytes) / raw_bytes);
     for (int w = 0; w <= 8; ++w)
       if (big.width_hist[w]) std::printf(" w%d %.1f%%", w, 100.0 * big.width_hist[w] / total_blocks);
-    std::printf("; %.1f exceptions per 2048-value block (setup %.0f s)\n\n",
-                static_cast<double>(big.exceptions) / total_blocks, elapsed());
+    std::printf("; %.1f exceptions per 2048-value block; split: %s (setup %.0f s)\n\n",
+                static_cast<double>(big.exceptions) / total_blocks,
+                blocks_per_split > 0 ? (std::to_string(blocks_per_split) + " blocks").c_str() : "automatic", elapsed());
     std::printf("| context | batch | bf16 µs | bf16 GB/s | ZipFusion µs | ZipFusion GB/s | bytes ZF/bf16 | speed ZF/bf16 |");
     for (const std::string& n : peer_names) std::printf(" %s µs |", n.c_str());
     std::printf(" ZF vs fastest other |\n|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -829,7 +839,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     for (int ctx : contexts)
       for (int batch : batches) {
-        const zf::ZfAttnShape s = ShapeFor(big, batch, ctx, 4, 0);  // 32 query heads over 8 KV heads
+        const zf::ZfAttnShape s = ShapeFor(big, batch, ctx, 4, blocks_per_split);  // 32 query heads over 8 KV heads
         const bool ok = CheckAttention(dev, big, s, reference);
         const int nb = ctx / kBlockTokens;
         size_t zf_bytes = 0;
