@@ -64,12 +64,10 @@ __global__ void BudgetValueBlock(typename Tensors::Source src, const uint32_t* f
   float o[16][4] = {};
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt) Mma(o[nt], pa, rows.Pair(0, 1, nt), rows.Pair(2, 3, nt));
-  float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) out[(nt * 4 + e) * 32 + lane] = o[nt][e];
-  reinterpret_cast<float4*>(out)[lane] = make_float4(sum[0], sum[1], sum[2], sum[3]);
 }
 
 }  // namespace
