@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <boost/asio/buffer.hpp>
+#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
@@ -73,6 +74,51 @@ void HttpClient::GiveBack(int fd) {
   idle_.push_back(fd);
 }
 
+namespace {
+
+// Appends what the peer sent next to `pending`, waiting until `deadline`. False at end of stream.
+Result<bool> ReadMore(int fd, Deadline deadline, std::string* pending) {
+  char chunk[64 << 10];
+  for (;;) {
+    const ssize_t n = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n > 0) {
+      pending->append(chunk, static_cast<size_t>(n));
+      return true;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::Unavailable(fmt::format("recv: {}", std::strerror(errno)));
+    const int r = PollFd(fd, POLLIN, MillisLeft(deadline));
+    if (r == 0) return Status::Unavailable("deadline passed waiting for the response");
+    if (r < 0) return Status::Unavailable(fmt::format("poll: {}", std::strerror(errno)));
+  }
+}
+
+// The end of the stream reached `parser`: Beast asserts that put_eof follows some input, so a peer
+// that died before answering (no byte of a response) must not reach it.
+template <typename Parser>
+Status PutEof(Parser& parser, const std::string& pending, bool* nothing_read) {
+  if (!parser.got_some()) {
+    if (pending.empty()) return Status::Unavailable("connection closed before a response");
+    *nothing_read = false;
+    return Status::Unavailable("connection closed inside the response head");
+  }
+  boost::beast::error_code ec;
+  parser.put_eof(ec);
+  if (ec || !parser.is_done()) return Status::Unavailable("connection closed before the end of the response");
+  return Status::Ok();
+}
+
+template <typename Parser>
+void LimitParser(Parser& parser, const HttpClientOptions& options) {
+  parser.header_limit(static_cast<std::uint32_t>(options.max_header_bytes));
+  parser.body_limit(options.max_response_bytes);
+  // Not eager: Boost 1.74 Beast's eager put() loses the body_limit error raised at the end of the
+  // header (it parses on into the body), so an oversized Content-Length would be read whole.
+}
+
+}  // namespace
+
 Result<HttpReply> HttpClient::CallOn(int fd, std::string_view head, std::string_view body, Deadline deadline,
                                      bool* reusable, bool* nothing_read) {
   *reusable = false;
@@ -80,37 +126,16 @@ Result<HttpReply> HttpClient::CallOn(int fd, std::string_view head, std::string_
   iovec iov[2] = {{const_cast<char*>(head.data()), head.size()}, {const_cast<char*>(body.data()), body.size()}};
   KEEL_RETURN_IF_ERROR(WriteFullV(fd, iov, 2, deadline));
   http::response_parser<http::string_body> parser;
-  parser.header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
-  parser.body_limit(options_.max_response_bytes);
-  // Not eager: Boost 1.74 Beast's eager put() loses the body_limit error raised at the end of the
-  // header (it parses on into the body), so an oversized Content-Length would be read whole.
+  LimitParser(parser, options_);
   std::string pending;  // received, not yet consumed by the parser
-  char chunk[64 << 10];
   boost::beast::error_code ec;
   while (!parser.is_done()) {
-    const ssize_t n = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
-    if (n == 0) {
-      // Beast asserts that put_eof follows some input: a peer that died before answering (no
-      // byte of a response) must not reach it.
-      if (!parser.got_some()) {
-        if (pending.empty()) return Status::Unavailable("connection closed before a response");
-        *nothing_read = false;
-        return Status::Unavailable("connection closed inside the response head");
-      }
-      parser.put_eof(ec);
-      if (ec || !parser.is_done()) return Status::Unavailable("connection closed before the end of the response");
+    KEEL_ASSIGN_OR_RETURN(const bool more, ReadMore(fd, deadline, &pending));
+    if (!more) {
+      KEEL_RETURN_IF_ERROR(PutEof(parser, pending, nothing_read));
       break;
     }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::Unavailable(fmt::format("recv: {}", std::strerror(errno)));
-      const int r = PollFd(fd, POLLIN, MillisLeft(deadline));
-      if (r == 0) return Status::Unavailable("deadline passed waiting for the response");
-      if (r < 0) return Status::Unavailable(fmt::format("poll: {}", std::strerror(errno)));
-      continue;
-    }
     *nothing_read = false;
-    pending.append(chunk, static_cast<size_t>(n));
     while (!pending.empty() && !parser.is_done()) {
       const size_t used = parser.put(boost::asio::buffer(pending), ec);
       pending.erase(0, used);
@@ -131,8 +156,68 @@ Result<HttpReply> HttpClient::CallOn(int fd, std::string_view head, std::string_
   return reply;
 }
 
-Result<HttpReply> HttpClient::Call(std::string_view method, std::string_view target, std::string_view body,
-                                   std::string_view content_type, Deadline deadline, const HttpHeaderList& extra) {
+Result<int> HttpClient::StreamOn(int fd, std::string_view head, std::string_view body, Deadline deadline,
+                                 const HttpStreamSink& sink, bool* reusable, bool* nothing_read) {
+  *reusable = false;
+  *nothing_read = true;
+  iovec iov[2] = {{const_cast<char*>(head.data()), head.size()}, {const_cast<char*>(body.data()), body.size()}};
+  KEEL_RETURN_IF_ERROR(WriteFullV(fd, iov, 2, deadline));
+  // buffer_body: the parser writes body bytes into `out` and says how much room is left, so each
+  // piece goes to the sink as soon as it is parsed.
+  http::response_parser<http::buffer_body> parser;
+  LimitParser(parser, options_);
+  std::string pending;
+  char out[16 << 10];
+  bool head_given = false;
+  auto give_head = [&]() -> Status {
+    if (head_given || !parser.is_header_done()) return Status::Ok();
+    head_given = true;
+    HttpHeaders headers;
+    for (const auto& f : parser.get()) headers.Add(std::string(f.name_string()), std::string(f.value()));
+    if (sink.on_head && !sink.on_head(static_cast<int>(parser.get().result_int()), headers)) {
+      return Status::Cancelled("stopped by the caller");
+    }
+    return Status::Ok();
+  };
+  boost::beast::error_code ec;
+  while (!parser.is_done()) {
+    KEEL_ASSIGN_OR_RETURN(const bool more, ReadMore(fd, deadline, &pending));
+    if (!more) {
+      parser.get().body().data = out;
+      parser.get().body().size = sizeof(out);
+      KEEL_RETURN_IF_ERROR(PutEof(parser, pending, nothing_read));
+      break;
+    }
+    *nothing_read = false;
+    while (!pending.empty() && !parser.is_done()) {
+      parser.get().body().data = out;
+      parser.get().body().size = sizeof(out);
+      const size_t used = parser.put(boost::asio::buffer(pending), ec);
+      pending.erase(0, used);
+      KEEL_RETURN_IF_ERROR(give_head());
+      const size_t produced = sizeof(out) - parser.get().body().size;
+      if (produced > 0 && sink.on_body && !sink.on_body(std::string_view(out, produced))) {
+        return Status::Cancelled("stopped by the caller");
+      }
+      if (ec == http::error::need_buffer) {  // `out` is full: hand it over, then parse on
+        ec = {};
+        continue;
+      }
+      if (ec == http::error::need_more) {
+        ec = {};
+        break;
+      }
+      if (ec) return Status::Unavailable("bad response: " + ec.message());
+      if (used == 0 && produced == 0) break;
+    }
+  }
+  KEEL_RETURN_IF_ERROR(give_head());  // a response with no body is done at its head
+  *reusable = parser.get().keep_alive() && pending.empty();
+  return static_cast<int>(parser.get().result_int());
+}
+
+Result<std::string> HttpClient::RequestHead(std::string_view method, std::string_view target, std::string_view body,
+                                            std::string_view content_type, const HttpHeaderList& extra) const {
   std::string head = fmt::format("{} {} HTTP/1.1\r\nHost: {}\r\n", method, target, Address());
   if (!body.empty() || method == "POST") {
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
@@ -144,6 +229,11 @@ Result<HttpReply> HttpClient::Call(std::string_view method, std::string_view tar
     head += fmt::format("{}: {}\r\n", name, value);
   }
   head += "\r\n";
+  return head;
+}
+
+template <typename T, typename Exchange>
+Result<T> HttpClient::WithConnection(Deadline deadline, Exchange&& exchange) {
   for (int attempt = 0;; ++attempt) {
     int fd = attempt == 0 ? TakeIdle() : -1;
     const bool pooled = fd >= 0;
@@ -153,19 +243,37 @@ Result<HttpReply> HttpClient::Call(std::string_view method, std::string_view tar
       KEEL_ASSIGN_OR_RETURN(fd, ConnectTcp(endpoint_.host, endpoint_.port, ms));
     }
     bool reusable = false, nothing_read = true;
-    Result<HttpReply> reply = CallOn(fd, head, body, deadline, &reusable, &nothing_read);
+    Result<T> reply = exchange(fd, &reusable, &nothing_read);
     if (reply.ok() && reusable) {
       GiveBack(fd);
     } else {
       ::close(fd);
     }
     if (reply.ok()) return reply;
+    if (reply.status().code() == StatusCode::kCancelled) return reply.status();
     // A pooled connection that failed before a byte came back was most likely closed by the
     // peer while idle: one more try on a fresh connection.
     if (!(pooled && nothing_read && MillisLeft(deadline) != 0)) {
       return Status::Unavailable(fmt::format("{}: {}", Address(), reply.status().message()));
     }
   }
+}
+
+Result<HttpReply> HttpClient::Call(std::string_view method, std::string_view target, std::string_view body,
+                                   std::string_view content_type, Deadline deadline, const HttpHeaderList& extra) {
+  KEEL_ASSIGN_OR_RETURN(const std::string head, RequestHead(method, target, body, content_type, extra));
+  return WithConnection<HttpReply>(deadline, [&](int fd, bool* reusable, bool* nothing_read) {
+    return CallOn(fd, head, body, deadline, reusable, nothing_read);
+  });
+}
+
+Result<int> HttpClient::CallStreaming(std::string_view method, std::string_view target, std::string_view body,
+                                      std::string_view content_type, Deadline deadline, const HttpStreamSink& sink,
+                                      const HttpHeaderList& extra) {
+  KEEL_ASSIGN_OR_RETURN(const std::string head, RequestHead(method, target, body, content_type, extra));
+  return WithConnection<int>(deadline, [&](int fd, bool* reusable, bool* nothing_read) {
+    return StreamOn(fd, head, body, deadline, sink, reusable, nothing_read);
+  });
 }
 
 CallPool::CallPool(int threads) {

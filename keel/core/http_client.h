@@ -42,6 +42,13 @@ struct HttpReply {
   std::string body;
 };
 
+// What a streamed call (HttpClient::CallStreaming) hands over as it arrives. Either callback may
+// return false to stop the call: the connection is closed and the call returns Cancelled.
+struct HttpStreamSink {
+  std::function<bool(int status, const HttpHeaders& headers)> on_head;  // once, before any body
+  std::function<bool(std::string_view bytes)> on_body;                  // de-chunked body bytes, in order
+};
+
 struct HttpClientOptions {
   size_t max_response_bytes = size_t{64} << 20;  // larger bodies fail the call (Unavailable)
   size_t max_header_bytes = 64 << 10;
@@ -66,12 +73,29 @@ class HttpClient {
   Result<HttpReply> Call(std::string_view method, std::string_view target, std::string_view body,
                          std::string_view content_type, Deadline deadline, const HttpHeaderList& extra = {});
 
+  // The same request, but the response is handed to `sink` as it arrives (the head once, then
+  // the body in pieces, chunked encoding removed), for server-sent events and other long bodies.
+  // Returns the response's status once the body has ended. The deadline and limits are Call's:
+  // `max_response_bytes` bounds the whole streamed body. A pooled connection the peer closed is
+  // retried once only when nothing was read from it, so `sink` never sees a response twice.
+  Result<int> CallStreaming(std::string_view method, std::string_view target, std::string_view body,
+                            std::string_view content_type, Deadline deadline, const HttpStreamSink& sink,
+                            const HttpHeaderList& extra = {});
+
   const HttpEndpoint& endpoint() const { return endpoint_; }
   std::string Address() const;  // "host:port"
 
  private:
+  Result<std::string> RequestHead(std::string_view method, std::string_view target, std::string_view body,
+                                  std::string_view content_type, const HttpHeaderList& extra) const;
+  // Runs `exchange(fd, &reusable, &nothing_read)` on a pooled or fresh connection, retrying once
+  // on a fresh one when a pooled connection failed before a byte came back.
+  template <typename T, typename Exchange>
+  Result<T> WithConnection(Deadline deadline, Exchange&& exchange);
   Result<HttpReply> CallOn(int fd, std::string_view head, std::string_view body, Deadline deadline, bool* reusable,
                            bool* nothing_read);
+  Result<int> StreamOn(int fd, std::string_view head, std::string_view body, Deadline deadline,
+                       const HttpStreamSink& sink, bool* reusable, bool* nothing_read);
   int TakeIdle();
   void GiveBack(int fd);
 

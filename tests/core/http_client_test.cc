@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -156,6 +157,135 @@ TEST_F(HttpClientTest, RefusedAndOversizedAnswersFail) {
   server_->Stop();
   HttpClient gone({"127.0.0.1", port});
   EXPECT_EQ(gone.Call("GET", "/", "", "", DeadlineIn(5000)).status().code(), StatusCode::kUnavailable);
+}
+
+// A streamed call hands each piece over as it arrives: the server sends its second chunk only
+// after the client has seen the first, so a client that waited for the whole body would never
+// get it (the server gives up after 20 s and the test fails on `first_seen_before_end`).
+TEST_F(HttpClientTest, StreamingHandsEachChunkOverAsItArrives) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool first_seen = false;
+  std::atomic<bool> first_seen_before_end{false};
+  Serve([&](const HttpRequest&, HttpResponder& res) {
+    ASSERT_TRUE(res.BeginStream(200, "text/event-stream", {{"X-Kind", "sse"}}));
+    res.WriteChunk("data: one\n\n");
+    {
+      std::unique_lock lock(mu);
+      first_seen_before_end = cv.wait_for(lock, std::chrono::seconds(20), [&] { return first_seen; });
+    }
+    res.WriteChunk("data: two\n\n");
+    res.EndStream();
+  });
+  HttpClient client(endpoint());
+  int head_status = 0;
+  std::string kind, got;
+  HttpStreamSink sink;
+  sink.on_head = [&](int status, const HttpHeaders& h) {
+    head_status = status;
+    kind = std::string(h.Get("x-kind"));
+    return true;
+  };
+  sink.on_body = [&](std::string_view bytes) {
+    got.append(bytes);
+    if (got.find("data: one\n\n") != std::string::npos) {
+      std::lock_guard lock(mu);
+      first_seen = true;
+      cv.notify_all();
+    }
+    return true;
+  };
+  auto r = client.CallStreaming("POST", "/v1/chat/completions", "{}", "application/json", DeadlineIn(60000), sink);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, 200);
+  EXPECT_EQ(head_status, 200);
+  EXPECT_EQ(kind, "sse");
+  EXPECT_EQ(got, "data: one\n\ndata: two\n\n");
+  EXPECT_TRUE(first_seen_before_end.load());
+  // The connection went back to the pool and carries a plain call.
+  auto again = client.Call("GET", "/", "", "", DeadlineIn(5000));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A Content-Length body streams too, in pieces that add up to it; the response limit bounds the
+// streamed body as it bounds a whole one; a non-200 status is handed over like any other.
+TEST_F(HttpClientTest, StreamingBoundsTheBodyAndPassesAnyStatus) {
+  Serve([](const HttpRequest& req, HttpResponder& res) {
+    res.Send(req.target == "/big" ? 200 : 404, "text/plain", std::string(req.target == "/big" ? 1 << 20 : 7, 'x'));
+  });
+  HttpClient client(endpoint());
+  size_t bytes = 0, pieces = 0;
+  HttpStreamSink sink;
+  sink.on_body = [&](std::string_view b) {
+    bytes += b.size();
+    ++pieces;
+    return true;
+  };
+  auto r = client.CallStreaming("GET", "/big", "", "", DeadlineIn(5000), sink);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(bytes, size_t{1} << 20);
+  EXPECT_GT(pieces, 1u);
+  bytes = 0;
+  auto missing = client.CallStreaming("GET", "/nope", "", "", DeadlineIn(5000), sink);
+  ASSERT_TRUE(missing.ok()) << missing.status().ToString();
+  EXPECT_EQ(*missing, 404);
+  EXPECT_EQ(bytes, 7u);
+  HttpClientOptions small;
+  small.max_response_bytes = 64 << 10;
+  HttpClient bounded(endpoint(), small);
+  bytes = 0;
+  auto over = bounded.CallStreaming("GET", "/big", "", "", DeadlineIn(5000), sink);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kUnavailable);
+  EXPECT_LE(bytes, size_t{64} << 10);
+}
+
+// A sink that returns false stops the call (Cancelled, the connection closed, no retry); a peer
+// that dies inside a chunked body is Unavailable after the bytes it did send.
+TEST_F(HttpClientTest, StreamingStopsOnTheSinksWordAndOnATruncatedBody) {
+  std::atomic<int> calls{0};
+  Serve([&](const HttpRequest&, HttpResponder& res) {
+    ++calls;
+    res.BeginStream(200, "text/event-stream");
+    for (int i = 0; i < 50 && res.WriteChunk("data: x\n\n"); ++i) {
+    }
+    res.EndStream();
+  });
+  HttpClient client(endpoint());
+  HttpStreamSink stop_at_head;
+  stop_at_head.on_head = [](int, const HttpHeaders&) { return false; };
+  auto r = client.CallStreaming("GET", "/", "", "", DeadlineIn(5000), stop_at_head);
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
+  EXPECT_EQ(calls.load(), 1);
+  auto again = client.Call("GET", "/", "", "", DeadlineIn(5000));
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+
+  auto listener = ListenTcp("127.0.0.1", 0, 16);
+  ASSERT_TRUE(listener.ok());
+  std::thread peer([fd = listener->fd] {
+    const int c = ::accept(fd, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[4096];
+    (void)!::read(c, buf, sizeof buf);
+    const char* reply =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "b\r\ndata: a\n\n\r\n20\r\ndata: cut";
+    (void)!::write(c, reply, std::strlen(reply));
+    ::close(c);
+  });
+  HttpClient dying({"127.0.0.1", listener->port});
+  std::string got;
+  HttpStreamSink keep;
+  keep.on_body = [&](std::string_view b) {
+    got.append(b);
+    return true;
+  };
+  auto cut = dying.CallStreaming("GET", "/", "", "", DeadlineIn(5000), keep);
+  peer.join();
+  ::close(listener->fd);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().code(), StatusCode::kUnavailable) << cut.status().ToString();
+  EXPECT_EQ(got.rfind("data: a\n\n", 0), 0u) << got;
 }
 
 TEST_F(HttpClientTest, RunAllCallsConcurrently) {
