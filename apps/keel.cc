@@ -1195,6 +1195,7 @@ int main(int argc, char** argv) {
   ans_serve->add_option("--corpus", ans.corpus, "documents separated by blank lines; vector id i is document i mod count (default: $KEEL_SHARED/data/text/val.txt)")->check(CLI::ExistingFile);
   ans_serve->add_option("--dim", ans.o.limits.dim, "length of keel_retrieval.vector: the vector service's text dim")->capture_default_str()->check(CLI::Range(1, 65536));
   ans_serve->add_option("--context-bytes", ans.o.context_bytes, "bytes of document text in the prompt, shared by its documents (the default fits 256-token models)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  ans_serve->add_option("--history-bytes", ans.o.history_bytes, "bytes of earlier user/assistant turns in the prompt, newest whole turns first (0: none; 256-token models have no room)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   ans_serve->add_option("--max-inflight", ans.o.max_inflight, "requests served at once; beyond: 429 with Retry-After")->capture_default_str()->check(CLI::Range(1, 100000));
   ans_serve->add_option("--vector-timeout-ms", ans.o.vector_timeout_ms, "deadline of one search")->capture_default_str()->check(CLI::Range(1, 600000));
   ans_serve->add_option("--gateway-timeout-ms", ans.o.gateway_timeout_ms, "deadline of one generation")->capture_default_str()->check(CLI::Range(1, 3600000));

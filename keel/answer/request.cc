@@ -82,7 +82,6 @@ Result<AnswerRequest> ParseAnswerRequest(std::string_view body, const RequestLim
   if (msgs->size() > limits.max_messages) {
     return Bad("messages", "more than " + std::to_string(limits.max_messages) + " messages");
   }
-  bool have_user = false;
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& m = (*msgs)[i];
     const std::string at = "messages[" + std::to_string(i) + "]";
@@ -101,12 +100,13 @@ Result<AnswerRequest> ParseAnswerRequest(std::string_view body, const RequestLim
     if (text.size() > limits.max_message_bytes) {
       return Bad(at + ".content", "longer than " + std::to_string(limits.max_message_bytes) + " bytes");
     }
-    if (r == "user") {
-      out.question = text;
-      have_user = true;
-    }
+    if (r == "user" || r == "assistant") out.history.push_back(Turn{r == "user", text});
   }
-  if (!have_user) return Bad("messages", "no user message to answer");
+  // The last user turn is the question; what came after it (assistant turns) is dropped.
+  while (!out.history.empty() && !out.history.back().user) out.history.pop_back();
+  if (out.history.empty()) return Bad("messages", "no user message to answer");
+  out.question = std::move(out.history.back().content);
+  out.history.pop_back();
 
   KEEL_ASSIGN_OR_RETURN(auto mct, TokenCount(j, "max_completion_tokens", limits.max_tokens_limit));
   KEEL_ASSIGN_OR_RETURN(auto mt, TokenCount(j, "max_tokens", limits.max_tokens_limit));
@@ -146,8 +146,25 @@ Result<AnswerRequest> ParseAnswerRequest(std::string_view body, const RequestLim
   return out;
 }
 
-std::string BuildPrompt(const std::vector<std::string_view>& docs, std::string_view question, size_t context_bytes) {
+std::string BuildPrompt(const std::vector<std::string_view>& docs, std::string_view question, size_t context_bytes,
+                        const std::vector<Turn>& history, size_t history_bytes) {
   std::string p;
+  size_t first = history.size(), used = 0;
+  while (first > 0) {
+    const Turn& t = history[first - 1];
+    const size_t line = (t.user ? 6 : 11) + t.content.size() + 1;  // "User: " / "Assistant: ", text, "\n"
+    if (used + line > history_bytes) break;
+    used += line;
+    --first;
+  }
+  if (first < history.size()) {
+    p += "Conversation:\n";
+    for (size_t i = first; i < history.size(); ++i) {
+      p += history[i].user ? "User: " : "Assistant: ";
+      AppendCut(history[i].content, history[i].content.size(), &p);
+      p += '\n';
+    }
+  }
   if (!docs.empty()) {
     const size_t share = context_bytes / docs.size();
     p += "Context:\n";

@@ -5,14 +5,15 @@
 //    "keel_retrieval":{"vector":[128 finite numbers]}}
 // - messages: 1..max_messages objects {role, content}; role one of system, user, assistant,
 //   developer, tool; content a string (content-part arrays are refused) of at most
-//   max_message_bytes. There must be a user message: the LAST one is the question. Earlier turns
-//   are not forwarded (the prompt must fit small models' context).
+//   max_message_bytes. There must be a user message: the LAST one is the question. The user and
+//   assistant turns before it are the history (BuildPrompt puts the newest of them in the prompt
+//   when given a history budget); system, developer and tool turns are not forwarded.
 // - model: a string of 1..256 bytes; absent: the server's default model (--model); neither: 400.
 // - max_completion_tokens (read first) or max_tokens: an integer 1..max_tokens_limit; absent:
 //   default_max_tokens. temperature: a number in [0, 2]; absent: 0 (greedy, so the full state's
 //   answer is a stable reference).
-// - stream: a boolean; true answers in OpenAI's SSE format (keel/answer/sse.h: the answer is
-//   generated whole, then sent as chunks). stream_options: {"include_usage": bool}, only with
+// - stream: a boolean; true answers in OpenAI's SSE format, token by token (keel/answer/sse.h).
+//   stream_options: {"include_usage": bool}, only with
 //   stream: true (400 otherwise, as OpenAI does).
 // - keel_retrieval: absent or null = no search. Else an object whose only member "vector" is an
 //   array of exactly `dim` finite numbers that fit a float32.
@@ -41,9 +42,16 @@ struct RequestLimits {
   int max_json_depth = 8;
 };
 
+// One earlier turn of the conversation.
+struct Turn {
+  bool user = true;  // else the assistant
+  std::string content;
+};
+
 struct AnswerRequest {
   std::string model;                   // "" when absent (the server fills in its default)
   std::string question;                // the last user message's content
+  std::vector<Turn> history;           // user and assistant turns before it, oldest first
   int64_t max_tokens = 0;
   double temperature = 0;
   std::optional<std::vector<float>> vector;  // keel_retrieval.vector
@@ -62,7 +70,13 @@ Result<AnswerRequest> ParseAnswerRequest(std::string_view body, const RequestLim
 // text (cut at a UTF-8 boundary, newlines turned into spaces), so asking for more documents puts
 // more documents, each shorter, in the same budget. The question is not cut (it is bounded by
 // max_message_bytes; a prompt beyond the model's context is the engine's 400).
-std::string BuildPrompt(const std::vector<std::string_view>& docs, std::string_view question, size_t context_bytes);
+//
+// With `history_bytes` > 0 the newest turns of `history` that fit in it, whole, come first, in
+// their order ("Conversation:\n" then "User: ...\n" / "Assistant: ...\n", newlines in a turn
+// turned into spaces); the first turn that does not fit drops it and every older one. With 0
+// (the default) no history is sent.
+std::string BuildPrompt(const std::vector<std::string_view>& docs, std::string_view question, size_t context_bytes,
+                        const std::vector<Turn>& history = {}, size_t history_bytes = 0);
 
 // OpenAI's error body: {"error":{"message":..,"type":..,"param":null,"code":..}} with type
 // "invalid_request_error" (4xx other than 429), "rate_limit_exceeded" (429) or "upstream_error"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -48,11 +49,6 @@ std::string UpstreamMessage(const std::string& body) {
   return cut;
 }
 
-struct Failure {
-  int status = 0;
-  std::string message;
-};
-
 }  // namespace
 
 AnswerServer::AnswerServer(const Corpus& corpus, AnswerServerOptions options, hilo::ServiceLink* link)
@@ -74,6 +70,7 @@ Result<std::unique_ptr<AnswerServer>> AnswerServer::Start(const Corpus& corpus, 
   if (options.k < 1 || options.k > 1000) return Status::InvalidArgument("k: expected 1..1000");
   if (options.limits.dim < 1 || options.limits.dim > 65536) return Status::InvalidArgument("dim: expected 1..65536");
   if (options.context_bytes > (size_t{1} << 20)) return Status::InvalidArgument("context_bytes: at most 1 MiB");
+  if (options.history_bytes > (size_t{1} << 20)) return Status::InvalidArgument("history_bytes: at most 1 MiB");
   if (link != nullptr && link->service() != hilo::Service::kAnswer) {
     return Status::InvalidArgument("the HiLO link must be the answer service's");
   }
@@ -172,26 +169,25 @@ std::optional<AnswerServer::Failure> AnswerServer::Search(const std::vector<floa
   *ms = secs * 1e3;
   search_seconds_->Observe(secs);
   const std::string who = "vector service at " + vector_->Address();
-  if (!reply.ok()) return Failure{503, who + " unreachable: " + reply.status().message()};
+  if (!reply.ok()) return Failure{503, who + " unreachable: " + reply.status().message(), {}};
   if (reply->status != 200) {
-    return Failure{502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body)};
+    return Failure{502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body), {}};
   }
   auto j = ParseUntrustedJson(reply->body, UpstreamLimits());
-  if (!j.ok()) return Failure{502, who + " sent a malformed answer: " + j.status().message()};
+  if (!j.ok()) return Failure{502, who + " sent a malformed answer: " + j.status().message(), {}};
   auto hits = j->find("hits");
-  if (hits == j->end() || !hits->is_array()) return Failure{502, who + " sent an answer without \"hits\""};
+  if (hits == j->end() || !hits->is_array()) return Failure{502, who + " sent an answer without \"hits\"", {}};
   for (const auto& h : *hits) {
     auto id = h.is_object() ? h.find("id") : h.end();
     if (!h.is_object() || id == h.end() || !id->is_number_unsigned()) {
-      return Failure{502, who + " sent a hit without an unsigned \"id\""};
+      return Failure{502, who + " sent a hit without an unsigned \"id\"", {}};
     }
     retrieved->push_back(id->get<uint64_t>());
   }
   return std::nullopt;
 }
 
-std::optional<AnswerServer::Failure> AnswerServer::Generate(const HttpRequest& req, const AnswerRequest& q,
-                                                            const std::string& prompt, ojson* answer, double* ms) {
+std::string AnswerServer::GenerationBody(const AnswerRequest& q, const std::string& prompt, bool stream) const {
   std::string gen = "{\"model\":";
   AppendJsonString(q.model, &gen);
   gen += ",\"messages\":[{\"role\":\"user\",\"content\":";
@@ -200,33 +196,106 @@ std::optional<AnswerServer::Failure> AnswerServer::Generate(const HttpRequest& r
   AppendJsonNumber(q.max_tokens, &gen);
   gen += ",\"temperature\":";
   AppendJsonNumber(q.temperature, &gen);
-  gen += ",\"stream\":false}";
+  if (stream) {
+    gen += q.include_usage ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}" : ",\"stream\":true}";
+  } else {
+    gen += ",\"stream\":false}";
+  }
+  return gen;
+}
+
+HttpHeaderList AnswerServer::GatewayKeys(const HttpRequest& req) const {
   HttpHeaderList keys;
   for (const char* name : {"Authorization", "x-api-key"}) {
     const std::string_view v = req.headers.Get(name);
     if (!v.empty()) keys.emplace_back(name, std::string(v));
   }
   if (keys.empty() && !opt_.gateway_api_key.empty()) keys.emplace_back("Authorization", "Bearer " + opt_.gateway_api_key);
+  return keys;
+}
+
+std::optional<AnswerServer::Failure> AnswerServer::GatewayRefusal(int status, const std::string& body) const {
+  if (status == 200) return std::nullopt;
+  // The client's own mistakes and limits pass through with their status.
+  if (status == 400 || status == 401 || status == 403 || status == 404 || status == 413 || status == 429) {
+    Failure f{status, "gateway: " + UpstreamMessage(body), {}};
+    if (status == 429) f.extra.emplace_back("Retry-After", "1");
+    return f;
+  }
+  return Failure{502, "gateway at " + gateway_->Address() + " answered " + std::to_string(status) + ": " + UpstreamMessage(body), {}};
+}
+
+std::optional<AnswerServer::Failure> AnswerServer::ParseCompletion(const std::string& body, ojson* answer) const {
+  const std::string who = "gateway at " + gateway_->Address();
+  auto parsed = ParseUntrustedOrderedJson(body, UpstreamLimits());
+  if (!parsed.ok()) return Failure{502, who + " sent a malformed answer: " + parsed.status().message(), {}};
+  if (parsed->find("choices") == parsed->end()) return Failure{502, who + " sent an answer without \"choices\"", {}};
+  *answer = std::move(*parsed);
+  return std::nullopt;
+}
+
+std::optional<AnswerServer::Failure> AnswerServer::Generate(const HttpRequest& req, const AnswerRequest& q,
+                                                            const std::string& prompt, ojson* answer, double* ms) {
   const auto tg = Clock::now();
-  auto reply = gateway_->Call("POST", "/v1/chat/completions", gen, "application/json",
-                              DeadlineIn(opt_.gateway_timeout_ms), keys);
+  auto reply = gateway_->Call("POST", "/v1/chat/completions", GenerationBody(q, prompt, false), "application/json",
+                              DeadlineIn(opt_.gateway_timeout_ms), GatewayKeys(req));
   const double gsecs = SecondsSince(tg);
   *ms = gsecs * 1e3;
   generate_seconds_->Observe(gsecs);
+  if (!reply.ok()) return Failure{503, "gateway at " + gateway_->Address() + " unreachable: " + reply.status().message(), {}};
+  if (auto f = GatewayRefusal(reply->status, reply->body)) return f;
+  return ParseCompletion(reply->body, answer);
+}
+
+std::optional<AnswerServer::Failure> AnswerServer::GenerateStream(const HttpRequest& req, const AnswerRequest& q,
+                                                                  const std::string& prompt, HttpResponder& res,
+                                                                  const std::function<ojson(double)>& keel_member) {
+  const auto tg = Clock::now();
   const std::string who = "gateway at " + gateway_->Address();
-  if (!reply.ok()) return Failure{503, who + " unreachable: " + reply.status().message()};
-  const int gs = reply->status;
-  // The client's own mistakes and limits pass through with their status.
-  if (gs == 400 || gs == 401 || gs == 403 || gs == 404 || gs == 413 || gs == 429) {
-    Failure f{gs, "gateway: " + UpstreamMessage(reply->body)};
-    if (gs == 429) f.extra.emplace_back("Retry-After", "1");
-    return f;
+  // The gateway's event stream is relayed as it arrives. Any other answer (an error, or a whole
+  // completion from an upstream that does not stream) is read whole, as without streaming.
+  enum class Mode { kHead, kRelay, kWhole } mode = Mode::kHead;
+  bool opened = false;
+  int status = 0;
+  std::string whole;
+  SseRelay relay([&res](std::string_view b) { return res.WriteChunk(b); },
+                 [&] { return keel_member(SecondsSince(tg) * 1e3); }, who);
+  HttpStreamSink sink;
+  sink.on_head = [&](int st, const HttpHeaders& h) {
+    status = st;
+    if (st == 200 && h.Get("content-type").substr(0, 17) == "text/event-stream") {
+      mode = Mode::kRelay;
+      // The first token goes out as soon as it is generated: errors from here on are events.
+      opened = res.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+      return opened;
+    }
+    mode = Mode::kWhole;
+    return true;
+  };
+  sink.on_body = [&](std::string_view b) {
+    if (mode == Mode::kRelay) return relay.Feed(b);
+    whole.append(b);
+    return true;
+  };
+  auto reply = gateway_->CallStreaming("POST", "/v1/chat/completions", GenerationBody(q, prompt, true),
+                                       "application/json", DeadlineIn(opt_.gateway_timeout_ms), sink, GatewayKeys(req));
+  generate_seconds_->Observe(SecondsSince(tg));
+  if (mode == Mode::kRelay) {
+    if (opened) {
+      relay.Finish(reply.ok() || reply.status().code() == StatusCode::kCancelled ? "" : reply.status().message());
+      res.EndStream();
+    }
+    return std::nullopt;  // answered (or the client is gone)
   }
-  if (gs != 200) return Failure{502, who + " answered " + std::to_string(gs) + ": " + UpstreamMessage(reply->body)};
-  auto parsed = ParseUntrustedOrderedJson(reply->body, UpstreamLimits());
-  if (!parsed.ok()) return Failure{502, who + " sent a malformed answer: " + parsed.status().message()};
-  if (parsed->find("choices") == parsed->end()) return Failure{502, who + " sent an answer without \"choices\""};
-  *answer = std::move(*parsed);
+  if (!reply.ok()) return Failure{503, who + " unreachable: " + reply.status().message(), {}};
+  if (auto f = GatewayRefusal(status, whole)) return f;
+  ojson answer;
+  if (auto f = ParseCompletion(whole, &answer)) return f;
+  answer["keel"] = keel_member(SecondsSince(tg) * 1e3);
+  if (res.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) {
+    res.WriteChunk(CompletionAsSse(answer, q.include_usage));
+    res.EndStream();
+  }
   return std::nullopt;
 }
 
@@ -234,10 +303,10 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
                          const std::string& state) {
   auto fail = [&res](const Failure& f) { res.Send(f.status, "application/json", OpenAIErrorBody(f.status, f.message), f.extra); };
   auto parsed = ParseAnswerRequest(req.body, opt_.limits);
-  if (!parsed.ok()) return fail({400, parsed.status().message()});
+  if (!parsed.ok()) return fail({400, parsed.status().message(), {}});
   AnswerRequest& q = *parsed;
   if (q.model.empty()) q.model = opt_.default_model;
-  if (q.model.empty()) return fail({400, "model: required (this server has no default model; start it with --model)"});
+  if (q.model.empty()) return fail({400, "model: required (this server has no default model; start it with --model)", {}});
 
   std::vector<uint64_t> retrieved;
   double search_ms = 0;
@@ -252,27 +321,27 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
     doc_ids.push_back(d);
     docs.push_back(corpus_.doc(d));
   }
-  ojson answer;
-  double generate_ms = 0;
-  if (auto f = Generate(req, q, BuildPrompt(docs, q.question, opt_.context_bytes), &answer, &generate_ms)) return fail(*f);
-
-  ojson keel;
-  keel["retrieved"] = retrieved;
-  keel["docs"] = doc_ids;
-  keel["state"] = state;
-  keel["retrieval"] = level.retrieval;
-  keel["context_docs"] = level.context_docs;
-  keel["search_ms"] = search_ms;
-  keel["generate_ms"] = generate_ms;
-  answer["keel"] = std::move(keel);
+  auto keel_member = [&](double generate_ms) {
+    ojson keel;
+    keel["retrieved"] = retrieved;
+    keel["docs"] = doc_ids;
+    keel["state"] = state;
+    keel["retrieval"] = level.retrieval;
+    keel["context_docs"] = level.context_docs;
+    keel["search_ms"] = search_ms;
+    keel["generate_ms"] = generate_ms;
+    return keel;
+  };
+  const std::string prompt = BuildPrompt(docs, q.question, opt_.context_bytes, q.history, opt_.history_bytes);
   if (q.stream) {
-    // Errors above were answered as JSON with their status, as OpenAI does before a stream opens.
-    if (res.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) {
-      res.WriteChunk(CompletionAsSse(answer, q.include_usage));
-      res.EndStream();
-    }
+    // Errors before the stream opens are answered as JSON with their status, as OpenAI does.
+    if (auto f = GenerateStream(req, q, prompt, res, keel_member)) return fail(*f);
     return;
   }
+  ojson answer;
+  double generate_ms = 0;
+  if (auto f = Generate(req, q, prompt, &answer, &generate_ms)) return fail(*f);
+  answer["keel"] = keel_member(generate_ms);
   res.Send(200, "application/json", answer.dump(-1, ' ', false, ojson::error_handler_t::replace));
 }
 

@@ -6,14 +6,17 @@
 //          service or the router: same API) -- only when the state's answer level has retrieval
 //          on AND the request carries keel_retrieval.vector;
 //       2. prompt: the documents of the first level.context_docs hits (vector id i stands for
-//          document i mod corpus size) and the last user message (BuildPrompt);
+//          document i mod corpus size), the newest earlier turns within history_bytes, and the
+//          last user message (BuildPrompt);
 //       3. generate: POST {gateway_url}/v1/chat/completions {"model","messages":[{"role":"user",
 //          "content":prompt}],"max_tokens","temperature"} (`keel gateway`, or an engine: same API);
 //       4. answer: the generator's chat completion with one more member,
 //          "keel":{"retrieved":[all k ids, in order],"docs":[document indices put in the prompt],
 //                  "state":name,"retrieval":bool,"context_docs":n,"search_ms":x,"generate_ms":y};
-//          with "stream": true, the same completion as OpenAI SSE chunks (keel/answer/sse.h),
-//          "keel" on the last chunk. The gateway is always asked without streaming.
+//          with "stream": true, the gateway is asked to stream too and its chunks are relayed
+//          as they arrive (keel/answer/sse.h, SseRelay), "keel" on the chunk with the
+//          finish_reason; errors before the gateway's stream opens are JSON with their status,
+//          later ones an OpenAI error event in the stream, with no [DONE].
 //   GET /healthz, GET /metrics (keel_answer_requests_total{route,code}, keel_answer_inflight,
 //       keel_answer_search_seconds, keel_answer_generate_seconds)
 //
@@ -41,6 +44,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +78,9 @@ struct AnswerServerOptions {
   // of <= 80 bytes, 8 documents and 16 new tokens (docs/answer.md, "Prompt"); raise it for a
   // model with a longer context.
   size_t context_bytes = 100;
+  // Bytes of earlier conversation turns in the prompt (BuildPrompt: the newest whole turns that
+  // fit). 0, the default, sends none: the 256-token models have no room for them.
+  size_t history_bytes = 0;
   int max_inflight = 16;            // requests served at once; beyond: 429 (Shed)
   size_t max_body_bytes = 256 << 10;  // 413 beyond; at least dim x 16 + 4096 (Start refuses less)
   RequestLimits limits;             // limits.dim must be the vector service's dim; max_json_values
@@ -116,6 +123,14 @@ class AnswerServer {
   std::optional<Failure> Search(const std::vector<float>& vector, std::vector<uint64_t>* retrieved, double* ms);
   std::optional<Failure> Generate(const HttpRequest& req, const AnswerRequest& q, const std::string& prompt,
                                   ojson* answer, double* ms);
+  // stream: true. nullopt once the answer was streamed (or the client went away meanwhile);
+  // a Failure when nothing was sent yet.
+  std::optional<Failure> GenerateStream(const HttpRequest& req, const AnswerRequest& q, const std::string& prompt,
+                                        HttpResponder& res, const std::function<ojson(double generate_ms)>& keel_member);
+  std::string GenerationBody(const AnswerRequest& q, const std::string& prompt, bool stream) const;
+  HttpHeaderList GatewayKeys(const HttpRequest& req) const;
+  std::optional<Failure> GatewayRefusal(int status, const std::string& body) const;  // nullopt for 200
+  std::optional<Failure> ParseCompletion(const std::string& body, ojson* answer) const;
 
   const Corpus& corpus_;
   AnswerServerOptions opt_;

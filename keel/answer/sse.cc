@@ -3,6 +3,9 @@
 #include <cstdint>
 #include <ctime>
 
+#include "keel/answer/request.h"
+#include "keel/core/json_reader.h"
+
 namespace keel::answer {
 namespace {
 
@@ -79,6 +82,115 @@ std::string CompletionAsSse(const ojson& completion, bool include_usage) {
   }
   out.append("data: [DONE]\n\n");
   return out;
+}
+
+SseRelay::SseRelay(Write write, std::function<ojson()> keel_member, std::string upstream_name, size_t max_event_bytes)
+    : write_(std::move(write)),
+      keel_member_(std::move(keel_member)),
+      upstream_name_(std::move(upstream_name)),
+      max_event_bytes_(max_event_bytes) {}
+
+bool SseRelay::Send(const ojson& chunk) {
+  std::string out;
+  AppendEvent(chunk, &out);
+  if (!write_(out)) client_gone_ = true;
+  return !client_gone_;
+}
+
+bool SseRelay::Fail(std::string_view why) {
+  failed_ = true;
+  const std::string body = OpenAIErrorBody(502, upstream_name_ + ": " + std::string(why));
+  std::string out = "data: " + body + "\n\n";
+  if (!client_gone_ && !write_(out)) client_gone_ = true;
+  return false;
+}
+
+bool SseRelay::Feed(std::string_view bytes) {
+  if (failed_ || client_gone_) return false;
+  if (done_) return true;  // read on to the end of the body, so the connection can be reused
+  pending_.append(bytes);
+  size_t pos = 0;
+  while (!done_) {
+    const size_t nl = pending_.find('\n', pos);
+    if (nl == std::string::npos) break;
+    std::string_view line(pending_.data() + pos, nl - pos);
+    pos = nl + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) {  // end of an event
+      if (data_.empty()) continue;
+      std::string data = std::move(data_);
+      data_.clear();
+      if (!Event(data)) return false;
+      continue;
+    }
+    if (line.front() == ':') continue;  // a comment: keep-alive
+    const size_t colon = line.find(':');
+    const std::string_view field = line.substr(0, colon);
+    if (field != "data") continue;
+    std::string_view value = colon == std::string_view::npos ? std::string_view() : line.substr(colon + 1);
+    if (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+    if (!data_.empty()) data_.push_back('\n');
+    data_.append(value);
+    if (data_.size() > max_event_bytes_) return Fail("sent an event over " + std::to_string(max_event_bytes_) + " bytes");
+  }
+  if (done_) {
+    pending_.clear();
+    return !client_gone_;
+  }
+  pending_.erase(0, pos);
+  if (pending_.size() + data_.size() > max_event_bytes_) {
+    return Fail("sent an event over " + std::to_string(max_event_bytes_) + " bytes");
+  }
+  return true;
+}
+
+bool SseRelay::Event(std::string_view data) {
+  if (data == "[DONE]") {
+    if (!keel_sent_) {
+      ojson extra = last_envelope_.is_object() ? last_envelope_ : ojson::object();
+      extra["object"] = "chat.completion.chunk";
+      extra["choices"] = ojson::array();
+      extra["keel"] = keel_member_();
+      keel_sent_ = true;
+      if (!Send(extra)) return false;
+    }
+    done_ = true;
+    if (!write_("data: [DONE]\n\n")) client_gone_ = true;
+    return !client_gone_;
+  }
+  JsonLimits limits;
+  limits.max_depth = 16;
+  limits.max_values = 200000;
+  limits.require_object = true;
+  auto chunk = ParseUntrustedOrderedJson(data, limits);
+  if (!chunk.ok()) return Fail("sent a stream event that is not a JSON object: " + chunk.status().message());
+  for (const char* name : {"id", "created", "model", "system_fingerprint"}) {
+    auto it = chunk->find(name);
+    if (it != chunk->end()) last_envelope_[name] = *it;
+  }
+  if (!keel_sent_) {
+    auto choices = chunk->find("choices");
+    bool finished = false;
+    if (choices != chunk->end() && choices->is_array()) {
+      for (const auto& c : *choices) {
+        auto f = c.is_object() ? c.find("finish_reason") : c.end();
+        if (c.is_object() && f != c.end() && f->is_string()) finished = true;
+      }
+    }
+    if (finished) {
+      (*chunk)["keel"] = keel_member_();
+      keel_sent_ = true;
+    }
+  }
+  return Send(*chunk);
+}
+
+bool SseRelay::Finish(std::string_view upstream_error) {
+  if (done_) return true;
+  if (failed_ || client_gone_) return false;
+  if (!upstream_error.empty()) return Fail(std::string("stream broke before [DONE]: ") + std::string(upstream_error));
+  // An unterminated last event is dropped: without [DONE] the answer may be cut anywhere.
+  return Fail("stream ended before [DONE]");
 }
 
 }  // namespace keel::answer

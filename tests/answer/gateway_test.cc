@@ -99,9 +99,9 @@ class AnswerGatewayTest : public ::testing::Test {
     answer_ = std::move(*s);
   }
 
-  HttpTestResponse Ask(const std::vector<std::pair<std::string, std::string>>& headers) {
+  HttpTestResponse Ask(const std::vector<std::pair<std::string, std::string>>& headers,
+                       const std::string& body = R"({"messages":[{"role":"user","content":"Who said it?"}],"max_tokens":4})") {
     HttpTestClient c(answer_->port());
-    const std::string body = R"({"messages":[{"role":"user","content":"Who said it?"}],"max_tokens":4})";
     if (!c.SendRaw(HttpTestClient::BuildRequest("POST", "/v1/chat/completions", body, "application/json", headers))) {
       return {};
     }
@@ -139,6 +139,49 @@ TEST_F(AnswerGatewayTest, AnswersThroughTheGatewayWithTheClientsOrItsOwnKey) {
   EXPECT_NE(wrong.body.find("gateway: "), std::string::npos) << wrong.body;
   HttpTestResponse client = Ask({{"Authorization", "Bearer " + api_key_}});
   EXPECT_EQ(client.status, 200) << client.body;
+}
+
+// Streamed through the real gateway: the same answer as without streaming, token by token (more
+// than one content chunk), the usage chunk, "keel" on the finish chunk, then [DONE].
+TEST_F(AnswerGatewayTest, StreamsThroughTheGatewayWithTheSameAnswer) {
+  StartAnswer(api_key_);
+  const std::string ask = R"({"messages":[{"role":"user","content":"Who said it?"}],"max_tokens":12)";
+  HttpTestResponse whole = Ask({}, ask + "}");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json want = json::parse(whole.body);
+  HttpTestResponse r = Ask({}, ask + R"(,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("Content-Type").rfind("text/event-stream", 0), 0u) << r.Header("Content-Type");
+  std::string content;
+  int content_chunks = 0;
+  json usage, keel;
+  bool done = false;
+  for (size_t pos = 0; pos < r.body.size();) {
+    const size_t end = r.body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos) << r.body;
+    const std::string line = r.body.substr(pos, end - pos);
+    pos = end + 2;
+    ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const json e = json::parse(line.substr(6));
+    ASSERT_FALSE(e.contains("error")) << line;
+    for (const auto& c : e["choices"]) {
+      const std::string piece = c["delta"].value("content", "");
+      content += piece;
+      content_chunks += piece.empty() ? 0 : 1;
+      if (c["finish_reason"].is_string()) EXPECT_TRUE(e.contains("keel")) << line;
+    }
+    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
+    if (e.contains("keel")) keel = e["keel"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(content, want["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_GT(content_chunks, 1);
+  EXPECT_EQ(usage["completion_tokens"], want["usage"]["completion_tokens"]);
+  EXPECT_EQ(keel["state"], kBuiltinStateName);
 }
 
 TEST_F(AnswerGatewayTest, WithoutAnyKeyTheGatewayRefuses) {

@@ -161,6 +161,20 @@ TEST(Prompt, HoldsTheDocumentsSharingTheBudget) {
   EXPECT_EQ(BuildPrompt({"ab\xc3\xa9z"}, "Q", 3), "Context:\n- ab\nQuestion: Q\nAnswer:");
 }
 
+// Earlier turns go in only within the history budget: the newest whole turns that fit, in their
+// order; a turn that does not fit drops itself and every older one.
+TEST(Prompt, HistoryTakesTheNewestWholeTurnsThatFit) {
+  const std::vector<Turn> history = {{true, "old question"}, {false, "old\nanswer"}, {true, "hi"}, {false, "hello"}};
+  EXPECT_EQ(BuildPrompt({}, "Q", 10, history), "Question: Q\nAnswer:");  // no budget: none
+  // "User: hi\n" is 9 bytes, "Assistant: hello\n" 17: 26 fits both, 25 only the last.
+  EXPECT_EQ(BuildPrompt({}, "Q", 10, history, 26), "Conversation:\nUser: hi\nAssistant: hello\nQuestion: Q\nAnswer:");
+  EXPECT_EQ(BuildPrompt({}, "Q", 10, history, 25), "Conversation:\nAssistant: hello\nQuestion: Q\nAnswer:");
+  EXPECT_EQ(BuildPrompt({}, "Q", 10, history, 16), "Question: Q\nAnswer:");
+  EXPECT_EQ(BuildPrompt({"doc"}, "Q", 10, history, 1000),
+            "Conversation:\nUser: old question\nAssistant: old answer\nUser: hi\nAssistant: hello\n"
+            "Context:\n- doc\nQuestion: Q\nAnswer:");
+}
+
 std::string Vec(int n, const std::string& x = "1.5") {
   std::string s = "[";
   for (int i = 0; i < n; ++i) s += (i ? "," : "") + x;
@@ -177,6 +191,10 @@ TEST(Request, ParsesAGoodBody) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->model, "m");
   EXPECT_EQ(r->question, "last");
+  // The history: user and assistant turns before the question (system dropped, null content skipped).
+  ASSERT_EQ(r->history.size(), 1u);
+  EXPECT_TRUE(r->history[0].user);
+  EXPECT_EQ(r->history[0].content, "first");
   EXPECT_EQ(r->max_tokens, 7);
   EXPECT_DOUBLE_EQ(r->temperature, 0.5);
   ASSERT_TRUE(r->vector.has_value());

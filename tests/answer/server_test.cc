@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,6 +21,8 @@
 #include <vector>
 
 #include "keel/answer/replay.h"
+#include "keel/core/http_client.h"
+#include "keel/core/http_server.h"
 #include "keel/answer/quality.h"
 #include "keel/engine/kv_cache.h"
 #include "keel/engine/model.h"
@@ -294,6 +298,145 @@ TEST_F(AnswerServerTest, StreamCarriesTheSameAnswerAsSse) {
   EXPECT_EQ(e.status, 400) << e.body;
   EXPECT_FALSE(e.chunked);
   EXPECT_NE(ErrorMessage(e).find("expected 128 numbers"), std::string::npos) << e.body;
+}
+
+// A stand-in gateway (a real HTTP server on loopback) that streams an answer in OpenAI's format
+// and sends its second content chunk only after the test's client has seen the first: an answer
+// service that waited for the whole generation would never get it.
+TEST_F(AnswerServerTest, StreamRelaysTheGatewaysChunksAsTheyArrive) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool client_saw_first = false;
+  std::atomic<bool> relayed_before_end{false};
+  std::string gateway_body;
+  auto chunk = [](const std::string& delta, const char* finish) {
+    json c = {{"id", "chatcmpl-x"}, {"object", "chat.completion.chunk"}, {"created", 1}, {"model", kModel},
+              {"choices", {{{"index", 0}, {"delta", json::parse(delta)}, {"finish_reason", finish ? json(finish) : json()}}}}};
+    return "data: " + c.dump() + "\n\n";
+  };
+  HttpServerOptions go;
+  go.host = "127.0.0.1";
+  go.port = 0;
+  HttpServer gateway(go, [&](const HttpRequest& req, HttpResponder& res) {
+    gateway_body = req.body;
+    ASSERT_TRUE(res.BeginStream(200, "text/event-stream"));
+    res.WriteChunk(chunk(R"({"role":"assistant","content":""})", nullptr) + chunk(R"({"content":"Hel"})", nullptr));
+    {
+      std::unique_lock lock(mu);
+      relayed_before_end = cv.wait_for(lock, std::chrono::seconds(20), [&] { return client_saw_first; });
+    }
+    res.WriteChunk(chunk(R"({"content":"lo"})", nullptr) + chunk("{}", "stop") + "data: [DONE]\n\n");
+    res.EndStream();
+  });
+  ASSERT_TRUE(gateway.Start().ok());
+  AnswerServerOptions o;
+  o.gateway_url = Url(gateway.port());
+  StartAnswer(o);
+  json body = AskBody((*eval_)[1], 8);
+  body["stream"] = true;
+  HttpClient client({"127.0.0.1", answer_->port()});
+  std::string got;
+  std::string content_type;
+  HttpStreamSink sink;
+  sink.on_head = [&](int status, const HttpHeaders& h) {
+    content_type = std::string(h.Get("content-type"));
+    return status == 200;
+  };
+  sink.on_body = [&](std::string_view b) {
+    got.append(b);
+    if (got.find("\"Hel\"") != std::string::npos) {
+      std::lock_guard lock(mu);
+      client_saw_first = true;
+      cv.notify_all();
+    }
+    return true;
+  };
+  auto r = client.CallStreaming("POST", "/v1/chat/completions", body.dump(), "application/json", DeadlineIn(60000), sink);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, 200);
+  EXPECT_EQ(content_type.rfind("text/event-stream", 0), 0u) << content_type;
+  EXPECT_TRUE(relayed_before_end.load()) << "the first chunk reached the client only after the gateway finished";
+  const json asked = json::parse(gateway_body);
+  EXPECT_EQ(asked["stream"], true);
+  std::string content;
+  json keel;
+  bool done = false;
+  for (size_t pos = 0; pos < got.size();) {
+    const size_t end = got.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos) << got;
+    const std::string line = got.substr(pos, end - pos);
+    pos = end + 2;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const json e = json::parse(line.substr(6));
+    for (const auto& c : e["choices"]) content += c["delta"].value("content", "");
+    if (e.contains("keel")) keel = e["keel"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(content, "Hello");
+  EXPECT_EQ(keel["retrieved"].size(), 10u) << keel.dump();
+  EXPECT_EQ(keel["state"], kBuiltinStateName);
+  gateway.Stop();
+}
+
+// Streamed requests: a gateway that refuses before streaming (429) is answered as JSON with its
+// status; one whose stream is cut mid-answer leaves the client an error event and no [DONE].
+TEST_F(AnswerServerTest, StreamErrorsBeforeAndAfterTheStreamOpens) {
+  HttpServerOptions go;
+  go.host = "127.0.0.1";
+  go.port = 0;
+  HttpServer busy(go, [](const HttpRequest&, HttpResponder& res) {
+    res.Send(429, "application/json", R"({"error":{"message":"budget spent","type":"rate_limit_exceeded"}})");
+  });
+  ASSERT_TRUE(busy.Start().ok());
+  json body = AskBody((*eval_)[0], 8);
+  body["stream"] = true;
+  {
+    AnswerServerOptions o;
+    o.gateway_url = Url(busy.port());
+    StartAnswer(o);
+    HttpTestResponse r = Ask(body.dump());
+    EXPECT_EQ(r.status, 429) << r.body;
+    EXPECT_FALSE(r.chunked);
+    EXPECT_EQ(r.Header("Retry-After"), "1");
+    EXPECT_NE(ErrorMessage(r).find("gateway: budget spent"), std::string::npos) << r.body;
+    answer_->Stop();
+  }
+  busy.Stop();
+  auto listener = ListenTcp("127.0.0.1", 0, 16);
+  ASSERT_TRUE(listener.ok());
+  std::thread cut([fd = listener->fd] {
+    const int c = ::accept(fd, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[65536];
+    (void)!::read(c, buf, sizeof buf);
+    const std::string event =
+        R"(data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hal"},"finish_reason":null}]})"
+        "\n\n";
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx\r\n", event.size());
+    const std::string reply = std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") +
+                              size + event + "\r\n";
+    (void)!::write(c, reply.data(), reply.size());
+    ::close(c);
+  });
+  AnswerServerOptions o;
+  o.gateway_url = Url(listener->port);
+  StartAnswer(o);
+  HttpTestResponse r = Ask(body.dump());
+  cut.join();
+  ::close(listener->fd);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(r.chunked);
+  EXPECT_NE(r.body.find("\"Hal\""), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("data: [DONE]"), std::string::npos) << r.body;
+  const size_t last = r.body.rfind("data: ", r.body.size() - 3);
+  ASSERT_NE(last, std::string::npos) << r.body;
+  const json err = json::parse(r.body.substr(last + 6));
+  EXPECT_EQ(err["error"]["type"], "upstream_error") << r.body;
+  EXPECT_NE(err["error"]["message"].get<std::string>().find("before [DONE]"), std::string::npos) << r.body;
 }
 
 TEST_F(AnswerServerTest, PinnedStatesApplyTheirAnswerLevelAtRunTime) {
