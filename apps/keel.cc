@@ -676,10 +676,17 @@ int RunHiloValidate(HiloValidateArgs a) {
   auto out = hilo::ApplyFigures(std::move(*cat), *measured, fingerprint, UnixSecondsNow(), &notes);
   if (!out.ok()) return Fail(out.status());
   if (Status s = WriteFileAtomic(a.out, hilo::WriteCatalog(*out)); !s.ok()) return Fail(s);
-  std::printf("%-16s %8s %8s %9s %12s  %s\n", "state", "quality", "recall", "agreement", "capacity/s", "saturated");
+  std::printf("%-16s %8s %8s %9s %12s  %-10s %s\n", "state", "quality", "recall", "agreement", "capacity/s", "saturated",
+              a.o.rounds > 1 ? "rounds (spread: max/min - 1)" : "");
   for (const hilo::StateMeasurement& m : *measured) {
-    std::printf("%-16s %8.2f %8.3f %9.3f %12.4g  %s\n", m.state.c_str(), m.quality.quality, m.quality.recall,
-                m.quality.agreement, m.capacity, m.bottleneck.empty() ? "(max rate)" : m.bottleneck.c_str());
+    std::string rounds;
+    if (m.round_capacities.size() > 1) {
+      const auto [lo, hi] = std::minmax_element(m.round_capacities.begin(), m.round_capacities.end());
+      for (double c : m.round_capacities) rounds += fmt::format("{}{:.4g}", rounds.empty() ? "" : " ", c);
+      if (*lo > 0) rounds += fmt::format(" ({:.1f} %)", 100.0 * (*hi / *lo - 1));
+    }
+    std::printf("%-16s %8.2f %8.3f %9.3f %12.4g  %-10s %s\n", m.state.c_str(), m.quality.quality, m.quality.recall,
+                m.quality.agreement, m.capacity, m.bottleneck.empty() ? "(max rate)" : m.bottleneck.c_str(), rounds.c_str());
   }
   for (const std::string& n : notes) std::printf("adjusted: %s\n", n.c_str());
   std::printf("wrote %s (binaries %s) in %.0f s\n", a.out.c_str(), fingerprint.c_str(),
@@ -1152,6 +1159,8 @@ int main(int argc, char** argv) {
   hl_val->add_option("--max-rate", hv.o.max_rate, "stop ramping at this rate")->capture_default_str()->check(CLI::PositiveNumber);
   hl_val->add_option("--step-s", hv.o.step_s, "seconds per ramp step")->capture_default_str()->check(CLI::Range(1.0, 3600.0));
   hl_val->add_option("--refine-steps", hv.o.refine_steps, "bisections between the last passing and first failing rate")->capture_default_str()->check(CLI::Range(0, 10));
+  hl_val->add_option("--rounds", hv.o.rounds, "capacity ramps per state, in rounds over all states; the figure is the lowest round's (capacity on a shared machine moves between runs)")->capture_default_str()->check(CLI::Range(1, 20));
+  hl_val->add_option("--later-round-start", hv.o.later_round_start, "later rounds start their ramp at this fraction of the state's first capacity")->capture_default_str()->check(CLI::Range(0.01, 1.0));
   hl_val->add_option("--apply-timeout-ms", hv.o.apply_timeout_ms, "wait this long for every service to apply a pinned state")->capture_default_str()->check(CLI::Range(100, 600000));
   auto* hl_fp = hilo_cmd->add_subcommand("fingerprint", "Print this executable's fingerprint (what a validated catalog's \"binaries\" must equal)");
   // ---- hilo (end)

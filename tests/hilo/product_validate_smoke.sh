@@ -43,7 +43,7 @@ done
 source "$DIR/env"
 "$KEEL" hilo validate --catalog bench/hilo/product_catalog.json --out "$DIR/validated.json" --controller "$CONTROLLER" \
   --admin-token-file "$ADMIN_TOKEN_FILE" --answer "$ANSWER" --model answer --max-tokens 8 --queries 4 \
-  --step-s 1 --start-rate 1 --growth 2 --max-rate 2 --refine-steps 0 --slo-ms 60000 --max-error-fraction 0.5 \
+  --step-s 1 --start-rate 1 --growth 2 --max-rate 2 --refine-steps 0 --slo-ms 60000 --max-error-fraction 0.5 --rounds 2 \
   >"$DIR/validate.out" 2>&1 || { cat "$DIR/validate.out" >&2; fail "validate failed"; }
 cat "$DIR/validate.out"
 # Every state validated, with the running binaries' fingerprint: check says usable (exit 0).
@@ -51,6 +51,9 @@ cat "$DIR/validate.out"
 grep -q '"binaries": "keel-xxh3-' "$DIR/validated.json" || fail "no fingerprint written"
 # The first state is its own reference: quality = 100 x recall@10, and IVF nprobe 64 finds them all.
 grep -E '^full +100\.00 +1\.000' "$DIR/validate.out" >/dev/null || fail "full state should score 100 with recall 1"
+# Two rounds: every state ramped twice, and the table gives both rounds' capacities.
+[ "$(grep -c 'round 2/2\] capacity' "$DIR/validate.out")" = 5 ] || fail "every state should have a second round"
+grep -E '^minimal .* 2 2 \(0\.0 %\)$' "$DIR/validate.out" >/dev/null || fail "the table should list both rounds' capacities"
 # The controller left pinned refuses to unpin on the old catalog; a controller on the validated one
 # starts unpinned.
 bench/hilo/product.sh stop "$DIR"

@@ -94,6 +94,12 @@ TEST(HiloValidate, MeasureStatesRefusesBadOptionsBeforeAnyCall) {
   o.growth = 1;
   EXPECT_FALSE(MeasureStates(c, o).ok());
   o.growth = 1.5;
+  o.rounds = 0;
+  EXPECT_FALSE(MeasureStates(c, o).ok());
+  o.rounds = 2;
+  o.later_round_start = 1.5;
+  EXPECT_FALSE(MeasureStates(c, o).ok());
+  o.later_round_start = 0.5;
   o.admin_token.clear();
   EXPECT_FALSE(MeasureStates(c, o).ok());
   o.admin_token = "t";

@@ -203,22 +203,32 @@ Status CheckOptions(const ValidateOptions& o) {
   if (!(o.growth > 1) || o.growth > 10) return Status::InvalidArgument("validate: growth must be in (1, 10]");
   if (!(o.step_s >= 1) || o.step_s > 3600) return Status::InvalidArgument("validate: step_s must be in [1, 3600]");
   if (o.refine_steps < 0 || o.refine_steps > 10) return Status::InvalidArgument("validate: refine_steps must be 0..10");
+  if (o.rounds < 1 || o.rounds > 20) return Status::InvalidArgument("validate: rounds must be 1..20");
+  if (!(o.later_round_start > 0 && o.later_round_start <= 1)) {
+    return Status::InvalidArgument("validate: later_round_start must be in (0, 1]");
+  }
   if (o.admin_token.empty()) return Status::InvalidArgument("validate: the controller's admin token is needed to pin states");
   return Status::Ok();
 }
 
-Result<StateMeasurement> MeasureOne(Clients& cl, const ValidateOptions& o, const State& state,
-                                    std::vector<answer::ReplayedAnswer>* reference) {
-  auto say = [&](const std::string& line) {
-    if (o.progress) o.progress(line);
-    else Log().info("{}", line);
-  };
-  StateMeasurement m;
-  m.state = state.name;
-  KEEL_RETURN_IF_ERROR(Pin(cl, state.name));
-  KEEL_RETURN_IF_ERROR(WaitApplied(cl, state.name, o.apply_timeout_ms));
-  say(fmt::format("[{}] pinned and applied by every service; replaying {} evaluation queries", state.name, o.eval.size()));
+void Say(const ValidateOptions& o, const std::string& line) {
+  if (o.progress) o.progress(line);
+  else Log().info("{}", line);
+}
 
+// Pins `state` and waits until every service applied it.
+Status PinAndWait(Clients& cl, const ValidateOptions& o, const std::string& state, const std::string& label) {
+  KEEL_RETURN_IF_ERROR(Pin(cl, state));
+  KEEL_RETURN_IF_ERROR(WaitApplied(cl, state, o.apply_timeout_ms));
+  Say(o, fmt::format("[{}] pinned and applied by every service", label));
+  return Status::Ok();
+}
+
+// Step 2: the evaluation set through the pinned state, scored against the reference (the first
+// state's replay, which this call records when `reference` is empty).
+Status MeasureQuality(Clients& cl, const ValidateOptions& o, const State& state,
+                      std::vector<answer::ReplayedAnswer>* reference, StateMeasurement* m) {
+  Say(o, fmt::format("[{}] replaying {} evaluation queries", state.name, o.eval.size()));
   std::vector<answer::ReplayedAnswer> answers = answer::Replay(*cl.answer, o.eval, o.replay);
   for (const answer::ReplayedAnswer& a : answers) {
     if (a.status == 200 && a.state != state.name) {
@@ -235,24 +245,34 @@ Result<StateMeasurement> MeasureOne(Clients& cl, const ValidateOptions& o, const
     }
     *reference = answers;
   }
-  m.quality = answer::Score(o.eval, *reference, answers);
-  say(fmt::format("[{}] quality {:.2f} (recall@10 {:.3f}, agreement {:.3f}; {} of {} served)", state.name,
-                  m.quality.quality, m.quality.recall, m.quality.agreement, m.quality.served, m.quality.requests));
+  m->quality = answer::Score(o.eval, *reference, answers);
+  Say(o, fmt::format("[{}] quality {:.2f} (recall@10 {:.3f}, agreement {:.3f}; {} of {} served)", state.name,
+                     m->quality.quality, m->quality.recall, m->quality.agreement, m->quality.served, m->quality.requests));
+  return Status::Ok();
+}
 
+struct RampResult {
+  double capacity = 0;     // highest passing rate (0: the first step failed)
+  std::string bottleneck;  // "" when max_rate passed
+};
+
+// Step 3, one ramp from `start_rate`; every step run is appended to m->steps.
+RampResult Ramp(Clients& cl, const ValidateOptions& o, const State& state, const std::string& label, double start_rate,
+                StateMeasurement* m) {
   double pass_rate = 0, fail_rate = 0;
   // A failing step is run once more and fails only if that fails too: one transient stall must not
   // cut a state's capacity (both runs are kept in the steps).
   auto run_confirmed = [&](double rate, const char* what) {
     RampStep s = RunStep(cl, o, rate, state.name);
-    say(fmt::format("[{}] {} {}", state.name, what, Describe(s)));
-    m.steps.push_back(s);
+    Say(o, fmt::format("[{}] {} {}", label, what, Describe(s)));
+    m->steps.push_back(s);
     if (s.pass || !o.confirm_failures) return s;
     s = RunStep(cl, o, rate, state.name);
-    say(fmt::format("[{}] {} (confirming) {}", state.name, what, Describe(s)));
-    m.steps.push_back(s);
+    Say(o, fmt::format("[{}] {} (confirming) {}", label, what, Describe(s)));
+    m->steps.push_back(s);
     return s;
   };
-  for (double rate = o.start_rate;; rate *= o.growth) {
+  for (double rate = start_rate;; rate *= o.growth) {
     rate = std::min(rate, o.max_rate);
     RampStep s = run_confirmed(rate, "ramp");
     if (!s.pass) {
@@ -267,23 +287,56 @@ Result<StateMeasurement> MeasureOne(Clients& cl, const ValidateOptions& o, const
     RampStep s = run_confirmed(mid, "refine");
     (s.pass ? pass_rate : fail_rate) = mid;
   }
-  m.capacity = pass_rate;
+  RampResult r;
+  r.capacity = pass_rate;
   if (fail_rate > 0) {
-    // The bottleneck: highest utilisation at the first failing rate's step.
+    // The bottleneck: highest utilisation at the first failing rate's step of this ramp.
     const RampStep* failing = nullptr;
-    for (const RampStep& s : m.steps) {
-      if (!s.pass && s.rate >= fail_rate && (!failing || s.rate < failing->rate)) failing = &s;
+    for (const RampStep& s : m->steps) {
+      if (!s.pass && s.rate == fail_rate) failing = &s;
     }
     int worst = 0;
     for (int i = 1; i < kNumServices; ++i) {
       if (failing->utilisation[i] > failing->utilisation[worst]) worst = i;
     }
-    m.bottleneck = failing->utilisation[worst] > 0 ? std::string(ServiceName(static_cast<Service>(worst)))
+    r.bottleneck = failing->utilisation[worst] > 0 ? std::string(ServiceName(static_cast<Service>(worst)))
                                                    : "unknown (no service reported utilisation)";
   }
-  say(fmt::format("[{}] capacity {:.3g} req/s{}", state.name, m.capacity,
-                  m.bottleneck.empty() ? " (max_rate reached)" : " (saturated: " + m.bottleneck + ")"));
-  return m;
+  Say(o, fmt::format("[{}] capacity {:.3g} req/s{}", label, r.capacity,
+                     r.bottleneck.empty() ? " (max_rate reached)" : " (saturated: " + r.bottleneck + ")"));
+  return r;
+}
+
+// One round over every state: pin, (round 0: quality), ramp. Later rounds start their ramp at
+// `later_round_start` x the state's first capacity, since the steps below are known to pass; a
+// later ramp that fails at that start is run again from start_rate.
+Status MeasureRound(Clients& cl, const ValidateOptions& o, const Catalog& catalog, int round,
+                    std::vector<answer::ReplayedAnswer>* reference, std::vector<StateMeasurement>* out) {
+  for (size_t i = 0; i < catalog.states.size(); ++i) {
+    const State& state = catalog.states[i];
+    const std::string label =
+        o.rounds > 1 ? fmt::format("{} round {}/{}", state.name, round + 1, o.rounds) : state.name;
+    if (round == 0) {
+      out->emplace_back();
+      (*out)[i].state = state.name;
+    }
+    StateMeasurement& m = (*out)[i];
+    KEEL_RETURN_IF_ERROR(PinAndWait(cl, o, state.name, label));
+    if (round == 0) KEEL_RETURN_IF_ERROR(MeasureQuality(cl, o, state, reference, &m));
+    double start = o.start_rate;
+    if (round > 0 && m.round_capacities[0] > 0) {
+      start = std::clamp(m.round_capacities[0] * o.later_round_start, o.start_rate, o.max_rate);
+    }
+    RampResult r = Ramp(cl, o, state, label, start, &m);
+    if (r.capacity == 0 && start > o.start_rate) r = Ramp(cl, o, state, label, o.start_rate, &m);
+    m.round_capacities.push_back(r.capacity);
+    // The figure is the lowest round's, and so is the bottleneck reported with it.
+    if (m.round_capacities.size() == 1 || r.capacity < m.capacity) {
+      m.capacity = r.capacity;
+      m.bottleneck = r.bottleneck;
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -308,14 +361,7 @@ Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, cons
   std::vector<StateMeasurement> out;
   std::vector<answer::ReplayedAnswer> reference;
   Status failure;
-  for (const State& s : catalog.states) {
-    auto m = MeasureOne(cl, o, s, &reference);
-    if (!m.ok()) {
-      failure = m.status();
-      break;
-    }
-    out.push_back(std::move(*m));
-  }
+  for (int round = 0; round < o.rounds && failure.ok(); ++round) failure = MeasureRound(cl, o, catalog, round, &reference, &out);
   // Unpin. A controller started pinned on an unvalidated catalog refuses (it decides from figures it
   // does not have): leave it pinned to the first state, the product's full quality, and say so.
   if (Status u = Pin(cl, ""); !u.ok()) {

@@ -16,6 +16,10 @@
 //      run fails too (one transient stall must not cut the capacity). The capacity is the highest
 //      passing rate. Before each step the product must settle (no service reports work in flight
 //      or queued), so a step does not inherit an overloaded step's backlog.
+//   With rounds > 1, steps 1 and 3 are repeated over all states in that many rounds (quality is
+//   deterministic and measured once) and the capacity figure is the lowest round's: capacity on a
+//   shared machine moves by several percent between runs, and the controller must not count on
+//   the lucky run.
 // Per-service capacity: every request passes every service once (vector is skipped with retrieval
 // off), so each service's demand equals the product's and the product's capacity is recorded for
 // every service. A service that is not the bottleneck may sustain more; the ramp cannot see that
@@ -56,6 +60,11 @@ struct ValidateOptions {
   double step_s = 10;                // seconds per step
   int refine_steps = 2;              // bisections after the first failing step
   bool confirm_failures = true;      // a failing step fails only if a second run at its rate fails too
+  // Capacity ramps per state, in rounds over all states (so a slow drift of the machine touches
+  // every state alike); the figure is the lowest round's. Later rounds start at
+  // later_round_start x the state's first capacity (never below start_rate).
+  int rounds = 1;
+  double later_round_start = 0.5;
   int apply_timeout_ms = 30000;      // wait this long for every service to apply a pinned state
   int settle_timeout_ms = 60000;     // before each step, wait this long at most for no work in flight
   int workers = 256;                 // open-loop generator threads
@@ -77,8 +86,9 @@ struct RampStep {
 struct StateMeasurement {
   std::string state;
   answer::StateQuality quality;
-  double capacity = 0;      // highest passing rate, req/s (0 when even start_rate failed)
-  std::string bottleneck;   // the service with the highest utilisation at the first failing step
+  double capacity = 0;      // the lowest round's highest passing rate, req/s (0 when even start_rate failed)
+  std::vector<double> round_capacities;  // each round's, in order
+  std::string bottleneck;   // the service with the highest utilisation at that round's first failing step
   std::vector<RampStep> steps;
 };
 
