@@ -1159,7 +1159,8 @@ int main(int argc, char** argv) {
   hl_val->add_option("--max-rate", hv.o.max_rate, "stop ramping at this rate")->capture_default_str()->check(CLI::PositiveNumber);
   hl_val->add_option("--step-s", hv.o.step_s, "seconds per ramp step")->capture_default_str()->check(CLI::Range(1.0, 3600.0));
   hl_val->add_option("--refine-steps", hv.o.refine_steps, "bisections between the last passing and first failing rate")->capture_default_str()->check(CLI::Range(0, 10));
-  hl_val->add_option("--rounds", hv.o.rounds, "capacity ramps per state, in rounds over all states; the figure is the lowest round's (capacity on a shared machine moves between runs)")->capture_default_str()->check(CLI::Range(1, 20));
+  hl_val->add_option("--rounds", hv.o.rounds, "capacity ramps per state, in rounds over all states; the figure is picked by --round-figure (capacity on a shared machine moves between runs)")->capture_default_str()->check(CLI::Range(1, 20));
+  hl_val->add_option_function<std::string>("--round-figure", [&hv](const std::string& v) { hv.o.round_figure = v == "lowest" ? hilo::RoundFigure::kLowest : hilo::RoundFigure::kLowerMedian; }, "which round's capacity is recorded: median (the lower median: one stalled or lucky round does not move it; with 2 rounds the lower) or lowest")->check(CLI::IsMember({"median", "lowest"}))->default_str("median");
   hl_val->add_option("--later-round-start", hv.o.later_round_start, "later rounds start their ramp at this fraction of the state's first capacity")->capture_default_str()->check(CLI::Range(0.01, 1.0));
   hl_val->add_option("--apply-timeout-ms", hv.o.apply_timeout_ms, "wait this long for every service to apply a pinned state")->capture_default_str()->check(CLI::Range(100, 600000));
   auto* hl_fp = hilo_cmd->add_subcommand("fingerprint", "Print this executable's fingerprint (what a validated catalog's \"binaries\" must equal)");

@@ -6,12 +6,13 @@
 //
 //   sim_bench [--catalog bench/hilo/example_catalog.json] [--scale 100] [--baseline-rate 55]
 //             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR] [--time-scale 1]
-//             [--window-s 1] [--slo-ms 1000] [--servers 8] [--jsonl FILE] [--live-loop]
+//             [--window-s 1] [--slo-ms 1000] [--servers 8|service=N,...] [--jsonl FILE] [--live-loop]
 //             [--baseline-queue-ms 20] [--baseline-recover-queue-ms 5] [--no-recent-rate-guard]
 // --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
 // simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
 // replays the trace's shape faster at the same rates, while the controller's dwells stay in real
-// seconds. --servers sets every service's workers at scale 1. --jsonl appends one summary line per
+// seconds. --servers sets every service's workers at scale 1 (N), or some of them
+// (answer=64,engine=32: the others keep 8), e.g. the live product's engine slots. --jsonl appends one summary line per
 // trace and policy, in the fields of the live replay's summary. --live-loop runs the control loop
 // as the live product does (reports and decisions every 250 ms, arrival rates over 2 s) instead
 // of the default 500 ms reports over 500 ms, and its baseline runs the live per-service rule
@@ -22,6 +23,7 @@
 // --baseline-recover-queue-ms set the baseline's thresholds, as `keel hilo serve` does live.
 // --no-recent-rate-guard turns the controller's onset guard off (`--recent-rate-guard false` live).
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -30,7 +32,9 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/hilo/catalog.h"
@@ -52,7 +56,7 @@ struct Args {
   double time_scale = 1;  // real seconds per trace second
   double window_s = 1;    // trace seconds
   double slo_ms = 1000;
-  int servers = 8;
+  std::array<int, kNumServices> servers = {8, 8, 8, 8};
   bool live_loop = false;
   bool recent_rate_guard = true;
   std::string jsonl;  // "" = no JSON summary
@@ -60,6 +64,32 @@ struct Args {
 };
 
 // The trace compressed (or stretched) in time: the same multipliers, time_scale real s per trace s.
+// "N" sets every service's workers; "engine=32,answer=64" sets those named. False when malformed.
+bool ParseServers(std::string_view spec, std::array<int, kNumServices>* out) {
+  auto number = [](std::string_view v, int* n) {
+    if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string_view::npos) return false;
+    *n = std::atoi(std::string(v).c_str());
+    return *n >= 1 && *n <= 4096;
+  };
+  int n = 0;
+  if (spec.find('=') == std::string_view::npos) {
+    if (!number(spec, &n)) return false;
+    out->fill(n);
+    return true;
+  }
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    const std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) return false;
+    const std::optional<Service> svc = ServiceFromName(item.substr(0, eq));
+    if (!svc || !number(item.substr(eq + 1), &n)) return false;
+    (*out)[static_cast<size_t>(*svc)] = n;
+  }
+  return true;
+}
+
 Trace Rescaled(const Trace& t, double time_scale) {
   Trace out = t;
   out.duration_s *= time_scale;
@@ -150,7 +180,12 @@ int Main(int argc, char** argv) {
     else if (const char* v = val("--time-scale")) a.time_scale = std::atof(v);
     else if (const char* v = val("--window-s")) a.window_s = std::atof(v);
     else if (const char* v = val("--slo-ms")) a.slo_ms = std::atof(v);
-    else if (const char* v = val("--servers")) a.servers = std::atoi(v);
+    else if (const char* v = val("--servers")) {
+      if (!ParseServers(v, &a.servers)) {
+        std::fprintf(stderr, "--servers: expected N or service=N[,service=N...] (services answer, vector, engine, gateway; N 1..4096), got '%s'\n", v);
+        return 2;
+      }
+    }
     else if (const char* v = val("--jsonl")) a.jsonl = v;
     else if (const char* v = val("--baseline-queue-ms")) a.baseline.degrade_queue_ms = std::atof(v);
     else if (const char* v = val("--baseline-recover-queue-ms")) a.baseline.recover_queue_ms = std::atof(v);
@@ -186,9 +221,9 @@ int Main(int argc, char** argv) {
     }
     traces.push_back(std::move(t).value());
   }
-  if (!(a.time_scale > 0 && a.time_scale <= 100) || !(a.window_s > 0) || !(a.slo_ms > 0) || a.servers < 1 ||
-      a.servers > 4096 || !(a.scale > 0) || !(a.baseline_rate > 0)) {
-    std::fprintf(stderr, "--time-scale (0, 100], --window-s, --slo-ms, --scale, --baseline-rate > 0, --servers 1..4096\n");
+  if (!(a.time_scale > 0 && a.time_scale <= 100) || !(a.window_s > 0) || !(a.slo_ms > 0) || !(a.scale > 0) ||
+      !(a.baseline_rate > 0)) {
+    std::fprintf(stderr, "--time-scale (0, 100], --window-s, --slo-ms, --scale, --baseline-rate > 0\n");
     return 2;
   }
   if (Status s = CheckBaselineOptions(a.baseline); !s.ok()) {
@@ -205,7 +240,7 @@ int Main(int argc, char** argv) {
   o.window_s = a.window_s * a.time_scale;
   o.slo_ms = a.slo_ms;
   o.timeout_ms = std::max(o.timeout_ms, a.slo_ms);
-  o.servers.fill(a.servers);
+  o.servers = a.servers;
   if (a.live_loop) {  // ServiceLinkOptions' and ControllerServerOptions' defaults
     o.report_interval_s = 0.25;
     o.decide_interval_s = 0.25;

@@ -83,6 +83,20 @@ TEST(HiloApplyFigures, SafeStateNotLastMustStillHaveTheLargestCapacity) {
   ASSERT_FALSE(out.ok());  // the catalog rule, reported rather than papered over
 }
 
+// The recorded round: one stalled round (147.6, as measured) does not move the lower median, and
+// neither does one lucky round; "lowest" takes the stalled one.
+TEST(HiloValidate, ChosenRoundIsTheLowerMedianOrTheLowest) {
+  const std::vector<double> full = {178.2, 189.9, 147.6};
+  EXPECT_EQ(ChosenRound(full, RoundFigure::kLowerMedian), 0u);
+  EXPECT_EQ(ChosenRound(full, RoundFigure::kLowest), 2u);
+  EXPECT_EQ(ChosenRound({349.2, 265.9, 342.3}, RoundFigure::kLowerMedian), 2u);
+  EXPECT_EQ(ChosenRound({200, 100}, RoundFigure::kLowerMedian), 1u);  // two rounds: the lower
+  EXPECT_EQ(ChosenRound({5, 1, 4, 2}, RoundFigure::kLowerMedian), 3u);
+  EXPECT_EQ(ChosenRound({7, 7, 7}, RoundFigure::kLowerMedian), 1u);  // ties keep round order
+  EXPECT_EQ(ChosenRound({42}, RoundFigure::kLowest), 0u);
+  EXPECT_EQ(ChosenRound({}, RoundFigure::kLowerMedian), 0u);
+}
+
 TEST(HiloValidate, MeasureStatesRefusesBadOptionsBeforeAnyCall) {
   Catalog c = Unvalidated();
   ValidateOptions o;

@@ -204,6 +204,9 @@ Status CheckOptions(const ValidateOptions& o) {
   if (!(o.step_s >= 1) || o.step_s > 3600) return Status::InvalidArgument("validate: step_s must be in [1, 3600]");
   if (o.refine_steps < 0 || o.refine_steps > 10) return Status::InvalidArgument("validate: refine_steps must be 0..10");
   if (o.rounds < 1 || o.rounds > 20) return Status::InvalidArgument("validate: rounds must be 1..20");
+  if (o.round_figure != RoundFigure::kLowest && o.round_figure != RoundFigure::kLowerMedian) {
+    return Status::InvalidArgument("validate: round_figure must be lowest or median");
+  }
   if (!(o.later_round_start > 0 && o.later_round_start <= 1)) {
     return Status::InvalidArgument("validate: later_round_start must be in (0, 1]");
   }
@@ -330,16 +333,26 @@ Status MeasureRound(Clients& cl, const ValidateOptions& o, const Catalog& catalo
     RampResult r = Ramp(cl, o, state, label, start, &m);
     if (r.capacity == 0 && start > o.start_rate) r = Ramp(cl, o, state, label, o.start_rate, &m);
     m.round_capacities.push_back(r.capacity);
-    // The figure is the lowest round's, and so is the bottleneck reported with it.
-    if (m.round_capacities.size() == 1 || r.capacity < m.capacity) {
-      m.capacity = r.capacity;
-      m.bottleneck = r.bottleneck;
-    }
+    m.round_bottlenecks.push_back(r.bottleneck);
   }
   return Status::Ok();
 }
 
+void ChooseRoundFigure(const ValidateOptions& o, StateMeasurement* m) {
+  const size_t pick = ChosenRound(m->round_capacities, o.round_figure);
+  m->capacity = m->round_capacities[pick];
+  m->bottleneck = m->round_bottlenecks[pick];
+}
+
 }  // namespace
+
+size_t ChosenRound(const std::vector<double>& capacities, RoundFigure figure) {
+  if (capacities.empty()) return 0;
+  std::vector<size_t> order(capacities.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return capacities[a] < capacities[b]; });
+  return figure == RoundFigure::kLowest ? order.front() : order[(order.size() - 1) / 2];
+}
 
 Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, const ValidateOptions& o) {
   KEEL_RETURN_IF_ERROR(CheckOptions(o));
@@ -362,6 +375,9 @@ Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, cons
   std::vector<answer::ReplayedAnswer> reference;
   Status failure;
   for (int round = 0; round < o.rounds && failure.ok(); ++round) failure = MeasureRound(cl, o, catalog, round, &reference, &out);
+  if (failure.ok()) {
+    for (StateMeasurement& m : out) ChooseRoundFigure(o, &m);
+  }
   // Unpin. A controller started pinned on an unvalidated catalog refuses (it decides from figures it
   // does not have): leave it pinned to the first state, the product's full quality, and say so.
   if (Status u = Pin(cl, ""); !u.ok()) {

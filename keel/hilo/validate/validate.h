@@ -17,9 +17,9 @@
 //      passing rate. Before each step the product must settle (no service reports work in flight
 //      or queued), so a step does not inherit an overloaded step's backlog.
 //   With rounds > 1, steps 1 and 3 are repeated over all states in that many rounds (quality is
-//   deterministic and measured once) and the capacity figure is the lowest round's: capacity on a
-//   shared machine moves by several percent between runs, and the controller must not count on
-//   the lucky run.
+//   deterministic and measured once) and the capacity figure is the rounds' lower median (or the
+//   lowest): capacity on a shared machine moves between runs (2-31 % over three rounds here), and
+//   the controller must count on neither a lucky nor a stalled run.
 // Per-service capacity: every request passes every service once (vector is skipped with retrieval
 // off), so each service's demand equals the product's and the product's capacity is recorded for
 // every service. A service that is not the bottleneck may sustain more; the ramp cannot see that
@@ -46,6 +46,9 @@
 
 namespace keel::hilo {
 
+// Which round's capacity a state records when there are several.
+enum class RoundFigure { kLowerMedian, kLowest };
+
 struct ValidateOptions {
   std::string controller_url;  // http://host:port of `keel hilo serve`
   std::string admin_token;     // its --admin-token-file token (for POST /v1/pin)
@@ -61,9 +64,11 @@ struct ValidateOptions {
   int refine_steps = 2;              // bisections after the first failing step
   bool confirm_failures = true;      // a failing step fails only if a second run at its rate fails too
   // Capacity ramps per state, in rounds over all states (so a slow drift of the machine touches
-  // every state alike); the figure is the lowest round's. Later rounds start at
-  // later_round_start x the state's first capacity (never below start_rate).
+  // every state alike); the figure is the lower median of the rounds (default: one stalled or one
+  // lucky round does not move it) or the lowest. Later rounds start at later_round_start x the
+  // state's first capacity (never below start_rate).
   int rounds = 1;
+  RoundFigure round_figure = RoundFigure::kLowerMedian;
   double later_round_start = 0.5;
   int apply_timeout_ms = 30000;      // wait this long for every service to apply a pinned state
   int settle_timeout_ms = 60000;     // before each step, wait this long at most for no work in flight
@@ -86,11 +91,16 @@ struct RampStep {
 struct StateMeasurement {
   std::string state;
   answer::StateQuality quality;
-  double capacity = 0;      // the lowest round's highest passing rate, req/s (0 when even start_rate failed)
+  double capacity = 0;      // the chosen round's highest passing rate, req/s (0 when even start_rate failed)
   std::vector<double> round_capacities;  // each round's, in order
+  std::vector<std::string> round_bottlenecks;
   std::string bottleneck;   // the service with the highest utilisation at that round's first failing step
   std::vector<RampStep> steps;
 };
+
+// The round whose capacity a state records: the lowest, or the lower median (with 2 rounds, the
+// lower; with 3, the middle). Ties keep the earlier round. 0 for no rounds.
+size_t ChosenRound(const std::vector<double>& capacities, RoundFigure figure);
 
 // Runs steps 1-3 for every state of `catalog` (the controller's catalog: same states and levels)
 // and unpins at the end (also on error); a controller that cannot be unpinned (started pinned on

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The official npm clients (openai, @anthropic-ai/sdk, @google/genai) against `keel gateway`.
+# The official npm clients (openai, @anthropic-ai/sdk, @google/genai) against `keel gateway`, and
+# the openai client against `keel answer` in front of it.
 #
 # Starts, on loopback, one `keel fake-vendor` per kind, a `keel gateway-policy` (SQLite in a temp
 # dir) with a key and a key whose team budget is spent, and `keel gateway` routing virtual models
@@ -7,7 +8,7 @@
 # pending.mjs (features landing now: only those listed as required there fail the run).
 # Exits non-zero if a check failed; each failure is printed with its name.
 #
-#   tests/gateway/sdk/run.sh [openai|anthropic|gemini|pending ...]   (default: all four)
+#   tests/gateway/sdk/run.sh [openai|anthropic|gemini|answer|pending ...]   (default: all five)
 #
 # Needs: a built build/keel (or $KEEL_BINARY), node >= 18, `npm ci` run in tests/gateway/sdk,
 # curl. $KEEL_SDK_KEEP=1 keeps the temp dir (logs, config) for a look afterwards.
@@ -17,7 +18,7 @@ ROOT=$(cd "$HERE/../../.." && pwd)
 KEEL=${KEEL_BINARY:-$ROOT/build/keel}
 NODE=${NODE:-node}
 SUITES=("$@")
-[ ${#SUITES[@]} -gt 0 ] || SUITES=(openai anthropic gemini pending)
+[ ${#SUITES[@]} -gt 0 ] || SUITES=(openai anthropic gemini answer pending)
 
 die() { echo "sdk/run.sh: $*" >&2; exit 2; }
 [ -x "$KEEL" ] || die "no keel binary at $KEEL (build it: ninja -C build keel)"
@@ -93,6 +94,7 @@ cat >"$WORK/gateway.json" <<EOF
     {"name": "sdk-gemini-tools",    "targets": [{"upstream": "ge", "model": "gemini-tools"}]},
     {"name": "sdk-embed",           "targets": [{"upstream": "oa", "model": "text-embedding-3-small"}]},
     {"name": "sdk-only-429",        "targets": [{"upstream": "oa", "model": "gpt-error-429"}]},
+    {"name": "sdk-truncate",        "targets": [{"upstream": "oa", "model": "gpt-truncate"}]},
     {"name": "sdk-fallback",        "targets": [{"upstream": "oa", "model": "gpt-error-429"},
                                                 {"upstream": "an", "model": "claude-ok"}]}
   ]
@@ -103,13 +105,22 @@ GW_PID=$!
 PIDS+=($GW_PID)
 GW=$(listening_url "$WORK/gateway.out" "keel gateway")
 
-export KEEL_GW_URL=$GW KEEL_GW_KEY=$KEY KEEL_GW_BUDGET_KEY=$BUDGET_KEY
+# keel answer in front of the gateway: a two-document corpus, no vector service behind it.
+printf 'one document\n\nanother document\n' >"$WORK/corpus.txt"
+ANSWER_PORT=$("$NODE" -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+"$KEEL" answer serve --port "$ANSWER_PORT" --vector http://127.0.0.1:9 --gateway "$GW" --model sdk-openai \
+  --corpus "$WORK/corpus.txt" >"$WORK/answer.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$ANSWER_PORT/healthz" >/dev/null 2>&1 && break; sleep 0.05; done
+curl -sf "http://127.0.0.1:$ANSWER_PORT/healthz" >/dev/null || { tail -20 "$WORK/answer.log" >&2; die "keel answer did not start"; }
+
+export KEEL_GW_URL=$GW KEEL_GW_KEY=$KEY KEEL_GW_BUDGET_KEY=$BUDGET_KEY KEEL_ANSWER_URL=http://127.0.0.1:$ANSWER_PORT
 export KEEL_FAKE_OPENAI_URL=${FAKE[openai]} KEEL_FAKE_ANTHROPIC_URL=${FAKE[anthropic]} KEEL_FAKE_GEMINI_URL=${FAKE[gemini]}
 echo "sdk/run.sh: gateway $GW; node $("$NODE" --version); $(cd "$HERE" && "$NODE" -p '["openai","@anthropic-ai/sdk","@google/genai"].map(p=>p+"@"+JSON.parse(require("fs").readFileSync("node_modules/"+p+"/package.json")).version).join(", ")')"
 
 failed=()
 for suite in "${SUITES[@]}"; do
-  [ -f "$HERE/$suite.mjs" ] || die "no suite $suite (openai, anthropic, gemini, pending)"
+  [ -f "$HERE/$suite.mjs" ] || die "no suite $suite (openai, anthropic, gemini, answer, pending)"
   echo "== $suite"
   if ! (cd "$HERE" && timeout 600 "$NODE" "$suite.mjs"); then failed+=("$suite"); fi
   kill -0 "$GW_PID" 2>/dev/null || { failed+=("gateway-died"); echo "keel gateway exited:"; tail -20 "$WORK/gateway.log"; break; }
