@@ -7,6 +7,7 @@
 #include <optional>
 #include <queue>
 #include <random>
+#include <unordered_set>
 
 #include "keel/hilo/windowed_rate.h"
 
@@ -40,6 +41,8 @@ struct Req {
   int stage = 0;        // index into kPath
   int worst = 0;        // the cheapest level applied so far, as a state index (Sim::quality_state_)
   int answer_level = 0;
+  uint32_t gen = 0;     // bumped when its pending kDone is replaced; older ones are ignored
+  double done_at = 0;   // when its service in progress ends
 };
 
 enum class EvType : uint8_t { kDone, kReport, kDecide, kApply };
@@ -49,6 +52,7 @@ struct Event {
   EvType type;
   int svc;
   int64_t arg;  // request id (kDone) or state index (kApply)
+  uint32_t gen = 0;  // kDone: the request's gen when pushed
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
@@ -56,6 +60,7 @@ struct Station {
   int servers = 1;
   size_t bound = 0;
   int busy = 0;
+  std::unordered_set<int64_t> serving;  // requests in service (only kept where a level reaches them)
   std::deque<int64_t> waiting;
   int level = 0;
   // The current report window.
@@ -148,11 +153,13 @@ class Sim {
       Event e = events_.top();
       events_.pop();
       switch (e.type) {
-        case EvType::kDone: Done(e.svc, e.arg, e.t); break;
+        case EvType::kDone:
+          if (e.gen == reqs_[e.arg].gen) Done(e.svc, e.arg, e.t);
+          break;
         case EvType::kReport: Report(e.t); break;
         case EvType::kDecide: Decide(e.t); break;
         case EvType::kApply:
-          for (Station& st : st_) st.level = static_cast<int>(e.arg);
+          for (int svc = 0; svc < kNumServices; ++svc) SetLevel(svc, static_cast<int>(e.arg), e.t);
           break;
       }
     }
@@ -161,10 +168,32 @@ class Sim {
   }
 
  private:
-  void Push(double t, EvType type, int svc, int64_t arg) { events_.push(Event{t, seq_++, type, svc, arg}); }
+  void Push(double t, EvType type, int svc, int64_t arg, uint32_t gen = 0) {
+    events_.push(Event{t, seq_++, type, svc, arg, gen});
+  }
+
+  bool ReachesAdmitted(int svc) const { return o_.engine_clamps_admitted && svc == static_cast<int>(Service::kEngine); }
+
+  // Every level change goes through here. Where the new level reaches work in service (the
+  // engine's max_new_tokens falling), that work is cut: its remaining time shrinks by the capacity
+  // ratio and it scores as the new level.
+  void SetLevel(int svc, int level, double t) {
+    Station& st = st_[svc];
+    const int old = st.level;
+    st.level = level;
+    if (!ReachesAdmitted(svc) || level == old) return;
+    if (cat_.states[level].engine.max_new_tokens >= cat_.states[old].engine.max_new_tokens) return;
+    const double ratio = std::min(1.0, cat_.states[old].figures->capacity[svc] / cat_.states[level].figures->capacity[svc]);
+    for (int64_t id : st.serving) {
+      Req& r = reqs_[id];
+      r.worst = std::max(r.worst, quality_state_[svc][level]);
+      r.done_at = t + (r.done_at - t) * ratio;
+      Push(r.done_at, EvType::kDone, svc, id, ++r.gen);
+    }
+  }
 
   void Arrive(int64_t id, double t) {
-    reqs_[id] = Req{t, t, 0, 0, 0};
+    reqs_[id] = Req{t, t, 0, 0, 0, 0, 0};
     ++res_.arrived;
     Enter(id, t);
   }
@@ -197,7 +226,9 @@ class Sim {
     if (svc == static_cast<int>(Service::kAnswer)) r.answer_level = st.level;
     const double capacity = cat_.states[st.level].figures->capacity[svc] * o_.scale;
     const double mean_s = o_.capacity_utilisation * st.servers / capacity;
-    Push(t + UnitExp(o_.seed, id, svc) * mean_s, EvType::kDone, svc, id);
+    r.done_at = t + UnitExp(o_.seed, id, svc) * mean_s;
+    if (ReachesAdmitted(svc)) st.serving.insert(id);
+    Push(r.done_at, EvType::kDone, svc, id, r.gen);
   }
 
   void Done(int svc, int64_t id, double t) {
@@ -205,6 +236,7 @@ class Sim {
     Req& r = reqs_[id];
     st.Account(t);
     --st.busy;
+    st.serving.erase(id);
     st.sojourn_ms.push_back((t - r.enqueued) * 1000);
     if (++r.stage == kNumServices) {
       ++res_.served;
@@ -257,12 +289,12 @@ class Sim {
         } else {
           const ServiceStep step = st.policy->Observe(r, now_ms);
           if (step.changed) {
-            st.level = step.to;
+            SetLevel(s, step.to, t);
             ++res_.transitions;
           }
         }
       } else {
-        LocalRule(st, t);
+        LocalRule(s, t);
       }
       st.arrivals = 0;
       st.busy_integral = 0;
@@ -280,14 +312,15 @@ class Sim {
 
   // DAGOR-like: one step cheaper per report while the mean queueing delay is over the threshold;
   // one step back after a calm dwell.
-  void LocalRule(Station& st, double t) {
+  void LocalRule(int svc, double t) {
+    Station& st = st_[svc];
     const double qdelay = st.qdelay_n > 0 ? st.qdelay_sum_ms / st.qdelay_n : 0;
     const int cheapest = static_cast<int>(cat_.states.size()) - 1;
     const BaselineOptions& b = o_.baseline;
     if (qdelay > b.degrade_queue_ms) {
       st.calm_since = -1;
       if (st.level < cheapest) {
-        ++st.level;
+        SetLevel(svc, st.level + 1, t);
         st.last_change = t;
         ++res_.transitions;
       }
@@ -299,7 +332,7 @@ class Sim {
     }
     if (st.calm_since < 0) st.calm_since = t;
     if (st.level > 0 && t - st.calm_since >= b.recover_dwell_s && t - st.last_change >= b.min_dwell_s) {
-      --st.level;
+      SetLevel(svc, st.level - 1, t);
       st.last_change = t;
       st.calm_since = t;
       ++res_.transitions;

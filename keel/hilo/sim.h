@@ -59,6 +59,11 @@ struct SimOptions {
   // kBaseline runs the live per-service rule (ServicePolicy, baseline.h) on each service's modelled
   // LoadReports instead of the sim's own rule on measured queueing delay.
   bool live_baseline = false;
+  // As the live engine does (it clamps admitted work to a new state's max_new_tokens): when the
+  // engine's level changes to one with fewer max_new_tokens, requests in service there finish in
+  // their remaining time x old capacity / new capacity, and score as the new level. Off: a level
+  // applies only to requests that start after it.
+  bool engine_clamps_admitted = true;
   uint64_t seed = 1;
 };
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tests/hilo/test_catalog.h"
 
 namespace keel::hilo {
@@ -177,6 +179,41 @@ TEST(Sim, ServiceAtAStateWithItsOwnLevelsUnchangedScoresAsBefore) {
   EXPECT_GT(r->time_in_state_s[1] + r->time_in_state_s[2] + r->time_in_state_s[3], 20);  // it did step down
   EXPECT_EQ(r->time_in_state_s[4], 0);
   EXPECT_EQ(r->max_drop, 0);
+}
+
+// As the live engine clamps admitted work to a new state's max_new_tokens, a degrade reaches the
+// engine's requests in service: they finish sooner (remaining time x the capacity ratio) and score
+// as the new state. Here only the engine limits (100 slots, so a request takes 0.9 s in full), and
+// the state HiLO degrades to cuts max_new_tokens for 5x the capacity.
+TEST(Sim, EngineDegradeReachesRequestsInService) {
+  Catalog c = TestCatalog();
+  constexpr int kEngine = static_cast<int>(Service::kEngine);
+  for (State& st : c.states) {
+    for (int s = 0; s < kNumServices; ++s) {
+      if (s != kEngine) st.figures->capacity[s] = 5000;
+    }
+    st.figures->capacity[kEngine] = std::max(st.figures->capacity[kEngine], 500.0);
+  }
+  c.states[0].figures->capacity[kEngine] = 100;
+  c.states[1].engine.max_new_tokens = 32;
+  ASSERT_TRUE(ValidateCatalog(c).ok());
+  SimOptions o;
+  o.baseline_rate = 60;  // the step to 150 req/s is 1.5x full's engine capacity
+  o.servers = {8, 8, 100, 8};
+  o.slo_ms = 1000;
+  o.timeout_ms = 1e9;
+  o.queue_per_server = 1000;  // nothing shed
+  SimOptions off = o;
+  off.engine_clamps_admitted = false;
+  Result<SimResult> reach = Simulate(c, Step(1, 2.5), Policy::kHilo, o);
+  Result<SimResult> later = Simulate(c, Step(1, 2.5), Policy::kHilo, off);
+  ASSERT_TRUE(reach.ok() && later.ok());
+  ASSERT_GT(reach->transitions, 0);
+  EXPECT_EQ(reach->shed + later->shed, 0);
+  // Cut short, fewer of the requests in service at the switch are late (639 against 677 here)...
+  EXPECT_LT(reach->slo_violations, later->slo_violations) << reach->slo_violations << " vs " << later->slo_violations;
+  // ...and those served score as the cheaper state: the windows' quality changes with them.
+  EXPECT_NE(reach->mean_drop, later->mean_drop);
 }
 
 TEST(Sim, RefusesBadInput) {
