@@ -688,6 +688,14 @@ int RunHiloValidate(HiloValidateArgs a) {
     std::printf("%-16s %8.2f %8.3f %9.3f %12.4g  %-10s %s\n", m.state.c_str(), m.quality.quality, m.quality.recall,
                 m.quality.agreement, m.capacity, m.bottleneck.empty() ? "(max rate)" : m.bottleneck.c_str(), rounds.c_str());
   }
+  std::printf("recorded per-service capacity (req/s; estimated from utilisation, at least the product's):\n");
+  for (const hilo::State& st : out->states) {
+    std::printf("  %-16s", st.name.c_str());
+    for (hilo::Service svc : hilo::kAllServices) {
+      std::printf(" %s %.4g", std::string(hilo::ServiceName(svc)).c_str(), st.figures->Capacity(svc));
+    }
+    std::printf("\n");
+  }
   for (const std::string& n : notes) std::printf("adjusted: %s\n", n.c_str());
   std::printf("wrote %s (binaries %s) in %.0f s\n", a.out.c_str(), fingerprint.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());

@@ -124,11 +124,12 @@ void AppendJsonl(FILE* f, const Trace& t, const SimResult& r, const Catalog& c, 
 bool WriteWindowsCsv(const std::string& path, const SimResult& r, double time_scale) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) return false;
-  f << "t_s,arrived,mean_quality,state_index\n";
-  char line[128];
+  // The first four columns are what plot.sh reads; the levels follow live.sh's names.
+  f << "t_s,arrived,mean_quality,state_index,answer_level,vector_level,engine_level,gateway_level\n";
+  char line[160];
   for (const SimWindow& w : r.windows) {
-    std::snprintf(line, sizeof line, "%.3f,%lld,%.4f,%d\n", w.t_s / time_scale, static_cast<long long>(w.arrived), w.mean_quality,
-                  w.state);
+    std::snprintf(line, sizeof line, "%.3f,%lld,%.4f,%d,%d,%d,%d,%d\n", w.t_s / time_scale, static_cast<long long>(w.arrived),
+                  w.mean_quality, w.state, w.levels[0], w.levels[1], w.levels[2], w.levels[3]);
     f << line;
   }
   return static_cast<bool>(f);

@@ -87,6 +87,7 @@ struct WindowAcc {
   int64_t arrived = 0;
   double drop_sum = 0;  // sum of full_quality - quality
   int state = 0;
+  std::array<int, kNumServices> levels{};
 };
 
 class Sim {
@@ -306,7 +307,10 @@ class Sim {
     for (const Station& st : st_) eff = std::max(eff, st.level);
     res_.time_in_state_s[eff] += o_.report_interval_s;
     size_t w = static_cast<size_t>((t - 1e-9) / o_.window_s);
-    if (w < windows_.size()) windows_[w].state = eff;
+    if (w < windows_.size()) {
+      windows_[w].state = eff;
+      for (int s = 0; s < kNumServices; ++s) windows_[w].levels[s] = st_[s].level;
+    }
     if (t + o_.report_interval_s <= trace_.duration_s + 1e-9) Push(t + o_.report_interval_s, EvType::kReport, 0, 0);
   }
 
@@ -365,7 +369,7 @@ class Sim {
       res_.max_drop = std::max(res_.max_drop, drop);
       drop_total += drop;
       ++counted;
-      res_.windows.push_back(SimWindow{static_cast<double>(i) * o_.window_s, w.arrived, full_q_ - drop, w.state});
+      res_.windows.push_back(SimWindow{static_cast<double>(i) * o_.window_s, w.arrived, full_q_ - drop, w.state, w.levels});
     }
     res_.mean_drop = counted > 0 ? drop_total / static_cast<double>(counted) : 0;
   }

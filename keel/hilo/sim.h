@@ -72,6 +72,7 @@ struct SimWindow {
   int64_t arrived = 0;
   double mean_quality = 0;  // over arrived requests; shed/failed/late score 0
   int state = 0;            // cheapest state index applied at the window's end
+  std::array<int, kNumServices> levels{};  // each service's level (state index) at the window's end
 };
 
 struct SimResult {

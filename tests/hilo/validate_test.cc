@@ -83,6 +83,55 @@ TEST(HiloApplyFigures, SafeStateNotLastMustStillHaveTheLargestCapacity) {
   ASSERT_FALSE(out.ok());  // the catalog rule, reported rather than papered over
 }
 
+// A service's own capacity from the chosen round's highest passing step: rate x 0.9 / its
+// utilisation, never below the product's figure, at most 100x it; other rounds' steps and failing
+// steps do not count.
+TEST(HiloValidate, ServiceCapacitiesFromTheHighestPassingStep) {
+  StateMeasurement m;
+  auto step = [](int round, double rate, bool pass, std::array<double, kNumServices> u) {
+    RampStep s;
+    s.round = round;
+    s.rate = rate;
+    s.sent = 100;
+    s.pass = pass;
+    s.utilisation = u;
+    return s;
+  };
+  // answer, vector, engine, gateway
+  m.steps = {step(0, 100, true, {0.30, 0.001, 0.50, 0.01}), step(0, 178, true, {0.63, 0, 0.91, 0.01}),
+             step(0, 211, false, {1, 0, 1, 0.02}), step(1, 190, true, {0.5, 0.5, 0.5, 0.5})};
+  const auto est = ServiceCapacities(m, 0, 178);
+  EXPECT_NEAR(est[0], 178 * 0.9 / 0.63, 1e-9);  // the answer: 254 req/s
+  EXPECT_DOUBLE_EQ(est[1], 17800);              // no utilisation reported: 100x
+  EXPECT_DOUBLE_EQ(est[2], 178);                // the bottleneck: the product's figure
+  EXPECT_DOUBLE_EQ(est[3], 16020);
+  const auto none = ServiceCapacities(m, 2, 178);  // no step in that round
+  for (double v : none) EXPECT_EQ(v, 0);
+  m.steps = {step(0, 2, true, {0.01, 0, 0.02, 0})};  // nothing near a limit: no estimate
+  for (double v : ServiceCapacities(m, 0, 2)) EXPECT_EQ(v, 0);
+}
+
+// Estimates replace the product's figure per service and are raised down the list per service.
+TEST(HiloApplyFigures, ServiceEstimatesArePerServiceAndMonotone) {
+  Catalog c = Unvalidated();
+  auto m = Measured(c, {98, 97, 90, 80, 40}, {10, 12, 15, 20, 40});
+  m[0].service_capacity = {50, 1000, 10, 500};
+  m[1].service_capacity = {40, 1200, 12, 500};  // the answer's estimate fell: raised to 50
+  std::vector<std::string> notes;
+  auto out = ApplyFigures(c, m, "fp", 1, &notes);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_DOUBLE_EQ(out->states[0].figures->Capacity(Service::kVector), 1000);
+  EXPECT_DOUBLE_EQ(out->states[0].figures->Capacity(Service::kEngine), 10);
+  EXPECT_DOUBLE_EQ(out->states[1].figures->Capacity(Service::kAnswer), 50);
+  EXPECT_DOUBLE_EQ(out->states[1].figures->Capacity(Service::kVector), 1200);
+  // States without estimates keep the raised figures above them, or their own when larger.
+  EXPECT_DOUBLE_EQ(out->states[2].figures->Capacity(Service::kVector), 1200);
+  EXPECT_DOUBLE_EQ(out->states[2].figures->Capacity(Service::kEngine), 15);
+  EXPECT_DOUBLE_EQ(out->states[4].figures->Capacity(Service::kEngine), 40);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("answer's estimated capacity"), std::string::npos) << notes[0];
+}
+
 // The recorded round: one stalled round (147.6, as measured) does not move the lower median, and
 // neither does one lucky round; "lowest" takes the stalled one.
 TEST(HiloValidate, ChosenRoundIsTheLowerMedianOrTheLowest) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -261,16 +262,18 @@ struct RampResult {
 
 // Step 3, one ramp from `start_rate`; every step run is appended to m->steps.
 RampResult Ramp(Clients& cl, const ValidateOptions& o, const State& state, const std::string& label, double start_rate,
-                StateMeasurement* m) {
+                int round, StateMeasurement* m) {
   double pass_rate = 0, fail_rate = 0;
   // A failing step is run once more and fails only if that fails too: one transient stall must not
   // cut a state's capacity (both runs are kept in the steps).
   auto run_confirmed = [&](double rate, const char* what) {
     RampStep s = RunStep(cl, o, rate, state.name);
+    s.round = round;
     Say(o, fmt::format("[{}] {} {}", label, what, Describe(s)));
     m->steps.push_back(s);
     if (s.pass || !o.confirm_failures) return s;
     s = RunStep(cl, o, rate, state.name);
+    s.round = round;
     Say(o, fmt::format("[{}] {} (confirming) {}", label, what, Describe(s)));
     m->steps.push_back(s);
     return s;
@@ -330,8 +333,8 @@ Status MeasureRound(Clients& cl, const ValidateOptions& o, const Catalog& catalo
     if (round > 0 && m.round_capacities[0] > 0) {
       start = std::clamp(m.round_capacities[0] * o.later_round_start, o.start_rate, o.max_rate);
     }
-    RampResult r = Ramp(cl, o, state, label, start, &m);
-    if (r.capacity == 0 && start > o.start_rate) r = Ramp(cl, o, state, label, o.start_rate, &m);
+    RampResult r = Ramp(cl, o, state, label, start, round, &m);
+    if (r.capacity == 0 && start > o.start_rate) r = Ramp(cl, o, state, label, o.start_rate, round, &m);
     m.round_capacities.push_back(r.capacity);
     m.round_bottlenecks.push_back(r.bottleneck);
   }
@@ -342,9 +345,29 @@ void ChooseRoundFigure(const ValidateOptions& o, StateMeasurement* m) {
   const size_t pick = ChosenRound(m->round_capacities, o.round_figure);
   m->capacity = m->round_capacities[pick];
   m->bottleneck = m->round_bottlenecks[pick];
+  m->service_capacity = ServiceCapacities(*m, static_cast<int>(pick), m->capacity);
 }
 
 }  // namespace
+
+std::array<double, kNumServices> ServiceCapacities(const StateMeasurement& m, int round, double capacity, double target,
+                                                   double max_factor) {
+  constexpr double kMinUtilisationToEstimate = 0.5;
+  std::array<double, kNumServices> out{};
+  const RampStep* top = nullptr;
+  for (const RampStep& s : m.steps) {
+    if (s.round == round && s.pass && s.sent > 0 && (top == nullptr || s.rate > top->rate)) top = &s;
+  }
+  if (top == nullptr || !(capacity > 0)) return out;
+  // Far from any limit the extrapolation is too long to trust (a ramp that reached max_rate).
+  if (*std::max_element(top->utilisation.begin(), top->utilisation.end()) < kMinUtilisationToEstimate) return out;
+  for (int i = 0; i < kNumServices; ++i) {
+    const double u = top->utilisation[i];
+    const double est = u > 0 ? top->rate * target / u : std::numeric_limits<double>::infinity();
+    out[i] = std::clamp(est, capacity, max_factor * capacity);
+  }
+  return out;
+}
 
 size_t ChosenRound(const std::vector<double>& capacities, RoundFigure figure) {
   if (capacities.empty()) return 0;
@@ -429,10 +452,27 @@ Result<Catalog> ApplyFigures(Catalog c, const std::vector<StateMeasurement>& mea
       capacity[i] = capacity[i - 1];
     }
   }
+  // Each service's figure: its estimate where there is one (never below the product's), else the
+  // product's; raised down the list by the same rule, per service.
+  std::vector<std::array<double, kNumServices>> per(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (int k = 0; k < kNumServices; ++k) {
+      const double est = measured[i].service_capacity[k];
+      per[i][k] = est > 0 ? std::min(std::max(est, capacity[i]), 1e9) : capacity[i];
+      if (i > 0 && per[i][k] < per[i - 1][k]) {
+        if (notes && est > 0) {
+          notes->push_back(fmt::format("'{}': {}'s estimated capacity {:.4g} below '{}''s {:.4g}: recorded as {:.4g}",
+                                       c.states[i].name, ServiceName(static_cast<Service>(k)), per[i][k],
+                                       c.states[i - 1].name, per[i - 1][k], per[i - 1][k]));
+        }
+        per[i][k] = per[i - 1][k];
+      }
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     Figures f;
     f.quality = quality[i];
-    f.capacity.fill(capacity[i]);
+    f.capacity = per[i];
     f.validated_at = now_s;
     c.states[i].figures = f;
   }

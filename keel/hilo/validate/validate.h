@@ -78,6 +78,7 @@ struct ValidateOptions {
 };
 
 struct RampStep {
+  int round = 0;         // the round it belongs to
   double rate = 0;       // offered req/s
   int64_t sent = 0;
   int64_t ok = 0;        // 200
@@ -94,9 +95,24 @@ struct StateMeasurement {
   double capacity = 0;      // the chosen round's highest passing rate, req/s (0 when even start_rate failed)
   std::vector<double> round_capacities;  // each round's, in order
   std::vector<std::string> round_bottlenecks;
+  // Each service's own capacity, estimated from the chosen round's highest passing step (see
+  // ServiceCapacities); all 0 when not estimated (ApplyFigures then records `capacity` for all).
+  std::array<double, kNumServices> service_capacity{};
   std::string bottleneck;   // the service with the highest utilisation at that round's first failing step
   std::vector<RampStep> steps;
 };
+
+// Each service's own capacity, estimated from what the product's ramp saw: at the highest passing
+// step of round `round` (rate R), a service that reported utilisation u would be `target` busy at
+// R x target / u, if its load stayed proportional to the rate. The estimate is bounded below by
+// `capacity` (the product passed it, so every service sustains it) and above by max_factor x
+// capacity (a service that reported almost no utilisation). It assumes the service's share of the
+// machine is not taken by the others, so it is an estimate, not a measurement of the service
+// alone. All 0 when the round has no passing step, or when no service reported utilisation of
+// at least 0.5 there (far from every limit, e.g. a ramp that reached max_rate, the extrapolation
+// is too long to trust).
+std::array<double, kNumServices> ServiceCapacities(const StateMeasurement& m, int round, double capacity,
+                                                   double target = 0.9, double max_factor = 100);
 
 // The round whose capacity a state records: the lowest, or the lower median (with 2 rounds, the
 // lower; with 3, the middle). Ties keep the earlier round. 0 for no rounds.
@@ -109,7 +125,9 @@ size_t ChosenRound(const std::vector<double>& capacities, RoundFigure figure);
 Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, const ValidateOptions& options);
 
 // The catalog with the measured figures (quality, capacity for every service, validated_at =
-// now_s) and binaries = fingerprint, adjusted as described above; `notes` receives one line per
+// now_s) and binaries = fingerprint, adjusted as described above (a service's estimated capacity,
+// where there is one, replaces the product's figure for that service, and is raised down the list
+// like it); `notes` receives one line per
 // adjustment. InvalidArgument when measurements do not match the catalog's states, a state has no
 // capacity (failed at start_rate), or the result fails ValidateCatalog.
 Result<Catalog> ApplyFigures(Catalog catalog, const std::vector<StateMeasurement>& measured,
