@@ -9,7 +9,10 @@
 # drops and their differences relative to the live figure.
 #
 #   bench/hilo/sim_vs_live.sh LIVE_OUT [OUT]        (OUT default LIVE_OUT/sim)
-# Knobs: BUILD (default build), SIM_SCALE (100), SERVERS (8: workers per service at scale 1).
+# Knobs: BUILD (default build), SIM_SCALE (100), SERVERS (workers per service at scale 1: N, or
+# per service as sim_bench --servers takes them; default 8, and the engine's the live run's
+# ENGINE_MAX_RUNNING), SIM_CATALOG (default the live run's catalog:
+# another validation's figures for the same product, e.g. one with per-service capacities).
 # Where a live drop is below 1 point the relative difference is not defined; the absolute one is
 # printed and the row is judged on |sim - live| <= 1 point instead.
 set -euo pipefail
@@ -17,15 +20,18 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) SIM=$BUILD/sim_bench ;; *) SIM=$ROOT/$BUILD/sim_bench ;; esac
-[ $# -ge 1 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
 LIVE=$(realpath "$1")
 OUT=${2:-$LIVE/sim}
 SIM_SCALE=${SIM_SCALE:-100}
-SERVERS=${SERVERS:-8}
+SERVERS_SET=${SERVERS:-}
 [ -f "$LIVE/run.env" ] && [ -s "$LIVE/summary.jsonl" ] \
   || { echo "sim_vs_live: $LIVE has no run.env or summary.jsonl (run bench/hilo/live.sh first)" >&2; exit 1; }
 [ -x "$SIM" ] || { echo "sim_vs_live: $SIM missing (build sim_bench)" >&2; exit 1; }
 . "$LIVE/run.env"
+CATALOG=${SIM_CATALOG:-$CATALOG}
+# The engine's workers are the live engine's slots when the run recorded them.
+SERVERS=${SERVERS_SET:-engine=${ENGINE_MAX_RUNNING:-8}}
 mkdir -p "$OUT"
 : >"$OUT/sim_1x.jsonl"
 : >"$OUT/sim_scaled.jsonl"
