@@ -16,7 +16,8 @@
 #   POLICIES       default "hilo per-service"; per-service needs `keel hilo serve --policy`
 #                  and is skipped, with a message, when the controller lacks it
 #   TIME_SCALE     real seconds per trace second (default 1: 300 s per trace); rates stay real
-#   BASELINE_RATE  real req/s at 1x (default: 0.6 x the first state's answer capacity in CATALOG:
+#   BASELINE_RATE  real req/s at 1x (default: 0.6 x the first state's product capacity in CATALOG,
+#                  its smallest per-service figure (the others may be per-service estimates):
 #                  HiLO returns to a state only when demand <= 0.8 x its capacity (recover_margin),
 #                  so 1x must sit below that with room for noise; the 2.38x peak is then ~1.4x
 #                  what the full state sustains)
@@ -61,7 +62,7 @@ import json, sys
 c = json.load(open(sys.argv[1]))
 f = c["states"][0].get("figures")
 if not f: sys.exit("live: the catalog has no figures: set BASELINE_RATE or validate it (keel hilo validate)")
-print(round(0.6 * f["capacity"]["answer"], 3))' "$CATALOG")
+print(round(0.6 * min(f["capacity"].values()), 3))' "$CATALOG")
 fi
 
 PRODUCT_FLAGS=()
