@@ -23,6 +23,7 @@
 #include "keel/engine/scheduler.h"
 #include "keel/engine/server.h"
 #include "keel/engine/tokenizer.h"
+#include "tests/answer/sse_payloads.h"
 #include "tests/common/keel_process.h"
 #include "tests/core/http_test_client.h"
 #include "tests/engine/test_util.h"
@@ -156,23 +157,18 @@ TEST_F(AnswerGatewayTest, StreamsThroughTheGatewayWithTheSameAnswer) {
   int content_chunks = 0;
   json usage, keel;
   bool done = false;
-  for (size_t pos = 0; pos < r.body.size();) {
-    const size_t end = r.body.find("\n\n", pos);
-    ASSERT_NE(end, std::string::npos) << r.body;
-    const std::string line = r.body.substr(pos, end - pos);
-    pos = end + 2;
-    ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
-    if (line == "data: [DONE]") {
+  for (const std::string& payload : test::SsePayloads(r.body)) {
+    if (payload == "[DONE]") {
       done = true;
       continue;
     }
-    const json e = json::parse(line.substr(6));
-    ASSERT_FALSE(e.contains("error")) << line;
+    const json e = json::parse(payload);
+    ASSERT_FALSE(e.contains("error")) << payload;
     for (const auto& c : e["choices"]) {
       const std::string piece = c["delta"].value("content", "");
       content += piece;
       content_chunks += piece.empty() ? 0 : 1;
-      if (c["finish_reason"].is_string()) EXPECT_TRUE(e.contains("keel")) << line;
+      if (c["finish_reason"].is_string()) EXPECT_TRUE(e.contains("keel")) << payload;
     }
     if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
     if (e.contains("keel")) keel = e["keel"];

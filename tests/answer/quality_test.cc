@@ -11,6 +11,7 @@
 #include "keel/answer/replay.h"
 #include "keel/answer/request.h"
 #include "keel/answer/sse.h"
+#include "tests/answer/sse_payloads.h"
 #include "tests/engine/test_util.h"
 
 namespace keel::answer {
@@ -219,21 +220,14 @@ TEST(Request, ParsesAGoodBody) {
 // The SSE events of a body: the JSON of every "data:" line but the last, which must be [DONE].
 std::vector<nlohmann::ordered_json> SseEvents(const std::string& body) {
   std::vector<nlohmann::ordered_json> out;
-  size_t pos = 0;
   bool done = false;
-  while (pos < body.size()) {
-    const size_t end = body.find("\n\n", pos);
-    EXPECT_NE(end, std::string::npos) << "an event without its blank line: " << body.substr(pos);
-    if (end == std::string::npos) break;
-    const std::string line = body.substr(pos, end - pos);
-    pos = end + 2;
-    EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+  for (const std::string& payload : test::SsePayloads(body)) {
     EXPECT_FALSE(done) << "an event after [DONE]";
-    if (line == "data: [DONE]") {
+    if (payload == "[DONE]") {
       done = true;
       continue;
     }
-    out.push_back(nlohmann::ordered_json::parse(line.substr(6)));
+    out.push_back(nlohmann::ordered_json::parse(payload));
   }
   EXPECT_TRUE(done) << "no [DONE]";
   return out;

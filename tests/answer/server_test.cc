@@ -32,6 +32,7 @@
 #include "keel/hilo/service_link.h"
 #include "keel/vector/service.h"
 #include "keel/vector/texmex.h"
+#include "tests/answer/sse_payloads.h"
 #include "tests/core/http_test_client.h"
 #include "tests/engine/test_util.h"
 #include "tests/hilo/test_catalog.h"
@@ -265,18 +266,12 @@ TEST_F(AnswerServerTest, StreamCarriesTheSameAnswerAsSse) {
   json keel;
   std::string finish;
   bool done = false;
-  size_t pos = 0;
-  while (pos < r.body.size()) {
-    const size_t end = r.body.find("\n\n", pos);
-    ASSERT_NE(end, std::string::npos) << r.body;
-    const std::string line = r.body.substr(pos, end - pos);
-    pos = end + 2;
-    ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
-    if (line == "data: [DONE]") {
+  for (const std::string& payload : test::SsePayloads(r.body)) {
+    if (payload == "[DONE]") {
       done = true;
       continue;
     }
-    const json e = json::parse(line.substr(6));
+    const json e = json::parse(payload);
     EXPECT_EQ(e["object"], "chat.completion.chunk");
     EXPECT_EQ(e["model"], want["model"]);
     for (const auto& c : e["choices"]) {
@@ -361,16 +356,12 @@ TEST_F(AnswerServerTest, StreamRelaysTheGatewaysChunksAsTheyArrive) {
   std::string content;
   json keel;
   bool done = false;
-  for (size_t pos = 0; pos < got.size();) {
-    const size_t end = got.find("\n\n", pos);
-    ASSERT_NE(end, std::string::npos) << got;
-    const std::string line = got.substr(pos, end - pos);
-    pos = end + 2;
-    if (line == "data: [DONE]") {
+  for (const std::string& payload : test::SsePayloads(got)) {
+    if (payload == "[DONE]") {
       done = true;
       continue;
     }
-    const json e = json::parse(line.substr(6));
+    const json e = json::parse(payload);
     for (const auto& c : e["choices"]) content += c["delta"].value("content", "");
     if (e.contains("keel")) keel = e["keel"];
   }

@@ -7,22 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "tests/answer/sse_payloads.h"
+
 namespace keel::answer {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// What the client received, split into events.
+// What the client received, split into events ("data: <payload>").
 std::vector<std::string> Events(const std::string& out) {
   std::vector<std::string> events;
-  size_t pos = 0;
-  while (pos < out.size()) {
-    const size_t end = out.find("\n\n", pos);
-    EXPECT_NE(end, std::string::npos) << out;
-    if (end == std::string::npos) break;
-    events.push_back(out.substr(pos, end - pos));
-    pos = end + 2;
-  }
+  for (const std::string& payload : test::SsePayloads(out)) events.push_back("data: " + payload);
   return events;
 }
 
