@@ -31,8 +31,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,7 +63,6 @@ struct Args {
   BaselineOptions baseline;  // --baseline-queue-ms, --baseline-recover-queue-ms
 };
 
-// The trace compressed (or stretched) in time: the same multipliers, time_scale real s per trace s.
 // "N" sets every service's workers; "engine=32,answer=64" sets those named. False when malformed.
 bool ParseServers(std::string_view spec, std::array<int, kNumServices>* out) {
   auto number = [](std::string_view v, int* n) {
@@ -90,6 +89,7 @@ bool ParseServers(std::string_view spec, std::array<int, kNumServices>* out) {
   return true;
 }
 
+// The trace compressed (or stretched) in time: the same multipliers, time_scale real s per trace s.
 Trace Rescaled(const Trace& t, double time_scale) {
   Trace out = t;
   out.duration_s *= time_scale;

@@ -180,6 +180,14 @@ std::string BuildPrompt(const std::vector<std::string_view>& docs, std::string_v
   return p;
 }
 
+JsonLimits UpstreamJsonLimits() {
+  JsonLimits l;
+  l.max_depth = 16;
+  l.max_values = 200000;
+  l.require_object = true;
+  return l;
+}
+
 std::string OpenAIErrorBody(int status, std::string_view message) {
   const char* type = status == 429 ? "rate_limit_exceeded" : status >= 500 ? "upstream_error" : "invalid_request_error";
   std::string out = "{\"error\":{\"message\":";

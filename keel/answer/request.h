@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/core/json_reader.h"
 #include "keel/core/status.h"
 
 namespace keel::answer {
@@ -82,5 +83,9 @@ std::string BuildPrompt(const std::vector<std::string_view>& docs, std::string_v
 // "invalid_request_error" (4xx other than 429), "rate_limit_exceeded" (429) or "upstream_error"
 // (5xx), and code the same string.
 std::string OpenAIErrorBody(int status, std::string_view message);
+
+// Bounds for what an upstream (vector service, gateway) answers: a hostile or broken peer cannot
+// make the answer service build a huge DOM. Objects only, at most 16 deep and 200,000 values.
+JsonLimits UpstreamJsonLimits();
 
 }  // namespace keel::answer

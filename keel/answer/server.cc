@@ -23,18 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Upstream answers are bounded too: a hostile or broken peer cannot make us build a huge DOM.
-JsonLimits UpstreamLimits() {
-  JsonLimits l;
-  l.max_depth = 16;
-  l.max_values = 200000;
-  l.require_object = true;
-  return l;
-}
-
 // The "error.message" of an error body, else the body itself cut to 200 bytes.
 std::string UpstreamMessage(const std::string& body) {
-  auto j = ParseUntrustedJson(body, UpstreamLimits());
+  auto j = ParseUntrustedJson(body, UpstreamJsonLimits());
   if (j.ok()) {
     auto e = j->find("error");
     if (e != j->end() && e->is_object()) {
@@ -173,7 +164,7 @@ std::optional<AnswerServer::Failure> AnswerServer::Search(const std::vector<floa
   if (reply->status != 200) {
     return Failure{502, who + " answered " + std::to_string(reply->status) + ": " + UpstreamMessage(reply->body), {}};
   }
-  auto j = ParseUntrustedJson(reply->body, UpstreamLimits());
+  auto j = ParseUntrustedJson(reply->body, UpstreamJsonLimits());
   if (!j.ok()) return Failure{502, who + " sent a malformed answer: " + j.status().message(), {}};
   auto hits = j->find("hits");
   if (hits == j->end() || !hits->is_array()) return Failure{502, who + " sent an answer without \"hits\"", {}};
@@ -204,6 +195,8 @@ std::string AnswerServer::GenerationBody(const AnswerRequest& q, const std::stri
   return gen;
 }
 
+std::string AnswerServer::GatewayName() const { return "gateway at " + gateway_->Address(); }
+
 HttpHeaderList AnswerServer::GatewayKeys(const HttpRequest& req) const {
   HttpHeaderList keys;
   for (const char* name : {"Authorization", "x-api-key"}) {
@@ -222,12 +215,12 @@ std::optional<AnswerServer::Failure> AnswerServer::GatewayRefusal(int status, co
     if (status == 429) f.extra.emplace_back("Retry-After", "1");
     return f;
   }
-  return Failure{502, "gateway at " + gateway_->Address() + " answered " + std::to_string(status) + ": " + UpstreamMessage(body), {}};
+  return Failure{502, GatewayName() + " answered " + std::to_string(status) + ": " + UpstreamMessage(body), {}};
 }
 
 std::optional<AnswerServer::Failure> AnswerServer::ParseCompletion(const std::string& body, ojson* answer) const {
-  const std::string who = "gateway at " + gateway_->Address();
-  auto parsed = ParseUntrustedOrderedJson(body, UpstreamLimits());
+  const std::string who = GatewayName();
+  auto parsed = ParseUntrustedOrderedJson(body, UpstreamJsonLimits());
   if (!parsed.ok()) return Failure{502, who + " sent a malformed answer: " + parsed.status().message(), {}};
   if (parsed->find("choices") == parsed->end()) return Failure{502, who + " sent an answer without \"choices\"", {}};
   *answer = std::move(*parsed);
@@ -242,7 +235,7 @@ std::optional<AnswerServer::Failure> AnswerServer::Generate(const HttpRequest& r
   const double gsecs = SecondsSince(tg);
   *ms = gsecs * 1e3;
   generate_seconds_->Observe(gsecs);
-  if (!reply.ok()) return Failure{503, "gateway at " + gateway_->Address() + " unreachable: " + reply.status().message(), {}};
+  if (!reply.ok()) return Failure{503, GatewayName() + " unreachable: " + reply.status().message(), {}};
   if (auto f = GatewayRefusal(reply->status, reply->body)) return f;
   return ParseCompletion(reply->body, answer);
 }
@@ -251,13 +244,14 @@ std::optional<AnswerServer::Failure> AnswerServer::GenerateStream(const HttpRequ
                                                                   const std::string& prompt, HttpResponder& res,
                                                                   const std::function<ojson(double)>& keel_member) {
   const auto tg = Clock::now();
-  const std::string who = "gateway at " + gateway_->Address();
+  const std::string who = GatewayName();
   // The gateway's event stream is relayed as it arrives. Any other answer (an error, or a whole
   // completion from an upstream that does not stream) is read whole, as without streaming.
   enum class Mode { kHead, kRelay, kWhole } mode = Mode::kHead;
   bool opened = false;
   int status = 0;
   std::string whole;
+  auto open_stream = [&res] { return res.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}}); };
   SseRelay relay([&res](std::string_view b) { return res.WriteChunk(b); },
                  [&] { return keel_member(SecondsSince(tg) * 1e3); }, who);
   HttpStreamSink sink;
@@ -266,7 +260,7 @@ std::optional<AnswerServer::Failure> AnswerServer::GenerateStream(const HttpRequ
     if (st == 200 && h.Get("content-type").substr(0, 17) == "text/event-stream") {
       mode = Mode::kRelay;
       // The first token goes out as soon as it is generated: errors from here on are events.
-      opened = res.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+      opened = open_stream();
       return opened;
     }
     mode = Mode::kWhole;
@@ -292,7 +286,7 @@ std::optional<AnswerServer::Failure> AnswerServer::GenerateStream(const HttpRequ
   ojson answer;
   if (auto f = ParseCompletion(whole, &answer)) return f;
   answer["keel"] = keel_member(SecondsSince(tg) * 1e3);
-  if (res.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) {
+  if (open_stream()) {
     res.WriteChunk(CompletionAsSse(answer, q.include_usage));
     res.EndStream();
   }

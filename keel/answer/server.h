@@ -129,6 +129,7 @@ class AnswerServer {
                                         HttpResponder& res, const std::function<ojson(double generate_ms)>& keel_member);
   std::string GenerationBody(const AnswerRequest& q, const std::string& prompt, bool stream) const;
   HttpHeaderList GatewayKeys(const HttpRequest& req) const;
+  std::string GatewayName() const;  // "gateway at host:port", for messages
   std::optional<Failure> GatewayRefusal(int status, const std::string& body) const;  // nullopt for 200
   std::optional<Failure> ParseCompletion(const std::string& body, ojson* answer) const;
 

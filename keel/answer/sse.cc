@@ -158,11 +158,7 @@ bool SseRelay::Event(std::string_view data) {
     if (!write_("data: [DONE]\n\n")) client_gone_ = true;
     return !client_gone_;
   }
-  JsonLimits limits;
-  limits.max_depth = 16;
-  limits.max_values = 200000;
-  limits.require_object = true;
-  auto chunk = ParseUntrustedOrderedJson(data, limits);
+  auto chunk = ParseUntrustedOrderedJson(data, UpstreamJsonLimits());
   if (!chunk.ok()) return Fail("sent a stream event that is not a JSON object: " + chunk.status().message());
   for (const char* name : {"id", "created", "model", "system_fingerprint"}) {
     auto it = chunk->find(name);

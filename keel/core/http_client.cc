@@ -109,6 +109,15 @@ Status PutEof(Parser& parser, const std::string& pending, bool* nothing_read) {
   return Status::Ok();
 }
 
+// Writes the request and marks the connection as neither reusable nor read from yet.
+Status WriteRequest(int fd, std::string_view head, std::string_view body, Deadline deadline, bool* reusable,
+                    bool* nothing_read) {
+  *reusable = false;
+  *nothing_read = true;
+  iovec iov[2] = {{const_cast<char*>(head.data()), head.size()}, {const_cast<char*>(body.data()), body.size()}};
+  return WriteFullV(fd, iov, 2, deadline);
+}
+
 template <typename Parser>
 void LimitParser(Parser& parser, const HttpClientOptions& options) {
   parser.header_limit(static_cast<std::uint32_t>(options.max_header_bytes));
@@ -121,10 +130,7 @@ void LimitParser(Parser& parser, const HttpClientOptions& options) {
 
 Result<HttpReply> HttpClient::CallOn(int fd, std::string_view head, std::string_view body, Deadline deadline,
                                      bool* reusable, bool* nothing_read) {
-  *reusable = false;
-  *nothing_read = true;
-  iovec iov[2] = {{const_cast<char*>(head.data()), head.size()}, {const_cast<char*>(body.data()), body.size()}};
-  KEEL_RETURN_IF_ERROR(WriteFullV(fd, iov, 2, deadline));
+  KEEL_RETURN_IF_ERROR(WriteRequest(fd, head, body, deadline, reusable, nothing_read));
   http::response_parser<http::string_body> parser;
   LimitParser(parser, options_);
   std::string pending;  // received, not yet consumed by the parser
@@ -158,10 +164,7 @@ Result<HttpReply> HttpClient::CallOn(int fd, std::string_view head, std::string_
 
 Result<int> HttpClient::StreamOn(int fd, std::string_view head, std::string_view body, Deadline deadline,
                                  const HttpStreamSink& sink, bool* reusable, bool* nothing_read) {
-  *reusable = false;
-  *nothing_read = true;
-  iovec iov[2] = {{const_cast<char*>(head.data()), head.size()}, {const_cast<char*>(body.data()), body.size()}};
-  KEEL_RETURN_IF_ERROR(WriteFullV(fd, iov, 2, deadline));
+  KEEL_RETURN_IF_ERROR(WriteRequest(fd, head, body, deadline, reusable, nothing_read));
   // buffer_body: the parser writes body bytes into `out` and says how much room is left, so each
   // piece goes to the sink as soon as it is parsed.
   http::response_parser<http::buffer_body> parser;
