@@ -29,4 +29,21 @@ inline std::vector<std::string> SsePayloads(const std::string& body) {
   return out;
 }
 
+// A whole OpenAI stream: its JSON chunks as text, without the final "[DONE]". Fails the calling
+// test when [DONE] is missing or anything follows it.
+inline std::vector<std::string> SseChunksBeforeDone(const std::string& body) {
+  std::vector<std::string> chunks;
+  bool done = false;
+  for (std::string& payload : SsePayloads(body)) {
+    EXPECT_FALSE(done) << "an event after [DONE]: " << payload;
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    chunks.push_back(std::move(payload));
+  }
+  EXPECT_TRUE(done) << "no [DONE] in: " << body;
+  return chunks;
+}
+
 }  // namespace keel::test
