@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -39,6 +40,40 @@ std::string UpstreamMessage(const std::string& body) {
   }
   return cut;
 }
+
+// Runs `release` once, just before the response's last write (a whole response, or the end of a
+// stream), or when dropped without one. A client that sends its next request as soon as it has an
+// answer must find this request's in-flight slot free, not race the handler's return.
+class ReleaseBeforeLastWrite final : public HttpResponder {
+ public:
+  ReleaseBeforeLastWrite(HttpResponder& inner, std::function<void()> release)
+      : inner_(inner), release_(std::move(release)) {}
+  ~ReleaseBeforeLastWrite() override { Release(); }
+  ReleaseBeforeLastWrite(const ReleaseBeforeLastWrite&) = delete;
+  ReleaseBeforeLastWrite& operator=(const ReleaseBeforeLastWrite&) = delete;
+
+  bool Send(int status, std::string_view content_type, std::string body, const HttpHeaderList& extra) override {
+    Release();
+    return inner_.Send(status, content_type, std::move(body), extra);
+  }
+  bool BeginStream(int status, std::string_view content_type, const HttpHeaderList& extra) override {
+    return inner_.BeginStream(status, content_type, extra);
+  }
+  bool WriteChunk(std::string_view data) override { return inner_.WriteChunk(data); }
+  bool EndStream() override {
+    Release();
+    return inner_.EndStream();
+  }
+  bool ClientGone() override { return inner_.ClientGone(); }
+  int status() const override { return inner_.status(); }
+
+ private:
+  void Release() {
+    if (release_) std::exchange(release_, nullptr)();
+  }
+  HttpResponder& inner_;
+  std::function<void()> release_;
+};
 
 }  // namespace
 
@@ -134,12 +169,14 @@ void AnswerServer::HandleChat(const HttpRequest& req, HttpResponder& res) {
     level = st.answer;
     state = st.name;
   }
-  Serve(req, res, level, state);
-  inflight_gauge_->Set(inflight_.fetch_sub(1) - 1);
-  if (meter != nullptr) {
-    const double s = SecondsSince(t0);
-    meter->Finish(s, s);
-  }
+  ReleaseBeforeLastWrite releasing(res, [this, meter, t0] {
+    inflight_gauge_->Set(inflight_.fetch_sub(1) - 1);
+    if (meter != nullptr) {
+      const double s = SecondsSince(t0);
+      meter->Finish(s, s);
+    }
+  });
+  Serve(req, releasing, level, state);
 }
 
 // The three steps of a request. Each returns the error to answer with, or nullopt.
