@@ -124,6 +124,10 @@ Result<std::unique_ptr<AnswerServer>> AnswerServer::Start(const Corpus& corpus, 
     CountingResponder cr(r, *self->requests_, "/v1/chat/completions");
     self->HandleChat(req, cr);
   });
+  router.Handle("GET", "/v1/models", [self](const HttpRequest& req, HttpResponder& r) {
+    CountingResponder cr(r, *self->requests_, "/v1/models");
+    self->HandleModels(req, "/v1/models", cr);
+  });
   HandleHealthAndMetrics(router, s->metrics_);
   HttpServerOptions ho;
   ho.host = s->opt_.host;
@@ -133,7 +137,22 @@ Result<std::unique_ptr<AnswerServer>> AnswerServer::Start(const Corpus& corpus, 
   ho.max_body_bytes = s->opt_.max_body_bytes;
   ho.server_name = "keel-answer";
   ho.error_body = OpenAIErrorBody;
-  s->http_ = std::make_unique<HttpServer>(ho, std::move(router));
+  // GET /v1/models/{id} is a prefix the exact-path router cannot hold; everything else is its.
+  s->http_ = std::make_unique<HttpServer>(ho, [self, router = std::move(router)](const HttpRequest& req,
+                                                                                  HttpResponder& r) {
+    constexpr std::string_view kModelPrefix = "/v1/models/";
+    if (req.method == "GET" && req.path.size() > kModelPrefix.size() && req.path.rfind(kModelPrefix, 0) == 0) {
+      CountingResponder cr(r, *self->requests_, "/v1/models/{id}");
+      // The id goes upstream as part of a path: no dot segments that could name another route.
+      if (req.path.find("/..") != std::string::npos || req.path.find("/./") != std::string::npos) {
+        cr.Send(400, "application/json", OpenAIErrorBody(400, "model id: dot segments are not allowed"), {});
+        return;
+      }
+      self->HandleModels(req, req.path, cr);
+      return;
+    }
+    router.Dispatch(req, r);
+  });
   KEEL_RETURN_IF_ERROR(s->http_->Start());
   Log().info("keel answer listening on {}:{} (vector {}, gateway {}, <= {} in flight, {})", s->opt_.host,
              s->http_->port(), s->vector_->Address(), s->gateway_->Address(), s->opt_.max_inflight,
@@ -177,6 +196,22 @@ void AnswerServer::HandleChat(const HttpRequest& req, HttpResponder& res) {
     }
   });
   Serve(req, releasing, level, state);
+}
+
+// The models the answer service can be asked for are the gateway's: the list (or one model) is the
+// gateway's answer to the same key, checked to be a JSON object and passed on.
+void AnswerServer::HandleModels(const HttpRequest& req, const std::string& path, HttpResponder& res) {
+  auto fail = [&res](const Failure& f) { res.Send(f.status, "application/json", OpenAIErrorBody(f.status, f.message), f.extra); };
+  auto reply = gateway_->Call("GET", path, "", "", DeadlineIn(opt_.gateway_timeout_ms), GatewayKeys(req));
+  if (!reply.ok()) return fail(Failure{503, GatewayName() + " unreachable: " + reply.status().message(), {}});
+  if (auto f = GatewayRefusal(reply->status, reply->body)) return fail(*f);
+  auto j = ParseUntrustedOrderedJson(reply->body, UpstreamJsonLimits());
+  if (!j.ok() || !j->is_object()) {
+    return fail(Failure{502, GatewayName() + " sent a malformed model answer" +
+                                 (j.ok() ? std::string(": not an object") : ": " + j.status().message()),
+                        {}});
+  }
+  res.Send(200, "application/json", j->dump(-1, ' ', false, ojson::error_handler_t::replace));
 }
 
 // The three steps of a request. Each returns the error to answer with, or nullopt.

@@ -17,6 +17,8 @@
 //          as they arrive (keel/answer/sse.h, SseRelay), "keel" on the chunk with the
 //          finish_reason; errors before the gateway's stream opens are JSON with their status,
 //          later ones an OpenAI error event in the stream, with no [DONE].
+//   GET /v1/models, GET /v1/models/{id}   the gateway's answer for the client's key, passed on
+//       (the models a chat request may name); its errors map as for a chat request.
 //   GET /healthz, GET /metrics (keel_answer_requests_total{route,code}, keel_answer_inflight,
 //       keel_answer_search_seconds, keel_answer_generate_seconds)
 //
@@ -113,6 +115,8 @@ class AnswerServer {
  private:
   AnswerServer(const Corpus& corpus, AnswerServerOptions options, hilo::ServiceLink* link);
   void HandleChat(const HttpRequest& req, HttpResponder& res);
+  // GET /v1/models and /v1/models/{id}: the gateway's answer for the client's key (`path` as asked).
+  void HandleModels(const HttpRequest& req, const std::string& path, HttpResponder& res);
   void Serve(const HttpRequest& req, HttpResponder& res, const hilo::AnswerLevel& level, const std::string& state);
   struct Failure {
     int status = 0;

@@ -163,7 +163,9 @@ TEST_F(AnswerGatewayTest, StreamsThroughTheGatewayWithTheSameAnswer) {
       const std::string piece = c["delta"].value("content", "");
       content += piece;
       content_chunks += piece.empty() ? 0 : 1;
-      if (c["finish_reason"].is_string()) EXPECT_TRUE(e.contains("keel")) << payload;
+      if (c["finish_reason"].is_string()) {
+        EXPECT_TRUE(e.contains("keel")) << payload;
+      }
     }
     if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
     if (e.contains("keel")) keel = e["keel"];
@@ -172,6 +174,26 @@ TEST_F(AnswerGatewayTest, StreamsThroughTheGatewayWithTheSameAnswer) {
   EXPECT_GT(content_chunks, 1);
   EXPECT_EQ(usage["completion_tokens"], want["usage"]["completion_tokens"]);
   EXPECT_EQ(keel["state"], kBuiltinStateName);
+}
+
+// GET /v1/models is the real gateway's list for the key the answer service sends.
+TEST_F(AnswerGatewayTest, ModelsComeFromTheGatewayWithTheKey) {
+  StartAnswer(api_key_);
+  auto get = [&](const std::string& path, const std::vector<std::pair<std::string, std::string>>& headers) {
+    HttpTestClient c(answer_->port());
+    HttpTestResponse r;
+    if (c.SendRaw(HttpTestClient::BuildRequest("GET", path, "", "", headers))) c.ReadResponse(&r);
+    return r;
+  };
+  HttpTestResponse list = get("/v1/models", {});
+  ASSERT_EQ(list.status, 200) << list.body;
+  bool found = false;
+  const json models = json::parse(list.body);
+  for (const auto& m : models["data"]) found = found || m["id"] == "en-dense6L";
+  EXPECT_TRUE(found) << list.body;
+  EXPECT_EQ(get("/v1/models/en-dense6L", {}).status, 200);
+  HttpTestResponse wrong = get("/v1/models", {{"Authorization", "Bearer sk-keel-not-a-key"}});
+  EXPECT_EQ(wrong.status, 401) << wrong.body;
 }
 
 TEST_F(AnswerGatewayTest, WithoutAnyKeyTheGatewayRefuses) {

@@ -603,6 +603,39 @@ TEST_F(AnswerServerTest, UpstreamFailuresNameTheUpstream) {
   EXPECT_NE(s.status().message().find("vector URL"), std::string::npos) << s.status().message();
 }
 
+TEST_F(AnswerServerTest, ModelsAreTheGatewaysForTheClientsKey) {
+  StartAnswer({});
+  HttpTestClient c(answer_->port());
+  HttpTestResponse list = c.Request("GET", "/v1/models");
+  ASSERT_EQ(list.status, 200) << list.body;
+  HttpTestClient e(engine_->server->port());
+  const json direct = json::parse(e.Request("GET", "/v1/models").body);
+  EXPECT_EQ(json::parse(list.body), direct);  // passed on as the gateway answered
+  EXPECT_EQ(direct["data"][0]["id"], kModel);
+
+  HttpTestResponse one = c.Request("GET", std::string("/v1/models/") + kModel);
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(json::parse(one.body)["id"], kModel);
+  // The gateway's 404 for an unknown model passes through with its message.
+  HttpTestResponse unknown = c.Request("GET", "/v1/models/no-such-model");
+  EXPECT_EQ(unknown.status, 404) << unknown.body;
+  EXPECT_NE(ErrorMessage(unknown).find("no-such-model"), std::string::npos) << unknown.body;
+  // An id with dot segments could name another upstream route: refused here.
+  EXPECT_EQ(c.Request("GET", "/v1/models/../healthz").status, 400);
+  EXPECT_EQ(c.Request("POST", "/v1/models").status, 405);
+  answer_->Stop();
+
+  AnswerServerOptions o;
+  const int dead = DeadPort();
+  o.gateway_url = Url(dead);
+  StartAnswer(o);
+  HttpTestClient d(answer_->port());
+  HttpTestResponse r = d.Request("GET", "/v1/models");
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(ErrorMessage(r).find("gateway at 127.0.0.1:" + std::to_string(dead) + " unreachable"), std::string::npos)
+      << r.body;
+}
+
 // The quality half of `keel hilo validate` on real parts: all 10,000 SIFT base vectors (so the
 // exact ground truth applies), 30 evaluation queries, three pinned states scored against the full
 // state's answers. Runs last in this file: it grows the shared shard (the other tests compare with

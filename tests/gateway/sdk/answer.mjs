@@ -70,4 +70,13 @@ await check('answer: a stream the upstream cuts raises an APIError', async () =>
   assert.ok(error instanceof OpenAI.APIError, `a cut stream ended quietly with "${text}"`);
 });
 
+await check('answer: models.list and models.retrieve are the gateway\'s', async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  assert.ok(ids.includes(models.openai), `models.list: ${JSON.stringify(ids)}`);
+  const one = await client.models.retrieve(models.openai);
+  assert.equal(one.id, models.openai);
+  await rejectsWith(client.models.retrieve('no-such-model'), OpenAI.NotFoundError, 404);
+});
+
 finish('answer');
