@@ -1203,7 +1203,7 @@ int main(int argc, char** argv) {
   AnswerArgs ans;
   auto* ans_cmd = app.add_subcommand("answer", "Retrieval-augmented answers (OpenAI chat): search `keel vector`, prompt with the documents, ask `keel gateway` (docs/answer.md)");
   ans_cmd->require_subcommand(1);
-  auto* ans_serve = ans_cmd->add_subcommand("serve", "Serve POST /v1/chat/completions (plus \"keel_retrieval\":{\"vector\":[...]}), /healthz, /metrics");
+  auto* ans_serve = ans_cmd->add_subcommand("serve", "Serve POST /v1/chat/completions (plus \"keel_retrieval\":{\"vector\":[...]}), GET /v1/models (the gateway's), /healthz, /metrics");
   ans_serve->add_option("--host", ans.o.host, "address to bind")->capture_default_str();
   ans_serve->add_option("--port", ans.o.port, "port to bind (0 = any free port)")->required()->check(CLI::Range(0, 65535));
   ans_serve->add_option("--vector", ans.o.vector_url, "the vector service or its router (http://host:port)")->required();
