@@ -1142,7 +1142,7 @@ int main(int argc, char** argv) {
     hilo::ServicePolicyOptions& bo = hl.baseline;
     hl_serve->add_option("--baseline-queue-ms", bo.baseline.degrade_queue_ms, "--policy per-service: a service steps cheaper when its queueing-delay estimate is over this (DAGOR's 20)")->capture_default_str();
     hl_serve->add_option("--baseline-recover-queue-ms", bo.baseline.recover_queue_ms, "--policy per-service: ... and is calm below this (<= --baseline-queue-ms)")->capture_default_str();
-    hl_serve->add_option("--baseline-utilisation", bo.utilisation_threshold, "--policy per-service: ... or when its utilisation is at least this, (0, 1]")->capture_default_str();
+    hl_serve->add_option("--baseline-utilisation", bo.utilisation_threshold, "--policy per-service: ... or when its utilisation is at least this, [0, 1]; 0 = not used (DAGOR's queueing signal alone)")->capture_default_str();
   }
   hl_serve->add_flag("--allow-unvalidated", hl.o.allow_unvalidated, "development only: start despite a stale or foreign catalog (states still need figures)");
   hl_serve->add_option("--admin-token-file", hl.admin_token_file, "enables POST /v1/pin for clients presenting this token (first line, 16..256 printable bytes)")->check(CLI::ExistingFile);

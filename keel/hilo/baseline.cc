@@ -27,7 +27,9 @@ Result<ServicePolicy> ServicePolicy::Create(int num_levels, ServicePolicyOptions
   auto bad = [](const std::string& what) { return Status::InvalidArgument("service policy: " + what); };
   if (num_levels < 1) return bad("num_levels must be >= 1");
   if (Status s = CheckBaselineOptions(o.baseline); !s.ok()) return bad(s.message());
-  if (!(o.utilisation_threshold > 0 && o.utilisation_threshold <= 1)) return bad("utilisation_threshold must be in (0, 1]");
+  if (!(o.utilisation_threshold >= 0 && o.utilisation_threshold <= 1)) {
+    return bad("utilisation_threshold must be in [0, 1] (0 = not used)");
+  }
   if (!FiniteNonNegative(o.p99_bound_ms)) return bad("p99_bound_ms must be finite and >= 0 (0 = not used)");
   if (!FiniteNonNegative(o.degrade_gap_s)) return bad("degrade_gap_s must be finite and >= 0");
   if (o.initial_level < 0 || o.initial_level >= num_levels) return bad("initial_level must be in [0, num_levels)");
@@ -49,7 +51,7 @@ bool ServicePolicy::Overloaded(const LoadReport& r, std::string* why) const {
     }
     return true;
   }
-  if (r.utilisation >= opt_.utilisation_threshold) {
+  if (opt_.utilisation_threshold > 0 && r.utilisation >= opt_.utilisation_threshold) {
     if (why) *why = fmt::format("utilisation {:.3f} >= {}", r.utilisation, opt_.utilisation_threshold);
     return true;
   }

@@ -15,7 +15,9 @@
 //    queue_depth is a sample at report time, the rate a window mean: an estimate, not DAGOR's
 //    measured delay; it scales with the service's rate, so a fast service with a few requests
 //    waiting is not overloaded while a slow one (the engine) with one waiting is;
-//  - its utilisation is >= utilisation_threshold (0.9): the workers are saturated;
+//  - utilisation_threshold > 0 and its utilisation is at or above it (0.9): the workers are
+//    saturated. 0 turns it off, leaving DAGOR's queueing signal alone: a batching engine's slots
+//    can be nearly all taken at a load it carries easily;
 //  - p99_bound_ms > 0 and its p99_ms is over it (a per-service latency bound; off by default,
 //    since only the operator knows each service's share of the product SLO).
 // A report is *calm* when it is not overloaded and its queueing-delay estimate is below
@@ -56,7 +58,7 @@ Status CheckBaselineOptions(const BaselineOptions& b);
 
 struct ServicePolicyOptions {
   BaselineOptions baseline;            // queueing-delay thresholds (estimated, see above) and dwells
-  double utilisation_threshold = 0.9;  // overloaded at or above; (0, 1]
+  double utilisation_threshold = 0.9;  // overloaded at or above; [0, 1], 0 = not used
   double p99_bound_ms = 0;             // overloaded above; 0 = not used
   double degrade_gap_s = 0.5;          // at most one step per this (the sim's report interval)
   int initial_level = 0;               // 0 = full: the sim's baseline starts there too
@@ -74,7 +76,7 @@ class ServicePolicy {
  public:
   // `num_levels` >= 1 (the catalog's state count). InvalidArgument naming the option otherwise:
   // thresholds finite and >= 0 with recover_queue_ms <= degrade_queue_ms, utilisation_threshold in
-  // (0, 1], dwells and the gap finite and >= 0, initial_level in [0, num_levels).
+  // [0, 1], dwells and the gap finite and >= 0, initial_level in [0, num_levels).
   static Result<ServicePolicy> Create(int num_levels, ServicePolicyOptions options);
 
   // Applies one report of this service, received at now_ms (the receiver's clock: the report's

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <chrono>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "keel/core/http_metrics.h"
@@ -95,8 +96,9 @@ Result<std::unique_ptr<ControllerServer>> ControllerServer::Create(Catalog catal
                "from its own reports only; the product state below is computed, not pushed");
     for (Service s : kAllServices) {
       const ServicePolicyOptions& po = server->opt_.per_service[static_cast<int>(s)];
-      Log().info("hilo per-service: {} degrades on queueing > {} ms or utilisation >= {}{}, recovers below {} ms", ServiceName(s),
-                 po.baseline.degrade_queue_ms, po.utilisation_threshold,
+      Log().info("hilo per-service: {} degrades on queueing > {} ms{}{}, recovers below {} ms", ServiceName(s),
+                 po.baseline.degrade_queue_ms,
+                 po.utilisation_threshold > 0 ? fmt::format(" or utilisation >= {}", po.utilisation_threshold) : std::string(),
                  po.p99_bound_ms > 0 ? " or p99 > " + std::to_string(po.p99_bound_ms) + " ms" : std::string(),
                  po.baseline.recover_queue_ms);
     }

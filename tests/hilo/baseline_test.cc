@@ -94,6 +94,13 @@ TEST(ServicePolicy, OverloadSignals) {
   // Utilisation: at the threshold is overloaded, below is not.
   EXPECT_TRUE(p.Overloaded(Load(Service::kEngine, 0.9)));
   EXPECT_FALSE(p.Overloaded(Load(Service::kEngine, 0.89)));
+  // Utilisation 0 turns that signal off: full slots alone are not overload, a queue still is.
+  ServicePolicyOptions queue_only;
+  queue_only.utilisation_threshold = 0;
+  ServicePolicy dagor = MakePolicy(queue_only);
+  EXPECT_FALSE(dagor.Overloaded(Load(Service::kEngine, 1.0)));
+  EXPECT_TRUE(dagor.Calm(Load(Service::kEngine, 1.0)));
+  EXPECT_TRUE(dagor.Overloaded(Load(Service::kEngine, 1.0, 10, 100)));
   // p99 is off by default; with a bound, over it is overloaded.
   EXPECT_FALSE(p.Overloaded(Load(Service::kEngine, 0.1, 0, 100, 5000)));
   ServicePolicyOptions o;
@@ -165,7 +172,7 @@ TEST(ServicePolicy, RefusesBadOptions) {
   o.baseline.recover_queue_ms = 30;  // above degrade_queue_ms
   expect_bad(kLevels, o, "recover_queue_ms <= degrade_queue_ms");
   o = {};
-  o.utilisation_threshold = 0;
+  o.utilisation_threshold = -0.1;
   expect_bad(kLevels, o, "utilisation_threshold");
   o.utilisation_threshold = 1.5;
   expect_bad(kLevels, o, "utilisation_threshold");
