@@ -1186,7 +1186,7 @@ int main(int argc, char** argv) {
   hl_rep->add_option("--baseline-rate", hr.o.baseline_rate, "real req/s at the trace's 1x (kept at any --time-scale)")->capture_default_str()->check(CLI::Range(0.001, 1e5));
   hl_rep->add_option("--time-scale", hr.o.time_scale, "real seconds per trace second (< 1 replays the shape faster at the same rates)")->capture_default_str()->check(CLI::Range(0.001, 100.0));
   hl_rep->add_option("--window-s", hr.o.window_s, "quality window, trace seconds")->capture_default_str()->check(CLI::Range(0.01, 3600.0));
-  hl_rep->add_option("--warmup-s", hr.o.warmup_s, "real seconds of unscored 1x load before the trace (the controller's trend sees no jump from zero)")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  hl_rep->add_option("--warmup-s", hr.o.warmup_s, "real seconds of unscored load before the trace: 0.1x up to 1x over the first third, then 1x (no jump from zero for the controller's trend or a cold engine)")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
   hl_rep->add_option("--slo-ms", hr.o.slo_ms, "an answer slower than this scores 0 and counts as an SLO violation")->capture_default_str()->check(CLI::PositiveNumber);
   hl_rep->add_option("--workers", hr.o.workers, "concurrent requests at most (more arrivals are dropped at the client and counted failed)")->capture_default_str()->check(CLI::Range(1, 4096));
   hl_rep->add_option("--seed", hr.o.seed, "Poisson arrivals seed")->capture_default_str();

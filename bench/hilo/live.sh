@@ -21,8 +21,8 @@
 #                  HiLO returns to a state only when demand <= 0.8 x its capacity (recover_margin),
 #                  so 1x must sit below that with room for noise; the 2.38x peak is then ~1.4x
 #                  what the full state sustains)
-#   WARMUP_S       real seconds of unscored 1x load before each trace (default 20): the
-#                  controller's trend would read a jump from zero load as a surge
+#   WARMUP_S       real seconds of unscored load before each trace (default 20; 0.1x up to 1x over
+#                  the first third, then 1x): the controller's trend would read a jump from zero load as a surge, and a cold engine queues
 #   QUERIES (50: the evaluation queries validate scores states on), WINDOW_S (5 trace s), SLO_MS (2000), WORKERS (256), SEED (1)
 #   MAX_TOKENS     every request's max_tokens (default 32, what the product catalog was validated
 #                  with: a request asking fewer than a state's clamp makes states look alike)

@@ -244,7 +244,10 @@ Result<LiveResult> RunLiveReplay(const LiveOptions& o) {
     Trace flat;
     flat.name = "warmup";
     flat.duration_s = o.warmup_s;
-    flat.points = {{0, 1}, {o.warmup_s, 1}};
+    // Up from a tenth of 1x over the first third, then 1x: a jump from zero to 1x is a burst of
+    // its own at a cold engine (a queue while the services' rate windows still hold idle time),
+    // and the per-service baseline stepped down on it before the trace began (docs/hilo.md).
+    flat.points = {{0, 0.1}, {o.warmup_s / 3, 1}, {o.warmup_s, 1}};
     OpenLoopOptions wo = lo;
     wo.baseline_rate = o.baseline_rate;
     wo.time_scale = 1;

@@ -82,8 +82,9 @@ struct LiveOptions {
   double time_scale = 1;     // real s per trace s: < 1 compresses the trace's shape, not its rates
   double slo_ms = 2000;
   double window_s = 5;       // quality windows, trace seconds
-  // Real seconds of steady 1x load before the trace, not scored: the controller predicts with a
-  // trend, so load jumping from zero to 1x at t = 0 reads as a surge of its own.
+  // Real seconds of 1x load before the trace, not scored: the controller predicts with a trend, so
+  // load jumping from zero to 1x at t = 0 reads as a surge of its own. The load rises from 0.1x
+  // to 1x over the first third (a cold start's burst stepped the per-service baseline down).
   double warmup_s = 0;
   int workers = 256;
   uint64_t seed = 1;
