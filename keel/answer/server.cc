@@ -201,16 +201,12 @@ void AnswerServer::HandleChat(const HttpRequest& req, HttpResponder& res) {
 // The models the answer service can be asked for are the gateway's: the list (or one model) is the
 // gateway's answer to the same key, checked to be a JSON object and passed on.
 void AnswerServer::HandleModels(const HttpRequest& req, const std::string& path, HttpResponder& res) {
-  auto fail = [&res](const Failure& f) { res.Send(f.status, "application/json", OpenAIErrorBody(f.status, f.message), f.extra); };
   auto reply = gateway_->Call("GET", path, "", "", DeadlineIn(opt_.gateway_timeout_ms), GatewayKeys(req));
-  if (!reply.ok()) return fail(Failure{503, GatewayName() + " unreachable: " + reply.status().message(), {}});
-  if (auto f = GatewayRefusal(reply->status, reply->body)) return fail(*f);
+  if (!reply.ok()) return SendFailure(res, GatewayUnreachable(reply.status()));
+  if (auto f = GatewayRefusal(reply->status, reply->body)) return SendFailure(res, *f);
+  // UpstreamJsonLimits requires an object.
   auto j = ParseUntrustedOrderedJson(reply->body, UpstreamJsonLimits());
-  if (!j.ok() || !j->is_object()) {
-    return fail(Failure{502, GatewayName() + " sent a malformed model answer" +
-                                 (j.ok() ? std::string(": not an object") : ": " + j.status().message()),
-                        {}});
-  }
+  if (!j.ok()) return SendFailure(res, {502, GatewayName() + " sent a malformed model answer: " + j.status().message(), {}});
   res.Send(200, "application/json", j->dump(-1, ' ', false, ojson::error_handler_t::replace));
 }
 
@@ -269,6 +265,14 @@ std::string AnswerServer::GenerationBody(const AnswerRequest& q, const std::stri
 
 std::string AnswerServer::GatewayName() const { return "gateway at " + gateway_->Address(); }
 
+AnswerServer::Failure AnswerServer::GatewayUnreachable(const Status& why) const {
+  return Failure{503, GatewayName() + " unreachable: " + why.message(), {}};
+}
+
+void AnswerServer::SendFailure(HttpResponder& res, const Failure& f) {
+  res.Send(f.status, "application/json", OpenAIErrorBody(f.status, f.message), f.extra);
+}
+
 HttpHeaderList AnswerServer::GatewayKeys(const HttpRequest& req) const {
   HttpHeaderList keys;
   for (const char* name : {"Authorization", "x-api-key"}) {
@@ -307,7 +311,7 @@ std::optional<AnswerServer::Failure> AnswerServer::Generate(const HttpRequest& r
   const double gsecs = SecondsSince(tg);
   *ms = gsecs * 1e3;
   generate_seconds_->Observe(gsecs);
-  if (!reply.ok()) return Failure{503, GatewayName() + " unreachable: " + reply.status().message(), {}};
+  if (!reply.ok()) return GatewayUnreachable(reply.status());
   if (auto f = GatewayRefusal(reply->status, reply->body)) return f;
   return ParseCompletion(reply->body, answer);
 }
@@ -353,7 +357,7 @@ std::optional<AnswerServer::Failure> AnswerServer::GenerateStream(const HttpRequ
     }
     return std::nullopt;  // answered (or the client is gone)
   }
-  if (!reply.ok()) return Failure{503, who + " unreachable: " + reply.status().message(), {}};
+  if (!reply.ok()) return GatewayUnreachable(reply.status());
   if (auto f = GatewayRefusal(status, whole)) return f;
   ojson answer;
   if (auto f = ParseCompletion(whole, &answer)) return f;
@@ -367,7 +371,7 @@ std::optional<AnswerServer::Failure> AnswerServer::GenerateStream(const HttpRequ
 
 void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo::AnswerLevel& level,
                          const std::string& state) {
-  auto fail = [&res](const Failure& f) { res.Send(f.status, "application/json", OpenAIErrorBody(f.status, f.message), f.extra); };
+  auto fail = [&res](const Failure& f) { SendFailure(res, f); };
   auto parsed = ParseAnswerRequest(req.body, opt_.limits);
   if (!parsed.ok()) return fail({400, parsed.status().message(), {}});
   AnswerRequest& q = *parsed;

@@ -134,6 +134,8 @@ class AnswerServer {
   std::string GenerationBody(const AnswerRequest& q, const std::string& prompt, bool stream) const;
   HttpHeaderList GatewayKeys(const HttpRequest& req) const;
   std::string GatewayName() const;  // "gateway at host:port", for messages
+  Failure GatewayUnreachable(const Status& why) const;  // 503 naming the gateway
+  static void SendFailure(HttpResponder& res, const Failure& f);  // OpenAI's error body
   std::optional<Failure> GatewayRefusal(int status, const std::string& body) const;  // nullopt for 200
   std::optional<Failure> ParseCompletion(const std::string& body, ojson* answer) const;
 
