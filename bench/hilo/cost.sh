@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Where a request's CPU goes, per product state: the product (bench/hilo/product.sh) pinned to each
-# state in turn, a flat open-loop load of RATE req/s for SECONDS, and each process's CPU time
+# state in turn, a flat open-loop load of RATE req/s for DURATION_S seconds, and each process's CPU time
 # (utime + stime from /proc/PID/stat) divided by the requests answered. A state that costs less
 # CPU per request is what buys capacity on a machine where every service shares the same cores;
 # validate's capacities are noisy (docs/results.md), CPU per request much less so.
 #
 #   bench/hilo/cost.sh CATALOG [OUT]      (OUT default /tmp/keel-cost)
-# Knobs (environment): RATE (20), SECONDS (30), QUERIES (30), MAX_TOKENS (32, every request's max_tokens), STATES (default: every state of the
-# catalog), BUILD, PORT_BASE (17700), KEEL_SHARED. Prints a markdown table, also in OUT/cost.md.
+# Knobs (environment): RATE (20), DURATION_S (30; it was SECONDS, which is bash's own clock, so its
+# default never applied and an unset SECONDS ran each state for about 0 s), QUERIES (30),
+# MAX_TOKENS (32, every request's max_tokens), STATES (default: every state of the catalog), BUILD,
+# PORT_BASE (17700), KEEL_SHARED. Prints a markdown table, also in OUT/cost.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) KEEL=$BUILD/keel ;; *) KEEL=$ROOT/$BUILD/keel ;; esac
-[ $# -ge 1 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 CATALOG=$(realpath "$1")
 OUT=${2:-/tmp/keel-cost}
 mkdir -p "$OUT"
@@ -22,7 +24,7 @@ DIR=$OUT/product
 export PORT_BASE=${PORT_BASE:-17700}
 export KEEL_SHARED=${KEEL_SHARED:-$(cd .. && pwd)/shared}
 RATE=${RATE:-20}
-SECONDS_PER_STATE=${SECONDS:-30}
+SECONDS_PER_STATE=${DURATION_S:-30}
 QUERIES=${QUERIES:-30}
 MAX_TOKENS=${MAX_TOKENS:-32}
 STATES=${STATES:-$(python3 -c 'import json,sys; print(" ".join(s["name"] for s in json.load(open(sys.argv[1]))["states"]))' "$CATALOG")}

@@ -8,6 +8,7 @@
 //             [--seed 1] [--trace NAME] [--csv FILE] [--csv-dir DIR] [--time-scale 1]
 //             [--window-s 1] [--slo-ms 1000] [--servers 8|service=N,...] [--jsonl FILE] [--live-loop]
 //             [--baseline-queue-ms 20] [--baseline-recover-queue-ms 5] [--no-recent-rate-guard]
+//             [--entry-max-in-flight 0] [--batch-slowdown 0|service=X,...] [--capacity-utilisation 0.9]
 // --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
 // simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
 // replays the trace's shape faster at the same rates, while the controller's dwells stay in real
@@ -22,6 +23,13 @@
 // (bench/hilo/plot.sh draws them beside the live replay's CSVs). --baseline-queue-ms and
 // --baseline-recover-queue-ms set the baseline's thresholds, as `keel hilo serve` does live.
 // --no-recent-rate-guard turns the controller's onset guard off (`--recent-rate-guard false` live).
+// --entry-max-in-flight N sheds a request that arrives while N (x scale) are in the product, as the
+// live answer service does beyond its --max-inflight (0, the default: no such bound).
+// --batch-slowdown engine=0.23 models a service as a continuous-batching one (SimOptions::
+// batch_slowdown: each request in service slows by this per other request in the batch; 0, the
+// default, is independent workers), as --servers takes values. --capacity-utilisation sets how
+// busy a service is at its catalog capacity (SimOptions::capacity_utilisation): the catalog's
+// capacity over the throughput it saturates at.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -58,19 +66,20 @@ struct Args {
   double slo_ms = 1000;
   std::array<int, kNumServices> servers = {8, 8, 8, 8};
   bool live_loop = false;
+  int entry_max_in_flight = 0;
+  std::array<double, kNumServices> batch_slowdown = {0, 0, 0, 0};
+  double capacity_utilisation = SimOptions().capacity_utilisation;
   bool recent_rate_guard = true;
   std::string jsonl;  // "" = no JSON summary
   BaselineOptions baseline;  // --baseline-queue-ms, --baseline-recover-queue-ms
 };
 
 // "N" sets every service's workers; "engine=32,answer=64" sets those named. False when malformed.
-bool ParseServers(std::string_view spec, std::array<int, kNumServices>* out) {
-  auto number = [](std::string_view v, int* n) {
-    if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string_view::npos) return false;
-    *n = std::atoi(std::string(v).c_str());
-    return *n >= 1 && *n <= 4096;
-  };
-  int n = 0;
+// "V" (every service) or "service=V[,service=V...]" (the others keep theirs), each V read by
+// `number`.
+template <typename T, typename Number>
+bool ParsePerService(std::string_view spec, Number number, std::array<T, kNumServices>* out) {
+  T n{};
   if (spec.find('=') == std::string_view::npos) {
     if (!number(spec, &n)) return false;
     out->fill(n);
@@ -87,6 +96,24 @@ bool ParseServers(std::string_view spec, std::array<int, kNumServices>* out) {
     (*out)[static_cast<size_t>(*svc)] = n;
   }
   return true;
+}
+
+bool ParseServers(std::string_view spec, std::array<int, kNumServices>* out) {
+  return ParsePerService(spec, [](std::string_view v, int* n) {
+    if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string_view::npos) return false;
+    *n = std::atoi(std::string(v).c_str());
+    return *n >= 1 && *n <= 4096;
+  }, out);
+}
+
+bool ParseSlowdowns(std::string_view spec, std::array<double, kNumServices>* out) {
+  return ParsePerService(spec, [](std::string_view v, double* x) {
+    if (v.empty() || v.size() > 16 || v.find_first_not_of("0123456789.") != std::string_view::npos) return false;
+    char* end = nullptr;
+    const std::string text(v);
+    *x = std::strtod(text.c_str(), &end);
+    return end == text.c_str() + text.size() && *x >= 0 && *x <= 1;
+  }, out);
 }
 
 // The trace compressed (or stretched) in time: the same multipliers, time_scale real s per trace s.
@@ -190,6 +217,22 @@ int Main(int argc, char** argv) {
     else if (const char* v = val("--jsonl")) a.jsonl = v;
     else if (const char* v = val("--baseline-queue-ms")) a.baseline.degrade_queue_ms = std::atof(v);
     else if (const char* v = val("--baseline-recover-queue-ms")) a.baseline.recover_queue_ms = std::atof(v);
+    else if (const char* v = val("--batch-slowdown")) {
+      if (!ParseSlowdowns(v, &a.batch_slowdown)) {
+        std::fprintf(stderr, "--batch-slowdown: expected X or service=X[,service=X...] (services answer, vector, engine, gateway; X in [0, 1]), got '%s'\n", v);
+        return 2;
+      }
+    }
+    else if (const char* v = val("--capacity-utilisation")) a.capacity_utilisation = std::atof(v);
+    else if (const char* v = val("--entry-max-in-flight")) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end == v || *end != '\0' || n < 0 || n > (1 << 24)) {
+        std::fprintf(stderr, "--entry-max-in-flight: expected an integer in [0, 16777216], got '%s'\n", v);
+        return 2;
+      }
+      a.entry_max_in_flight = static_cast<int>(n);
+    }
     else if (std::strcmp(argv[i], "--live-loop") == 0) a.live_loop = true;
     else if (std::strcmp(argv[i], "--no-recent-rate-guard") == 0) a.recent_rate_guard = false;
     else {
@@ -242,6 +285,9 @@ int Main(int argc, char** argv) {
   o.slo_ms = a.slo_ms;
   o.timeout_ms = std::max(o.timeout_ms, a.slo_ms);
   o.servers = a.servers;
+  o.entry_max_in_flight = a.entry_max_in_flight;
+  o.batch_slowdown = a.batch_slowdown;
+  o.capacity_utilisation = a.capacity_utilisation;
   if (a.live_loop) {  // ServiceLinkOptions' and ControllerServerOptions' defaults
     o.report_interval_s = 0.25;
     o.decide_interval_s = 0.25;

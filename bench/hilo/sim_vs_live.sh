@@ -9,6 +9,15 @@
 # drops and their differences relative to the live figure.
 #
 #   bench/hilo/sim_vs_live.sh LIVE_OUT [OUT]        (OUT default LIVE_OUT/sim)
+# The answer service's in-flight bound (run.env's ANSWER_MAX_INFLIGHT; product.sh's default 64 for
+# runs that did not record it) is the simulation's entry bound (sim_bench --entry-max-in-flight):
+# live, a request beyond it is shed at the entry, and it bounds the engine's queue; ENTRY_BOUND=0
+# simulates without it. The engine is simulated as a continuous-batching service
+# (sim_bench --batch-slowdown): BATCH_SLOWDOWN, default engine=0.236, measured by
+# bench/hilo/batching.sh (docs/results.md); BATCH_SLOWDOWN=0 gives every slot its own worker, the
+# model before. CAPACITY_UTILISATION (default 0.945: the full state's catalog capacity, 189.9
+# req/s, over the 200.8 req/s it answered under a 300 req/s open-loop overload, bench/hilo/cost.sh;
+# docs/results.md) is sim_bench --capacity-utilisation; 0.9 was the assumption before.
 # Knobs: BUILD (default build), SIM_SCALE (100), SERVERS (workers per service at scale 1: N, or
 # per service as sim_bench --servers takes them; default 8, and the engine's the live run's
 # ENGINE_MAX_RUNNING), SIM_CATALOG (default the live run's catalog:
@@ -20,7 +29,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) SIM=$BUILD/sim_bench ;; *) SIM=$ROOT/$BUILD/sim_bench ;; esac
-[ $# -ge 1 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,24p' "$0" >&2; exit 2; }
 LIVE=$(realpath "$1")
 OUT=${2:-$LIVE/sim}
 SIM_SCALE=${SIM_SCALE:-100}
@@ -35,8 +44,12 @@ SERVERS=${SERVERS_SET:-engine=${ENGINE_MAX_RUNNING:-8}}
 mkdir -p "$OUT"
 : >"$OUT/sim_1x.jsonl"
 : >"$OUT/sim_scaled.jsonl"
+ENTRY_BOUND=${ENTRY_BOUND:-${ANSWER_MAX_INFLIGHT:-64}}
+BATCH_SLOWDOWN=${BATCH_SLOWDOWN:-engine=0.236}
+CAPACITY_UTILISATION=${CAPACITY_UTILISATION:-0.945}
 common=(--catalog "$CATALOG" --baseline-rate "$BASELINE_RATE" --time-scale "$TIME_SCALE" --window-s "$WINDOW_S"
-        --slo-ms "$SLO_MS" --seed "$SEED" --servers "$SERVERS")
+        --slo-ms "$SLO_MS" --seed "$SEED" --servers "$SERVERS" --entry-max-in-flight "$ENTRY_BOUND"
+        --batch-slowdown "$BATCH_SLOWDOWN" --capacity-utilisation "$CAPACITY_UTILISATION")
 # The live run's baseline thresholds (CONTROLLER_FLAGS in run.env), which sim_bench takes by the
 # same names.
 read -r -a ctl_flags <<<"${CONTROLLER_FLAGS:-}"

@@ -45,7 +45,9 @@ struct Req {
   double done_at = 0;   // when its service in progress ends
 };
 
-enum class EvType : uint8_t { kDone, kReport, kDecide, kApply };
+// kDone ends one request's service at a station of independent workers; kBatchDone the batch
+// member due first at a batching station (only the latest one scheduled counts).
+enum class EvType : uint8_t { kDone, kBatchDone, kReport, kDecide, kApply };
 struct Event {
   double t;
   uint64_t seq;  // ties break by insertion order, so runs are deterministic
@@ -76,10 +78,25 @@ struct Station {
   // Baseline rule.
   double last_change = -std::numeric_limits<double>::infinity();
   double calm_since = -1;
+  // A batching station (SimOptions::batch_slowdown > 0) shares its work in virtual time: vclock is
+  // the work (seconds of service alone) that each request in service has received since t = 0, and
+  // a request ends when vclock reaches its finish. `batch` is a min-heap of (finish, request).
+  double slowdown = 0;  // already divided by the scale
+  double vclock = 0;
+  double vlast_t = 0;
+  std::vector<std::pair<double, int64_t>> batch;
+  uint32_t batch_gen = 0;  // the kBatchDone in force
 
+  bool batching() const { return slowdown > 0; }
+  double Speed() const { return 1.0 / (1.0 + slowdown * std::max(0, busy - 1)); }
+  // Call before `busy` changes, at every event time: the speed is constant between changes.
   void Account(double t) {
     busy_integral += busy * (t - last_t);
     last_t = t;
+    if (batching()) {
+      vclock += (t - vlast_t) * Speed();
+      vlast_t = t;
+    }
   }
 };
 
@@ -123,6 +140,7 @@ class Sim {
       Station& st = st_[s];
       st.servers = std::max(1, static_cast<int>(std::lround(o_.servers[s] * o_.scale)));
       st.bound = static_cast<size_t>(o_.queue_per_server) * st.servers;
+      st.slowdown = o_.batch_slowdown[s] / o_.scale;
       st.level = initial;
       st.rate.SetSpan(std::llround(o_.rate_window_s * 1000));
       st.recent.SetSpan(std::llround(o_.recent_window_s * 1000));
@@ -134,6 +152,7 @@ class Sim {
         st.policy.emplace(std::move(p).value());
       }
     }
+    entry_bound_ = o_.entry_max_in_flight > 0 ? std::max<int64_t>(1, std::llround(o_.entry_max_in_flight * o_.scale)) : 0;
     arrivals_ = PoissonArrivals(trace_, o_.baseline_rate * o_.scale, o_.seed);
     reqs_.resize(arrivals_.size());
     windows_.resize(static_cast<size_t>(std::ceil(trace_.duration_s / o_.window_s)) + 1);
@@ -156,6 +175,9 @@ class Sim {
       switch (e.type) {
         case EvType::kDone:
           if (e.gen == reqs_[e.arg].gen) Done(e.svc, e.arg, e.t);
+          break;
+        case EvType::kBatchDone:
+          if (e.gen == st_[e.svc].batch_gen) BatchDone(e.svc, e.t);
           break;
         case EvType::kReport: Report(e.t); break;
         case EvType::kDecide: Decide(e.t); break;
@@ -185,6 +207,16 @@ class Sim {
     if (!ReachesAdmitted(svc) || level == old) return;
     if (cat_.states[level].engine.max_new_tokens >= cat_.states[old].engine.max_new_tokens) return;
     const double ratio = std::min(1.0, cat_.states[old].figures->capacity[svc] / cat_.states[level].figures->capacity[svc]);
+    if (st.batching()) {
+      // The same factor for every member keeps the heap's order.
+      st.Account(t);
+      for (auto& [finish, id] : st.batch) {
+        reqs_[id].worst = std::max(reqs_[id].worst, quality_state_[svc][level]);
+        finish = st.vclock + (finish - st.vclock) * ratio;
+      }
+      ScheduleBatch(svc, t);
+      return;
+    }
     for (int64_t id : st.serving) {
       Req& r = reqs_[id];
       r.worst = std::max(r.worst, quality_state_[svc][level]);
@@ -196,6 +228,13 @@ class Sim {
   void Arrive(int64_t id, double t) {
     reqs_[id] = Req{t, t, 0, 0, 0, 0, 0};
     ++res_.arrived;
+    ++in_product_;  // Score ends it, whatever the request's fate
+    if (entry_bound_ > 0 && in_product_ > entry_bound_) {
+      ++st_[static_cast<int>(kPath[0])].arrivals;  // the entry saw it: its reported rate counts it
+      ++res_.shed;
+      Score(id, 0);
+      return;
+    }
     Enter(id, t);
   }
 
@@ -226,10 +265,39 @@ class Sim {
     r.worst = std::max(r.worst, quality_state_[svc][st.level]);
     if (svc == static_cast<int>(Service::kAnswer)) r.answer_level = st.level;
     const double capacity = cat_.states[st.level].figures->capacity[svc] * o_.scale;
-    const double mean_s = o_.capacity_utilisation * st.servers / capacity;
-    r.done_at = t + UnitExp(o_.seed, id, svc) * mean_s;
+    // A full batch (all servers busy) completes capacity / capacity_utilisation per second; with
+    // no slowdown that is each worker's mean service time.
+    const double mean_s = o_.capacity_utilisation * st.servers / (capacity * (1 + st.slowdown * (st.servers - 1)));
+    const double work_s = UnitExp(o_.seed, id, svc) * mean_s;
+    if (st.batching()) {
+      st.batch.emplace_back(st.vclock + work_s, id);
+      std::push_heap(st.batch.begin(), st.batch.end(), std::greater<>());
+      ScheduleBatch(svc, t);
+      return;
+    }
+    r.done_at = t + work_s;
     if (ReachesAdmitted(svc)) st.serving.insert(id);
     Push(r.done_at, EvType::kDone, svc, id, r.gen);
+  }
+
+  // (Re)schedules a batching station's next completion; the speed changed or the batch did.
+  void ScheduleBatch(int svc, double t) {
+    Station& st = st_[svc];
+    ++st.batch_gen;
+    if (st.batch.empty()) return;
+    const double left = std::max(0.0, st.batch.front().first - st.vclock);
+    Push(t + left / st.Speed(), EvType::kBatchDone, svc, st.batch.front().second, st.batch_gen);
+  }
+
+  void BatchDone(int svc, double t) {
+    Station& st = st_[svc];
+    st.Account(t);
+    std::pop_heap(st.batch.begin(), st.batch.end(), std::greater<>());
+    const auto [finish, id] = st.batch.back();
+    st.batch.pop_back();
+    st.vclock = std::max(st.vclock, finish);  // no drift from the division in ScheduleBatch
+    Done(svc, id, t);
+    ScheduleBatch(svc, t);
   }
 
   void Done(int svc, int64_t id, double t) {
@@ -261,6 +329,7 @@ class Sim {
   }
 
   void Score(int64_t id, double quality) {
+    --in_product_;
     WindowAcc& w = windows_[std::min(windows_.size() - 1, static_cast<size_t>(reqs_[id].arrival / o_.window_s))];
     ++w.arrived;
     w.drop_sum += full_q_ - quality;
@@ -391,6 +460,8 @@ class Sim {
   std::vector<double> arrivals_;
   std::vector<Req> reqs_;
   std::vector<WindowAcc> windows_;
+  int64_t entry_bound_ = 0;  // SimOptions::entry_max_in_flight x scale; 0 = none
+  int64_t in_product_ = 0;   // arrived and not yet scored
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   uint64_t seq_ = 0;
   SimResult res_;
@@ -405,6 +476,10 @@ Status CheckOptions(const SimOptions& o) {
   }
   if (!(o.capacity_utilisation > 0 && o.capacity_utilisation <= 1)) return bad("capacity_utilisation must be in (0, 1]");
   if (o.queue_per_server < 0) return bad("queue_per_server must be >= 0");
+  for (double b : o.batch_slowdown) {
+    if (!(b >= 0 && b <= 1)) return bad("batch_slowdown must be in [0, 1]");
+  }
+  if (o.entry_max_in_flight < 0 || o.entry_max_in_flight > (1 << 24)) return bad("entry_max_in_flight must be in [0, 2^24]");
   if (!(o.slo_ms > 0) || !(o.timeout_ms > 0)) return bad("slo_ms and timeout_ms must be > 0");
   if (!(o.window_s > 0) || !(o.report_interval_s > 0) || !(o.decide_interval_s > 0)) {
     return bad("window_s, report_interval_s and decide_interval_s must be > 0");

@@ -5,7 +5,9 @@
 // that reaches the head of a queue after its deadline is failed (the client gave up). Service time
 // is exponential with mean capacity_utilisation x servers / capacity, the capacity being the
 // catalog's figure for the level the service runs at, so a service at its catalog capacity is
-// capacity_utilisation busy. The model and its assumptions are in docs/hilo.md ("Simulation").
+// capacity_utilisation busy. A batching service (batch_slowdown > 0, the engine) instead shares
+// its work among the requests in service: each slows as more join the batch, and its servers are
+// batch slots. The model and its assumptions are in docs/hilo.md ("Simulation").
 //
 // Two policies see identical arrivals and identical per-request service-time draws:
 //  - kHilo: every report_interval each service sends a LoadReport to a real keel::hilo::Controller
@@ -45,6 +47,21 @@ struct SimOptions {
   std::array<int, kNumServices> servers = {8, 8, 8, 8};  // workers per service at scale 1
   double capacity_utilisation = 0.9;  // busy fraction at the catalog capacity, (0, 1]
   int queue_per_server = 4;           // queue bound = this x servers
+  // Requests in the product at once, at scale 1 (x scale): one arriving while this many are
+  // between arrival and their end (served, shed downstream or failed) is shed at the entry, as
+  // the live answer service sheds beyond its --max-inflight (it holds each request while the
+  // vector service and the engine work on it). It also bounds every queue behind the entry.
+  // 0 = no bound (each service's own queue bound only).
+  int entry_max_in_flight = 0;
+  // Per service, how a batching service's requests share it (0 for the others): with n requests
+  // in service each progresses at 1 / (1 + batch_slowdown x (n - 1)) of its speed alone, so a
+  // request alone takes its own work and the batch's throughput rises with n toward the full batch
+  // (servers) -- a continuous-batching engine, whose batched steps cost more per step but less
+  // per request. 0 = independent workers (the default); 1 = one worker shared, no gain from
+  // batching. The catalog capacity fixes the work: at `servers` in service the service completes
+  // capacity / capacity_utilisation requests/s. At scale k the slowdown is divided by k, so a
+  // request's time at a given share of the slots is the same at every scale. Each in [0, 1].
+  std::array<double, kNumServices> batch_slowdown = {0, 0, 0, 0};
   double slo_ms = 1000;               // end-to-end latency bound
   double timeout_ms = 2000;           // a request still queued after this is failed
   double window_s = 1;                // quality windows, by arrival time

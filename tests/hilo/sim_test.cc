@@ -214,6 +214,60 @@ TEST(Sim, EngineDegradeReachesRequestsInService) {
   EXPECT_LT(reach->slo_violations, later->slo_violations) << reach->slo_violations << " vs " << later->slo_violations;
   // ...and those served score as the cheaper state: the windows' quality changes with them.
   EXPECT_NE(reach->mean_drop, later->mean_drop);
+  // The same when the engine batches (its slots share the work): the cut reaches the batch.
+  o.batch_slowdown[kEngine] = off.batch_slowdown[kEngine] = 0.05;
+  Result<SimResult> reach_b = Simulate(c, Step(1, 2.5), Policy::kHilo, o);
+  Result<SimResult> later_b = Simulate(c, Step(1, 2.5), Policy::kHilo, off);
+  ASSERT_TRUE(reach_b.ok() && later_b.ok());
+  ASSERT_GT(reach_b->transitions, 0);
+  EXPECT_LT(reach_b->slo_violations, later_b->slo_violations) << reach_b->slo_violations << " vs " << later_b->slo_violations;
+  EXPECT_NE(reach_b->mean_drop, later_b->mean_drop);
+  EXPECT_NE(reach_b->slo_violations, reach->slo_violations);  // the batching model is in use
+}
+
+// The live answer service sheds beyond its in-flight bound; so does the simulation's entry.
+TEST(Sim, EntryBoundShedsAtTheEntry) {
+  SimOptions o;
+  o.baseline_rate = 60;  // 60 req/s against 100: nothing is shed without the bound
+  Trace t = Step(1, 1);
+  SimResult free = RunSim(t, Policy::kBaseline, o);
+  EXPECT_EQ(free.shed, 0);
+  o.entry_max_in_flight = 1;  // one request in the product at a time: most arrivals find it busy
+  SimResult one = RunSim(t, Policy::kBaseline, o);
+  EXPECT_EQ(one.arrived, free.arrived);
+  EXPECT_GT(one.shed, one.arrived / 2);
+  EXPECT_EQ(one.arrived, one.served + one.shed + one.failed);
+  o.entry_max_in_flight = 1000;  // never reached
+  SimResult loose = RunSim(t, Policy::kBaseline, o);
+  EXPECT_EQ(loose.shed, 0);
+  EXPECT_EQ(loose.served, free.served);
+}
+
+// A batching service: a request alone takes its own work, a full batch completes the catalog
+// capacity / capacity_utilisation per second either way.
+TEST(Sim, BatchingServiceIsFastAloneAndAsFastWhenFull) {
+  SimOptions o;
+  o.baseline_rate = 2;  // requests almost always alone
+  o.slo_ms = 60;        // independent workers: a mean 72 ms per request at each of answer and engine
+  Trace t = Step(1, 1);
+  SimResult workers = RunSim(t, Policy::kBaseline, o);
+  o.batch_slowdown = {0.5, 0.5, 0.5, 0.5};  // alone: 72 / (1 + 0.5 x 7) = 16 ms at each
+  SimResult batching = RunSim(t, Policy::kBaseline, o);
+  EXPECT_EQ(batching.served, workers.served);
+  EXPECT_GT(workers.slo_violations, workers.served / 2);
+  EXPECT_LT(batching.slo_violations * 3, workers.slo_violations);
+
+  // Far beyond capacity, both complete about 100 / 0.9 req/s through the engine (the bottleneck).
+  SimOptions heavy;
+  heavy.baseline_rate = 400;
+  heavy.timeout_ms = 1e6;  // nothing fails, the queues shed
+  heavy.slo_ms = 1e6;
+  Trace flat = Step(1, 1, 60);
+  SimResult w = RunSim(flat, Policy::kBaseline, [&] { SimOptions x = heavy; x.baseline.degrade_queue_ms = 1e6; x.baseline.recover_queue_ms = 1e6; return x; }());
+  heavy.batch_slowdown = {0, 0, 0.5, 0};
+  SimResult b = RunSim(flat, Policy::kBaseline, [&] { SimOptions x = heavy; x.baseline.degrade_queue_ms = 1e6; x.baseline.recover_queue_ms = 1e6; return x; }());
+  EXPECT_NEAR(w.served / 60.0, 100 / 0.9, 8);
+  EXPECT_NEAR(b.served / 60.0, 100 / 0.9, 8);
 }
 
 TEST(Sim, RefusesBadInput) {
@@ -228,6 +282,12 @@ TEST(Sim, RefusesBadInput) {
   EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
   o.scale = 1;
   o.rate_window_s = -1;
+  EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
+  o.rate_window_s = 0;
+  o.batch_slowdown[2] = 1.5;
+  EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
+  o.batch_slowdown[2] = 0;
+  o.entry_max_in_flight = -1;
   EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
 }
 
