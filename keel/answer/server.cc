@@ -128,6 +128,15 @@ Result<std::unique_ptr<AnswerServer>> AnswerServer::Start(const Corpus& corpus, 
     CountingResponder cr(r, *self->requests_, "/v1/models");
     self->HandleModels(req, "/v1/models", cr);
   });
+  router.HandlePrefix("GET", "/v1/models/", "/v1/models/{id}", [self](const HttpRequest& req, HttpResponder& r) {
+    CountingResponder cr(r, *self->requests_, "/v1/models/{id}");
+    // The id goes upstream as part of a path: no dot segments that could name another route.
+    if (req.path.find("/..") != std::string::npos || req.path.find("/./") != std::string::npos) {
+      cr.Send(400, "application/json", OpenAIErrorBody(400, "model id: dot segments are not allowed"), {});
+      return;
+    }
+    self->HandleModels(req, req.path, cr);
+  });
   HandleHealthAndMetrics(router, s->metrics_);
   HttpServerOptions ho;
   ho.host = s->opt_.host;
@@ -137,22 +146,7 @@ Result<std::unique_ptr<AnswerServer>> AnswerServer::Start(const Corpus& corpus, 
   ho.max_body_bytes = s->opt_.max_body_bytes;
   ho.server_name = "keel-answer";
   ho.error_body = OpenAIErrorBody;
-  // GET /v1/models/{id} is a prefix the exact-path router cannot hold; everything else is its.
-  s->http_ = std::make_unique<HttpServer>(ho, [self, router = std::move(router)](const HttpRequest& req,
-                                                                                  HttpResponder& r) {
-    constexpr std::string_view kModelPrefix = "/v1/models/";
-    if (req.method == "GET" && req.path.size() > kModelPrefix.size() && req.path.rfind(kModelPrefix, 0) == 0) {
-      CountingResponder cr(r, *self->requests_, "/v1/models/{id}");
-      // The id goes upstream as part of a path: no dot segments that could name another route.
-      if (req.path.find("/..") != std::string::npos || req.path.find("/./") != std::string::npos) {
-        cr.Send(400, "application/json", OpenAIErrorBody(400, "model id: dot segments are not allowed"), {});
-        return;
-      }
-      self->HandleModels(req, req.path, cr);
-      return;
-    }
-    router.Dispatch(req, r);
-  });
+  s->http_ = std::make_unique<HttpServer>(ho, std::move(router));
   KEEL_RETURN_IF_ERROR(s->http_->Start());
   Log().info("keel answer listening on {}:{} (vector {}, gateway {}, <= {} in flight, {})", s->opt_.host,
              s->http_->port(), s->vector_->Address(), s->gateway_->Address(), s->opt_.max_inflight,

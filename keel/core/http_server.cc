@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -412,20 +413,56 @@ void HttpRouter::Handle(std::string method, std::string path, HttpHandler handle
   routes_[std::move(path)][std::move(method)] = std::move(handler);
 }
 
-bool HttpRouter::HasPath(std::string_view path) const { return routes_.find(path) != routes_.end(); }
+void HttpRouter::HandlePrefix(std::string method, std::string prefix, std::string name, HttpHandler handler) {
+  auto it = std::find_if(prefixes_.begin(), prefixes_.end(), [&](const PrefixRoute& r) { return r.prefix == prefix; });
+  if (it == prefixes_.end()) {
+    // Kept longest first, so the first match is the longest.
+    it = std::find_if(prefixes_.begin(), prefixes_.end(),
+                      [&](const PrefixRoute& r) { return r.prefix.size() < prefix.size(); });
+    it = prefixes_.insert(it, PrefixRoute{std::move(prefix), std::move(name), {}});
+  } else {
+    it->name = std::move(name);
+  }
+  it->methods[std::move(method)] = std::move(handler);
+}
+
+const HttpRouter::Methods* HttpRouter::Find(std::string_view path, std::string_view* name) const {
+  if (auto it = routes_.find(path); it != routes_.end()) {
+    *name = it->first;
+    return &it->second;
+  }
+  for (const PrefixRoute& r : prefixes_) {
+    if (path.size() > r.prefix.size() && path.substr(0, r.prefix.size()) == r.prefix) {
+      *name = r.name;
+      return &r.methods;
+    }
+  }
+  return nullptr;
+}
+
+bool HttpRouter::HasPath(std::string_view path) const {
+  std::string_view name;
+  return Find(path, &name) != nullptr;
+}
+
+std::string_view HttpRouter::RouteName(std::string_view path) const {
+  std::string_view name;
+  return Find(path, &name) != nullptr ? name : std::string_view();
+}
 
 void HttpRouter::Dispatch(const HttpRequest& request, HttpResponder& responder, bool* matched) const {
-  auto it = routes_.find(request.path);
-  if (matched) *matched = it != routes_.end();
-  if (it == routes_.end()) {
+  std::string_view name;
+  const Methods* methods = Find(request.path, &name);
+  if (matched) *matched = methods != nullptr;
+  if (methods == nullptr) {
     responder.Send(404, "application/json",
                    error_body_(404, fmt::format("no route for {}", request.path)), {});
     return;
   }
-  auto m = it->second.find(request.method);
-  if (m == it->second.end()) {
+  auto m = methods->find(request.method);
+  if (m == methods->end()) {
     std::string allow;
-    for (const auto& [method, h] : it->second) {
+    for (const auto& [method, h] : *methods) {
       if (!allow.empty()) allow += ", ";
       allow += method;
     }

@@ -109,24 +109,43 @@ using HttpErrorBody = std::function<std::string(int status, std::string_view mes
 // {"error":{"message":..., "code":<status>}}
 std::string DefaultHttpErrorBody(int status, std::string_view message);
 
-// Exact-path router: method + path -> handler. Unknown path: 404; known path with another
-// method: 405 with an Allow header. Both answer with `error_body` as application/json.
-// Configure before the server starts; immutable (and thread-safe to call) afterwards.
+// Router: method + path -> handler. A route is an exact path, or a prefix that holds every longer
+// path starting with it (HandlePrefix: "/v1/models/" for /v1/models/{id}). An exact route wins,
+// then the longest prefix. Unknown path: 404; known path with another method: 405 with an Allow
+// header. Both answer with `error_body` as application/json. Configure before the server starts;
+// immutable (and thread-safe to call) afterwards.
 class HttpRouter {
  public:
   explicit HttpRouter(HttpErrorBody error_body = DefaultHttpErrorBody)
       : error_body_(std::move(error_body)) {}
   void Handle(std::string method, std::string path, HttpHandler handler);
+  // Every path that starts with `prefix` and is longer than it; the handler reads the rest from
+  // request.path. `name` names the route where a path must not, as in metric labels (a client
+  // picks the rest): e.g. "/v1/models/{id}".
+  void HandlePrefix(std::string method, std::string prefix, std::string name, HttpHandler handler);
   // Dispatches; `matched` (if given) is set to true when a route for the path exists.
   void Dispatch(const HttpRequest& request, HttpResponder& responder, bool* matched = nullptr) const;
   void operator()(const HttpRequest& request, HttpResponder& responder) const {
     Dispatch(request, responder);
   }
   bool HasPath(std::string_view path) const;
+  // The route that holds `path`: the path itself for an exact route, a prefix route's name, ""
+  // for none. Bounded by the routes configured, so safe as a metric label.
+  std::string_view RouteName(std::string_view path) const;
 
  private:
+  using Methods = std::map<std::string, HttpHandler>;
+  struct PrefixRoute {
+    std::string prefix;
+    std::string name;
+    Methods methods;
+  };
+  // The methods of the route that holds `path` (nullptr for none) and its name.
+  const Methods* Find(std::string_view path, std::string_view* name) const;
+
   HttpErrorBody error_body_;
-  std::map<std::string, std::map<std::string, HttpHandler>, std::less<>> routes_;  // path -> method
+  std::map<std::string, Methods, std::less<>> routes_;  // exact path -> method
+  std::vector<PrefixRoute> prefixes_;                   // longest prefix first
 };
 
 // Reason phrase for a status code ("OK", "Not Found", ...); "" for unknown codes.

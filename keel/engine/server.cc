@@ -27,6 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// GET /v1/models/{id}: the rest of the path is the id.
+constexpr std::string_view kModelPrefix = "/v1/models/";
+
 // Sends `e` as an OpenAI error body (429 also gets Retry-After), with `headers` added.
 void SendError(HttpResponder& res, const ApiError& e, const HttpHeaderList& headers = {}) {
   HttpHeaderList extra = headers;
@@ -159,6 +162,11 @@ Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, ServerOptions o
 
   router_.Handle("GET", "/healthz", [this](const HttpRequest& q, HttpResponder& r) { HandleHealth(q, r); });
   router_.Handle("GET", "/v1/models", [this](const HttpRequest& q, HttpResponder& r) { HandleModels(q, r); });
+  for (const char* method : {"GET", "HEAD"}) {
+    router_.HandlePrefix(method, std::string(kModelPrefix), "/v1/models/{id}", [this](const HttpRequest& q, HttpResponder& r) {
+      HandleModel(q, r, std::string_view(q.path).substr(kModelPrefix.size()));
+    });
+  }
   router_.Handle("GET", "/metrics", [this](const HttpRequest& q, HttpResponder& r) { HandleMetrics(q, r); });
   router_.Handle("POST", "/v1/completions",
                  [this](const HttpRequest& q, HttpResponder& r) { HandleGenerate(q, r, false); });
@@ -252,17 +260,11 @@ void Server::Stop(bool cancel_in_flight) {
 }
 
 void Server::Route(const HttpRequest& req, HttpResponder& res) {
-  // The route label takes only the fixed set of known paths; anything else is "other".
-  constexpr std::string_view kModelPrefix = "/v1/models/";
-  const bool model_by_id = req.path.size() > kModelPrefix.size() && req.path.rfind(kModelPrefix, 0) == 0;
-  CountingResponder counting(res, metrics_->requests,
-                             model_by_id ? "/v1/models/{id}" : router_.HasPath(req.path) ? req.path : "other");
+  // The route label takes only the fixed set of routes; anything else is "other".
+  const std::string_view route = router_.RouteName(req.path);
+  CountingResponder counting(res, metrics_->requests, route.empty() ? std::string("other") : std::string(route));
   try {
-    if (model_by_id) {
-      HandleModel(req, counting, std::string_view(req.path).substr(kModelPrefix.size()));
-    } else {
-      router_.Dispatch(req, counting);
-    }
+    router_.Dispatch(req, counting);
   } catch (const std::exception& e) {
     // Nothing below should throw; a bug must not take the connection thread down.
     Log().error("engine server: {} {}: {}", req.method, req.path, e.what());
@@ -286,12 +288,7 @@ void Server::HandleModels(const HttpRequest&, HttpResponder& res) {
 }
 
 // GET /v1/models/{id}: the served model's object, or OpenAI's 404 for any other id.
-void Server::HandleModel(const HttpRequest& req, HttpResponder& res, std::string_view id) {
-  if (req.method != "GET" && req.method != "HEAD") {
-    const ApiError e{405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error", {}, {}};
-    res.Send(405, "application/json", Dump(ErrorObject(e)), {{"Allow", "GET"}});
-    return;
-  }
+void Server::HandleModel(const HttpRequest&, HttpResponder& res, std::string_view id) {
   if (id != options_.model_name) {
     SendError(res, ApiError{404, "The model '" + std::string(id) + "' does not exist", "invalid_request_error",
                             std::string("model"), std::string("model_not_found")});

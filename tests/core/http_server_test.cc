@@ -616,3 +616,100 @@ TEST(HttpHeadersTest, CaseInsensitiveLookup) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+// Records what a handler or the router answered, without a socket.
+class RecordingResponder : public HttpResponder {
+ public:
+  bool Send(int status, std::string_view, std::string body, const HttpHeaderList& extra) override {
+    if (status_ != 0) return false;
+    status_ = status;
+    body_ = std::move(body);
+    extra_ = extra;
+    return true;
+  }
+  bool BeginStream(int status, std::string_view, const HttpHeaderList&) override { return Send(status, "", "", {}); }
+  bool WriteChunk(std::string_view) override { return false; }
+  bool EndStream() override { return false; }
+  bool ClientGone() override { return false; }
+  int status() const override { return status_; }
+  const std::string& body() const { return body_; }
+  std::string Header(std::string_view name) const {
+    for (const auto& [k, v] : extra_) {
+      if (k == name) return v;
+    }
+    return "";
+  }
+
+ private:
+  int status_ = 0;
+  std::string body_;
+  HttpHeaderList extra_;
+};
+
+HttpRequest Req(std::string method, std::string path) {
+  HttpRequest q;
+  q.method = std::move(method);
+  q.path = q.target = std::move(path);
+  return q;
+}
+
+TEST(HttpRouterTest, PrefixRoutesHoldLongerPathsExactRoutesWinLongestPrefixNext) {
+  HttpRouter router;
+  auto answer = [](std::string body) {
+    return [body](const HttpRequest& q, HttpResponder& r) { r.Send(200, "text/plain", body + " " + q.path); };
+  };
+  router.Handle("GET", "/v1/models", answer("list"));
+  router.Handle("GET", "/v1/models/special", answer("exact"));
+  router.HandlePrefix("GET", "/v1/models/", "/v1/models/{id}", answer("one"));
+  router.HandlePrefix("HEAD", "/v1/models/", "/v1/models/{id}", answer("head"));
+  router.HandlePrefix("GET", "/v1/", "/v1/{rest}", answer("v1"));
+  router.HandlePrefix("GET", "/v1/models/x/", "/v1/models/x/{sub}", answer("deeper"));
+
+  auto dispatch = [&](std::string method, std::string path, bool* matched = nullptr) {
+    RecordingResponder r;
+    router.Dispatch(Req(std::move(method), std::move(path)), r, matched);
+    return std::make_pair(r.status(), r.body());
+  };
+  EXPECT_EQ(dispatch("GET", "/v1/models").second, "list /v1/models");
+  EXPECT_EQ(dispatch("GET", "/v1/models/special").second, "exact /v1/models/special");
+  EXPECT_EQ(dispatch("GET", "/v1/models/gpt-4o").second, "one /v1/models/gpt-4o");
+  EXPECT_EQ(dispatch("HEAD", "/v1/models/gpt-4o").second, "head /v1/models/gpt-4o");
+  EXPECT_EQ(dispatch("GET", "/v1/models/x/y").second, "deeper /v1/models/x/y");  // the longest prefix
+  EXPECT_EQ(dispatch("GET", "/v1/other").second, "v1 /v1/other");
+  // A prefix holds only longer paths: "/v1/" itself has no route.
+  bool matched = true;
+  EXPECT_EQ(dispatch("GET", "/v1/", &matched).first, 404);
+  EXPECT_FALSE(matched);
+  EXPECT_EQ(dispatch("GET", "/v2/models/a").first, 404);
+
+  // Another method on a prefix route: 405 naming the prefix route's methods.
+  RecordingResponder r;
+  router.Dispatch(Req("POST", "/v1/models/gpt-4o"), r, &matched);
+  EXPECT_TRUE(matched);
+  EXPECT_EQ(r.status(), 405);
+  EXPECT_EQ(r.Header("Allow"), "GET, HEAD");
+
+  // Route names: exact paths as they are, prefix routes by their name, nothing else.
+  EXPECT_EQ(router.RouteName("/v1/models"), "/v1/models");
+  EXPECT_EQ(router.RouteName("/v1/models/anything-a-client-sends"), "/v1/models/{id}");
+  EXPECT_EQ(router.RouteName("/v1/models/x/1"), "/v1/models/x/{sub}");
+  EXPECT_EQ(router.RouteName("/elsewhere"), "");
+  EXPECT_TRUE(router.HasPath("/v1/models/abc"));
+  EXPECT_FALSE(router.HasPath("/v1/"));
+}
+
+TEST(HttpRouterTest, ReRegisteringAPrefixReplacesItsHandlerAndName) {
+  HttpRouter router;
+  router.HandlePrefix("GET", "/a/", "/a/{old}", [](const HttpRequest&, HttpResponder& r) { r.Send(200, "text/plain", "old"); });
+  router.HandlePrefix("GET", "/a/", "/a/{new}", [](const HttpRequest&, HttpResponder& r) { r.Send(200, "text/plain", "new"); });
+  RecordingResponder r;
+  router.Dispatch(Req("GET", "/a/b"), r);
+  EXPECT_EQ(r.body(), "new");
+  EXPECT_EQ(router.RouteName("/a/b"), "/a/{new}");
+}
+
+}  // namespace
+}  // namespace keel

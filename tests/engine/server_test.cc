@@ -202,6 +202,11 @@ TEST_F(ServerTest, HealthzAndModels) {
   json missing = json::parse(r.body);
   EXPECT_EQ(missing["error"]["code"], "model_not_found");
   EXPECT_NE(missing["error"]["message"].get<std::string>().find("gpt-4o"), std::string::npos);
+  // Only GET and HEAD read a model; the route tells which.
+  r = Post(std::string("/v1/models/") + kModel, "{}");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.Header("Allow"), "GET, HEAD");
+  EXPECT_TRUE(json::parse(r.body)["error"].is_object()) << r.body;
 }
 
 TEST_F(ServerTest, GreedyCompletionMatchesGolden) {
