@@ -273,8 +273,10 @@ void Scheduler::Finish(Active& a, FinishReason reason, Status error) {
   a.error = std::move(error);
   if (reason != FinishReason::kCancelled && reason != FinishReason::kError) a.out_text += a.pending;
   a.pending.clear();
-  Deliver(a, true);
+  // Counted before the last event goes out: a client that has its answer (and reads the stats or
+  // /metrics next) must find it counted.
   ++finished_;
+  Deliver(a, true);
 }
 
 namespace {
