@@ -440,14 +440,14 @@ const HttpRouter::Methods* HttpRouter::Find(std::string_view path, std::string_v
   return nullptr;
 }
 
-bool HttpRouter::HasPath(std::string_view path) const {
-  std::string_view name;
-  return Find(path, &name) != nullptr;
-}
-
 std::string_view HttpRouter::RouteName(std::string_view path) const {
   std::string_view name;
   return Find(path, &name) != nullptr ? name : std::string_view();
+}
+
+std::string HttpRouter::RouteLabel(std::string_view path) const {
+  const std::string_view name = RouteName(path);
+  return std::string(name.empty() ? std::string_view("other") : name);
 }
 
 void HttpRouter::Dispatch(const HttpRequest& request, HttpResponder& responder, bool* matched) const {

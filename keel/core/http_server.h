@@ -128,10 +128,11 @@ class HttpRouter {
   void operator()(const HttpRequest& request, HttpResponder& responder) const {
     Dispatch(request, responder);
   }
-  bool HasPath(std::string_view path) const;
   // The route that holds `path`: the path itself for an exact route, a prefix route's name, ""
   // for none. Bounded by the routes configured, so safe as a metric label.
   std::string_view RouteName(std::string_view path) const;
+  // RouteName, or "other" for a path no route holds: the request counters' route label.
+  std::string RouteLabel(std::string_view path) const;
 
  private:
   using Methods = std::map<std::string, HttpHandler>;

@@ -164,7 +164,7 @@ Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, ServerOptions o
   router_.Handle("GET", "/v1/models", [this](const HttpRequest& q, HttpResponder& r) { HandleModels(q, r); });
   for (const char* method : {"GET", "HEAD"}) {
     router_.HandlePrefix(method, std::string(kModelPrefix), "/v1/models/{id}", [this](const HttpRequest& q, HttpResponder& r) {
-      HandleModel(q, r, std::string_view(q.path).substr(kModelPrefix.size()));
+      HandleModel(r, std::string_view(q.path).substr(kModelPrefix.size()));
     });
   }
   router_.Handle("GET", "/metrics", [this](const HttpRequest& q, HttpResponder& r) { HandleMetrics(q, r); });
@@ -260,9 +260,7 @@ void Server::Stop(bool cancel_in_flight) {
 }
 
 void Server::Route(const HttpRequest& req, HttpResponder& res) {
-  // The route label takes only the fixed set of routes; anything else is "other".
-  const std::string_view route = router_.RouteName(req.path);
-  CountingResponder counting(res, metrics_->requests, route.empty() ? std::string("other") : std::string(route));
+  CountingResponder counting(res, metrics_->requests, router_.RouteLabel(req.path));
   try {
     router_.Dispatch(req, counting);
   } catch (const std::exception& e) {
@@ -288,7 +286,7 @@ void Server::HandleModels(const HttpRequest&, HttpResponder& res) {
 }
 
 // GET /v1/models/{id}: the served model's object, or OpenAI's 404 for any other id.
-void Server::HandleModel(const HttpRequest&, HttpResponder& res, std::string_view id) {
+void Server::HandleModel(HttpResponder& res, std::string_view id) {
   if (id != options_.model_name) {
     SendError(res, ApiError{404, "The model '" + std::string(id) + "' does not exist", "invalid_request_error",
                             std::string("model"), std::string("model_not_found")});

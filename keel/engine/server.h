@@ -133,7 +133,7 @@ class Server {
   void Route(const HttpRequest& req, HttpResponder& res);
   void HandleHealth(const HttpRequest& req, HttpResponder& res);
   void HandleModels(const HttpRequest& req, HttpResponder& res);
-  void HandleModel(const HttpRequest& req, HttpResponder& res, std::string_view id);
+  void HandleModel(HttpResponder& res, std::string_view id);
   void HandleMetrics(const HttpRequest& req, HttpResponder& res);
   void HandleGenerate(const HttpRequest& req, HttpResponder& res, bool chat);
   void RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& headers);

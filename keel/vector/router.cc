@@ -120,7 +120,7 @@ void Router::Impl::RegisterMetrics() {
 }
 
 void Router::Impl::Route(const HttpRequest& req, HttpResponder& res) {
-  CountingResponder counting(res, *requests, http_router.HasPath(req.path) ? req.path : "other");
+  CountingResponder counting(res, *requests, http_router.RouteLabel(req.path));
   try {
     http_router.Dispatch(req, counting);
   } catch (const std::exception& e) {

@@ -165,8 +165,7 @@ void Service::RegisterMetrics() {
 }
 
 void Service::Route(const HttpRequest& req, HttpResponder& res) {
-  // The route label takes only the fixed set of known paths; anything else is "other".
-  CountingResponder counting(res, *requests_, router_.HasPath(req.path) ? req.path : "other");
+  CountingResponder counting(res, *requests_, router_.RouteLabel(req.path));
   try {
     router_.Dispatch(req, counting);
   } catch (const std::exception& e) {

@@ -697,8 +697,10 @@ TEST(HttpRouterTest, PrefixRoutesHoldLongerPathsExactRoutesWinLongestPrefixNext)
   EXPECT_EQ(router.RouteName("/v1/models/anything-a-client-sends"), "/v1/models/{id}");
   EXPECT_EQ(router.RouteName("/v1/models/x/1"), "/v1/models/x/{sub}");
   EXPECT_EQ(router.RouteName("/elsewhere"), "");
-  EXPECT_TRUE(router.HasPath("/v1/models/abc"));
-  EXPECT_FALSE(router.HasPath("/v1/"));
+  EXPECT_EQ(router.RouteLabel("/v1/models/anything-a-client-sends"), "/v1/models/{id}");
+  EXPECT_EQ(router.RouteLabel("/elsewhere"), "other");
+  EXPECT_EQ(router.RouteName("/v1/models/abc"), "/v1/models/{id}");
+  EXPECT_EQ(router.RouteName("/v1/"), "");
 }
 
 TEST(HttpRouterTest, ReRegisteringAPrefixReplacesItsHandlerAndName) {

@@ -201,7 +201,7 @@ void PolicyService::Stop() {
 }
 
 void PolicyService::Handle(const HttpRequest& q, HttpResponder& r) {
-  const std::string route = router_.HasPath(q.path) ? q.path : "other";
+  const std::string route = router_.RouteLabel(q.path);
   const auto t0 = std::chrono::steady_clock::now();
   CountingResponder counting(r, *requests_, route);
   router_.Dispatch(q, counting);
