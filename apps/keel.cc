@@ -612,6 +612,11 @@ int RunHiloCheck(HiloArgs a) {
       std::printf("  quality %.3g, capacity answer %.4g vector %.4g engine %.4g gateway %.4g req/s", s.figures->quality,
                   s.figures->Capacity(hilo::Service::kAnswer), s.figures->Capacity(hilo::Service::kVector),
                   s.figures->Capacity(hilo::Service::kEngine), s.figures->Capacity(hilo::Service::kGateway));
+      // What --objective expected-quality can do with the state (docs/hilo.md, "Controller rules").
+      const double full = hilo::QualityCapacity(c->states[0]);
+      std::printf("; quality x capacity %.3gx full's%s", full > 0 ? hilo::QualityCapacity(s) / full : 0.0,
+                  hilo::ExpectedQualityCanPick(*c, static_cast<int>(i)) ? ""
+                                                                        : " (expected-quality never picks it: shedding in a better state serves more)");
     }
     std::printf("\n");
   }
@@ -1126,6 +1131,7 @@ int main(int argc, char** argv) {
     // The controller's prediction and hysteresis (docs/hilo.md, "Controller rules"); ranges are
     // checked together at start (Controller::Create), so a bad mix fails naming the option.
     hilo::ControllerOptions& co = hl.o.controller;
+    hl_serve->add_option_function<std::string>("--objective", [&co](const std::string& v) { co.objective = *hilo::ParseObjective(v); }, "what the target maximises: cover (the best state whose capacity covers every service's predicted demand, else the lowest) or expected-quality (the best quality x fraction of the predicted demand served: stays in a better state and sheds when degrading would cost more quality than shedding)")->check(CLI::IsMember({"cover", "expected-quality"}))->default_str("cover");
     hl_serve->add_option("--headroom", co.headroom, "predicted demand x this must fit a state's capacity (1..10)")->capture_default_str();
     hl_serve->add_option("--recover-margin", co.recover_margin, "recover only to a state with predicted demand (before headroom) <= this x its capacity, (0, 1]")->capture_default_str();
     hl_serve->add_option("--recover-dwell-s", co.recover_dwell_s, "... held continuously this long, seconds")->capture_default_str();

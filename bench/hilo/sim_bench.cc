@@ -9,6 +9,7 @@
 //             [--window-s 1] [--slo-ms 1000] [--servers 8|service=N,...] [--jsonl FILE] [--live-loop]
 //             [--baseline-queue-ms 20] [--baseline-recover-queue-ms 5] [--no-recent-rate-guard]
 //             [--entry-max-in-flight 0] [--batch-slowdown 0|service=X,...] [--capacity-utilisation 0.9]
+//             [--objective cover|expected-quality]
 // --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
 // simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
 // replays the trace's shape faster at the same rates, while the controller's dwells stay in real
@@ -29,7 +30,8 @@
 // batch_slowdown: each request in service slows by this per other request in the batch; 0, the
 // default, is independent workers), as --servers takes values. --capacity-utilisation sets how
 // busy a service is at its catalog capacity (SimOptions::capacity_utilisation): the catalog's
-// capacity over the throughput it saturates at.
+// capacity over the throughput it saturates at. --objective sets the controller's
+// (ControllerOptions::objective; `keel hilo serve --objective` live).
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -70,6 +72,7 @@ struct Args {
   std::array<double, kNumServices> batch_slowdown = {0, 0, 0, 0};
   double capacity_utilisation = SimOptions().capacity_utilisation;
   bool recent_rate_guard = true;
+  Objective objective = Objective::kCover;
   std::string jsonl;  // "" = no JSON summary
   BaselineOptions baseline;  // --baseline-queue-ms, --baseline-recover-queue-ms
 };
@@ -233,6 +236,14 @@ int Main(int argc, char** argv) {
       }
       a.entry_max_in_flight = static_cast<int>(n);
     }
+    else if (const char* v = val("--objective")) {
+      Result<Objective> obj = ParseObjective(v);
+      if (!obj.ok()) {
+        std::fprintf(stderr, "--objective: %s\n", obj.status().message().c_str());
+        return 2;
+      }
+      a.objective = *obj;
+    }
     else if (std::strcmp(argv[i], "--live-loop") == 0) a.live_loop = true;
     else if (std::strcmp(argv[i], "--no-recent-rate-guard") == 0) a.recent_rate_guard = false;
     else {
@@ -296,6 +307,7 @@ int Main(int argc, char** argv) {
   }
   o.baseline = a.baseline;
   o.controller.recent_rate_guard = a.recent_rate_guard;
+  o.controller.objective = a.objective;
   o.scale = a.scale;
   o.baseline_rate = a.baseline_rate;
   o.seed = a.seed;

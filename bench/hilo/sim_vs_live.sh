@@ -56,6 +56,7 @@ read -r -a ctl_flags <<<"${CONTROLLER_FLAGS:-}"
 for ((i = 0; i + 1 < ${#ctl_flags[@]}; i++)); do
   case "${ctl_flags[i]}" in
     --baseline-queue-ms|--baseline-recover-queue-ms) common+=("${ctl_flags[i]}" "${ctl_flags[i + 1]}") ;;
+    --objective) common+=(--objective "${ctl_flags[i + 1]}") ;;
     --recent-rate-guard) case "${ctl_flags[i + 1]}" in false|0|off|no) common+=(--no-recent-rate-guard) ;; esac ;;
   esac
 done

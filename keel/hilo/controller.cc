@@ -37,6 +37,32 @@ int64_t Ms(double seconds) { return static_cast<int64_t>(seconds * 1000.0); }
 
 }  // namespace
 
+std::string_view ObjectiveName(Objective o) {
+  return o == Objective::kExpectedQuality ? "expected-quality" : "cover";
+}
+
+double QualityCapacity(const State& s) {
+  if (!s.figures) return 0;
+  double bottleneck = s.figures->capacity[0];
+  for (double c : s.figures->capacity) bottleneck = std::min(bottleneck, c);
+  return s.figures->quality * bottleneck;
+}
+
+bool ExpectedQualityCanPick(const Catalog& c, int state) {
+  const double q = QualityCapacity(c.states[state]);
+  for (int i = 0; i < state; ++i) {
+    if (QualityCapacity(c.states[i]) >= q) return false;
+  }
+  return true;
+}
+
+Result<Objective> ParseObjective(std::string_view name) {
+  if (name == "cover") return Objective::kCover;
+  if (name == "expected-quality") return Objective::kExpectedQuality;
+  return Status::InvalidArgument("controller objective '" + std::string(name.substr(0, 64)) +
+                                 "': expected cover or expected-quality");
+}
+
 Result<Controller> Controller::Create(Catalog catalog, ControllerOptions options, MetricsRegistry* metrics) {
   KEEL_RETURN_IF_ERROR(ValidateCatalog(catalog));
   // A pinned controller never reads capacities, so it may run on a catalog being validated.
@@ -146,6 +172,47 @@ bool Controller::Covers(int state, const std::array<bool, kNumServices>& known, 
   return true;
 }
 
+double Controller::Served(int state, const std::array<bool, kNumServices>& known, double factor) const {
+  const Figures& f = *catalog_.states[state].figures;
+  double served = 1.0;
+  for (Service s : kAllServices) {
+    const int i = static_cast<int>(s);
+    const double p = services_[i].predicted;
+    if (known[i] && p > 0) served = std::min(served, factor * f.Capacity(s) / p);
+  }
+  return served;
+}
+
+double Controller::ExpectedQuality(int state, const std::array<bool, kNumServices>& known, double factor) const {
+  return catalog_.states[state].figures->quality * Served(state, known, factor);
+}
+
+int Controller::Target(const std::array<bool, kNumServices>& known, double factor) const {
+  const int n = static_cast<int>(catalog_.states.size());
+  if (opt_.objective == Objective::kCover) {
+    for (int i = 0; i < n; ++i) {
+      if (Covers(i, known, factor)) return i;
+    }
+    return n - 1;
+  }
+  int best = 0;  // ties go to the better state
+  double best_q = ExpectedQuality(0, known, factor);
+  for (int i = 1; i < n; ++i) {
+    const double q = ExpectedQuality(i, known, factor);
+    if (q > best_q) best = i, best_q = q;
+  }
+  return best;
+}
+
+bool Controller::Acceptable(int state, const std::array<bool, kNumServices>& known, double factor) const {
+  if (opt_.objective == Objective::kCover) return Covers(state, known, factor);
+  const double q = ExpectedQuality(state, known, factor);
+  for (int i = state + 1; i < static_cast<int>(catalog_.states.size()); ++i) {
+    if (ExpectedQuality(i, known, factor) > q) return false;
+  }
+  return true;
+}
+
 // "vector predicted 540.0 req/s > capacity 500.0 in 'full'" for the first service `state` does
 // not cover.
 std::string Controller::Constraint(int state, const std::array<bool, kNumServices>& known) const {
@@ -225,17 +292,11 @@ Decision Controller::Decide(int64_t now_ms) {
     return Stay("pinned by operator");
   }
 
-  int target = n - 1;
-  for (int i = 0; i < n; ++i) {
-    if (Covers(i, known, 1.0)) {
-      target = i;
-      break;
-    }
-  }
+  const int target = Target(known, 1.0);
   const bool overloaded = !Covers(target, known, 1.0);
   for (int i = 0; i < n; ++i) {
     // predicted / headroom <= margin x capacity: the margin does not stack on the headroom.
-    const bool with_margin = all_known && Covers(i, known, std::min(1.0, opt_.recover_margin * opt_.headroom));
+    const bool with_margin = all_known && Acceptable(i, known, std::min(1.0, opt_.recover_margin * opt_.headroom));
     if (!with_margin) covered_since_[i] = -1;
     else if (covered_since_[i] < 0) covered_since_[i] = now_ms;
   }
@@ -251,6 +312,11 @@ Decision Controller::Decide(int64_t now_ms) {
   }
   if (target > current_) {
     const std::string why = Constraint(current_, known);
+    if (opt_.objective == Objective::kExpectedQuality) {
+      return Move(target, now_ms, "degrade: " + why + "; expected quality " + Fmt(ExpectedQuality(target, known, 1.0)) +
+                                      " in '" + catalog_.states[target].name + "' > " +
+                                      Fmt(ExpectedQuality(current_, known, 1.0)) + " here");
+    }
     return Move(target, now_ms, (overloaded ? "overloaded, no state covers demand: " : "degrade: ") + why);
   }
   if (!all_known) return Stay("holding: " + silence);
@@ -258,8 +324,15 @@ Decision Controller::Decide(int64_t now_ms) {
   for (int i = 0; i < current_; ++i) {
     if (covered_since_[i] < 0 || now_ms - covered_since_[i] < Ms(opt_.recover_dwell_s)) continue;
     if (now_ms - last_change_ms_ < Ms(opt_.min_dwell_s)) return Stay("recovery waits for min_dwell_s");
-    return Move(i, now_ms, "recover: '" + catalog_.states[i].name + "' covered demand with margin for " +
+    const char* what = opt_.objective == Objective::kCover ? "' covered demand with margin for "
+                                                           : "' served the most expected quality with margin for ";
+    return Move(i, now_ms, "recover: '" + catalog_.states[i].name + what +
                                Fmt((now_ms - covered_since_[i]) / 1000.0) + " s");
+  }
+  if (overloaded && target == current_ && opt_.objective == Objective::kExpectedQuality) {
+    return Stay("shedding: " + Constraint(current_, known) + "; serves " +
+                Fmt(100 * Served(current_, known, 1.0)) + " % of it, expected quality " +
+                Fmt(ExpectedQuality(current_, known, 1.0)) + ", the most of any state");
   }
   return Stay(overloaded ? "overloaded: " + Constraint(current_, known) : "current state covers demand");
 }

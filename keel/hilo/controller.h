@@ -21,8 +21,11 @@
 //    for one span that is (n - z sqrt(n)) / w with n arrivals). A 500 ms window at 100 req/s
 //    holds 50 +- 7 arrivals, and a plateau near a state's capacity must not be sent a state
 //    deeper by that noise.
-//  - Target: the highest-quality state whose capacity covers every service's prediction; none
-//    covers -> the lowest state ("overloaded").
+//  - Target (objective kCover, the default): the highest-quality state whose capacity covers every
+//    service's prediction; none covers -> the lowest state ("overloaded"). Objective
+//    kExpectedQuality: the state with the highest quality x the fraction of the predicted demand it
+//    can serve (the rest is shed, and a shed request scores 0): a deeper state is entered only when
+//    it serves more quality per arriving request than shedding in a better one.
 //  - Degrade at once (min_dwell_s does not apply). Recover only to a state that has covered every
 //    prediction with margin continuously for recover_dwell_s, and no sooner than min_dwell_s after
 //    the last change. The margin applies to the prediction before headroom (prediction / headroom
@@ -49,7 +52,26 @@
 
 namespace keel::hilo {
 
+// What the controller's target maximises (docs/hilo.md, "Controller rules").
+enum class Objective {
+  kCover,            // the highest-quality state that covers every prediction, else the lowest
+  kExpectedQuality,  // max over states of quality x min(1, capacity / prediction), worst service
+};
+std::string_view ObjectiveName(Objective o);  // "cover", "expected-quality"
+// InvalidArgument naming the accepted values for anything else.
+Result<Objective> ParseObjective(std::string_view name);
+
+// Whether the kExpectedQuality objective can pick `state` of a validated catalog at some steady
+// demand: only when its quality x bottleneck capacity (the least of its services' capacities,
+// as when every request reaches every service once) exceeds that of every better state. At
+// any demand a better state with a larger product serves more quality per arriving request,
+// by shedding, than this one does. `keel hilo check` prints it per state.
+bool ExpectedQualityCanPick(const Catalog& c, int state);
+// quality x bottleneck capacity of a validated state (0 without figures).
+double QualityCapacity(const State& s);
+
 struct ControllerOptions {
+  Objective objective = Objective::kCover;
   double level_tau_s = 1.0;      // Holt level time constant, seconds (0 = the latest demand, no smoothing)
   double trend_tau_s = 4.0;      // Holt trend time constant, seconds (0 = no trend)
   double trend_damping_s = 2.0;  // the trend decays as exp(-t / this), seconds (0 = undamped)
@@ -144,6 +166,15 @@ class Controller {
   void UpdatePrediction(ServiceState& s, double demand, const Recent& recent, int64_t now_ms) const;
   // Whether every known service's prediction (with headroom) is <= factor x its capacity in `state`.
   bool Covers(int state, const std::array<bool, kNumServices>& known, double factor) const;
+  // The fraction of the predictions `state` can serve at factor x its capacities (the worst known
+  // service's), and that fraction times the state's quality.
+  double Served(int state, const std::array<bool, kNumServices>& known, double factor) const;
+  double ExpectedQuality(int state, const std::array<bool, kNumServices>& known, double factor) const;
+  // The objective's target at factor x the capacities.
+  int Target(const std::array<bool, kNumServices>& known, double factor) const;
+  // Whether `state` may be recovered to at factor x the capacities: kCover, it covers every
+  // prediction; kExpectedQuality, no deeper state has a higher expected quality.
+  bool Acceptable(int state, const std::array<bool, kNumServices>& known, double factor) const;
   // How far the damped trend carries over `seconds`: seconds undamped, else tau (1 - e^-s/tau).
   double TrendReach(double seconds) const;
   std::string Constraint(int state, const std::array<bool, kNumServices>& known) const;

@@ -191,9 +191,9 @@ Status ControllerServer::Start() {
   Log().info("hilo controller listening on {}:{} (decide every {} ms, long-poll <= {} ms, <= {} waiters)", opt_.host,
              http_->port(), opt_.decide_interval_ms, opt_.max_wait_ms, opt_.max_waiters);
   const ControllerOptions& co = opt_.controller;
-  Log().info("hilo controller: headroom {}, recover margin {} after {} s, min dwell {} s, lookahead {} s, level tau {} s, "
+  Log().info("hilo controller: objective {}, headroom {}, recover margin {} after {} s, min dwell {} s, lookahead {} s, level tau {} s, "
              "trend tau {} s, trend damping {} s, recent-rate guard {}, reports fresh {} s, safe state after {} s of silence",
-             co.headroom, co.recover_margin, co.recover_dwell_s, co.min_dwell_s, co.lookahead_s, co.level_tau_s,
+             ObjectiveName(co.objective), co.headroom, co.recover_margin, co.recover_dwell_s, co.min_dwell_s, co.lookahead_s, co.level_tau_s,
              co.trend_tau_s, co.trend_damping_s, co.recent_rate_guard ? "on" : "off", co.report_timeout_s,
              co.stale_fallback_s);
   return Status::Ok();

@@ -467,5 +467,102 @@ TEST(HiloController, CreateRefusesUnvalidatedCatalogsAndBadOptions) {
   EXPECT_FALSE(Controller::Create(TestCatalog(), o, nullptr).ok());
 }
 
+// The test catalog with the qualities of a product whose degradations cost more than they buy:
+// quality x capacity is 100 x 100 in full and at most 40 x 300 = 12,000 deeper, so shedding in a
+// better state can serve more quality per arriving request than degrading.
+Catalog CostlyDegrades() {
+  Catalog c = TestCatalog();
+  const double quality[] = {100, 60, 50, 40, 30};
+  for (size_t i = 0; i < c.states.size(); ++i) c.states[i].figures->quality = quality[i];
+  return c;
+}
+
+Controller MakeExpected(Catalog cat, ControllerOptions o = Exact()) {
+  o.objective = Objective::kExpectedQuality;
+  Result<Controller> c = Controller::Create(std::move(cat), o, nullptr);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return std::move(c).value();
+}
+
+// 120 req/s against full's 100: full serves 5/6 of it at 100 (83.3 per arriving request), the next
+// state all of it at 60. The expected-quality objective stays and sheds; the cover objective,
+// on the same catalog and demand, degrades.
+TEST(HiloController, ExpectedQualityShedsInABetterStateWhenDegradingCostsMore) {
+  Controller c = MakeExpected(CostlyDegrades());
+  Decision d = Step(c, kT0, 120);
+  EXPECT_FALSE(d.changed);
+  EXPECT_EQ(d.index, 0);
+  EXPECT_EQ(d.reason,
+            "shedding: answer predicted 120.0 req/s > capacity 100.0 in 'full'; serves 83.3 % of it, expected quality "
+            "83.3, the most of any state");
+
+  Result<Controller> cover = Controller::Create(CostlyDegrades(), Exact(), nullptr);
+  ASSERT_TRUE(cover.ok());
+  EXPECT_EQ(Step(*cover, kT0, 120).index, 1);
+}
+
+// With the test catalog's qualities (99.8 covering vs 83.3 shedding) both objectives degrade to
+// small_model at 120 req/s; at 300 req/s expected quality is 40 in no_rerank (covers) against
+// 33.3 in full and fewer_docs; at 10,000 req/s bare serves 5 % at 97, more than any other.
+TEST(HiloController, ExpectedQualityDegradesWhenTheDeeperStateServesMore) {
+  Controller c = MakeExpected(TestCatalog());
+  EXPECT_EQ(Step(c, kT0, 120).index, 1);
+  Controller costly = MakeExpected(CostlyDegrades());
+  Decision d = Step(costly, kT0, 300);
+  EXPECT_EQ(d.index, 3);
+  EXPECT_EQ(d.reason, "degrade: answer predicted 300.0 req/s > capacity 100.0 in 'full'; expected quality 40.0 in "
+                      "'no_rerank' > 33.3 here");
+  EXPECT_EQ(Step(costly, kT0 + kSec, 10000).index, 4);
+}
+
+// Recovery keeps its margin and dwell: back at 90 req/s full serves 100 % at 100 (with margin 0.8,
+// 80 / 90 of it: 88.9, still more than no_rerank's 40), and the product returns to full exactly
+// recover_dwell_s later, not at once.
+TEST(HiloController, ExpectedQualityRecoversAfterTheDwell) {
+  ControllerOptions o = Exact();
+  o.recover_margin = 0.8;
+  o.recover_dwell_s = 10;
+  o.min_dwell_s = 5;
+  Controller c = MakeExpected(CostlyDegrades(), o);
+  EXPECT_EQ(Step(c, kT0, 300).index, 3);
+  const int64_t start = kT0 + kSec;
+  int64_t t = start;
+  for (; t < start + 10 * kSec; t += kSec) EXPECT_EQ(Step(c, t, 90).index, 3) << (t - start);
+  Decision d = Step(c, t, 90);
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.index, 0);
+  EXPECT_EQ(d.reason, "recover: 'full' served the most expected quality with margin for 10.0 s");
+}
+
+// CostlyDegrades' products (quality x least capacity): 10,000, 9,000, 10,000, 12,000, 15,000.
+// small_model and fewer_docs never beat full's; no_rerank and bare do. In the test catalog every
+// state's product is larger than the one before.
+TEST(HiloController, ExpectedQualityCanPickOnlyStatesWithALargerProduct) {
+  const Catalog costly = CostlyDegrades();
+  EXPECT_DOUBLE_EQ(QualityCapacity(costly.states[1]), 9000);
+  const bool expected[] = {true, false, false, true, true};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(ExpectedQualityCanPick(costly, i), expected[i]) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(ExpectedQualityCanPick(TestCatalog(), i)) << i;
+  // And the controller agrees: from 100 to 10,000 req/s it never enters small_model or fewer_docs.
+  Controller c = MakeExpected(CostlyDegrades());
+  for (int rate = 100; rate <= 10000; rate += 50) {
+    const int index = Step(c, kT0 + rate * kSec, rate).index;
+    EXPECT_NE(index, 1) << rate;
+    EXPECT_NE(index, 2) << rate;
+  }
+  EXPECT_EQ(c.current(), 4);
+}
+
+TEST(HiloController, ObjectiveNamesParse) {
+  for (Objective o : {Objective::kCover, Objective::kExpectedQuality}) {
+    Result<Objective> p = ParseObjective(ObjectiveName(o));
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(*p, o);
+  }
+  Result<Objective> bad = ParseObjective("quality");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "controller objective 'quality': expected cover or expected-quality");
+}
+
 }  // namespace
 }  // namespace keel::hilo
