@@ -172,13 +172,22 @@ bool Controller::Covers(int state, const std::array<bool, kNumServices>& known, 
   return true;
 }
 
+// Capacities are product requests per second at which each service saturates (what validate
+// measures), so every service is held against the product's demand: the largest prediction, which
+// is the entry's. A service's own arrivals are not its demand once the entry sheds: live, at 3x,
+// the engine saw only the ~190 req/s the entry admitted, its own prediction fitted shorter24's
+// engine, and the controller degraded to shorter24 on a wrong 74.0 > 72.7.
 double Controller::Served(int state, const std::array<bool, kNumServices>& known, double factor) const {
+  double demand = 0;
+  for (Service s : kAllServices) {
+    const int i = static_cast<int>(s);
+    if (known[i]) demand = std::max(demand, services_[i].predicted);
+  }
+  if (demand <= 0) return 1.0;
   const Figures& f = *catalog_.states[state].figures;
   double served = 1.0;
   for (Service s : kAllServices) {
-    const int i = static_cast<int>(s);
-    const double p = services_[i].predicted;
-    if (known[i] && p > 0) served = std::min(served, factor * f.Capacity(s) / p);
+    if (known[static_cast<int>(s)]) served = std::min(served, factor * f.Capacity(s) / demand);
   }
   return served;
 }

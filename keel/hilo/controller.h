@@ -55,7 +55,7 @@ namespace keel::hilo {
 // What the controller's target maximises (docs/hilo.md, "Controller rules").
 enum class Objective {
   kCover,            // the highest-quality state that covers every prediction, else the lowest
-  kExpectedQuality,  // max over states of quality x min(1, capacity / prediction), worst service
+  kExpectedQuality,  // max over states of quality x min(1, capacity / product demand), worst service
 };
 std::string_view ObjectiveName(Objective o);  // "cover", "expected-quality"
 // InvalidArgument naming the accepted values for anything else.
@@ -166,8 +166,9 @@ class Controller {
   void UpdatePrediction(ServiceState& s, double demand, const Recent& recent, int64_t now_ms) const;
   // Whether every known service's prediction (with headroom) is <= factor x its capacity in `state`.
   bool Covers(int state, const std::array<bool, kNumServices>& known, double factor) const;
-  // The fraction of the predictions `state` can serve at factor x its capacities (the worst known
-  // service's), and that fraction times the state's quality.
+  // The fraction of the product's demand (the largest prediction: the entry's) `state` can serve
+  // at factor x its capacities (the worst known service's), and that fraction times the state's
+  // quality.
   double Served(int state, const std::array<bool, kNumServices>& known, double factor) const;
   double ExpectedQuality(int state, const std::array<bool, kNumServices>& known, double factor) const;
   // The objective's target at factor x the capacities.

@@ -518,6 +518,22 @@ TEST(HiloController, ExpectedQualityDegradesWhenTheDeeperStateServesMore) {
 // Recovery keeps its margin and dwell: back at 90 req/s full serves 100 % at 100 (with margin 0.8,
 // 80 / 90 of it: 88.9, still more than no_rerank's 40), and the product returns to full exactly
 // recover_dwell_s later, not at once.
+// Behind a shedding entry the engine sees only what was admitted (100 req/s of the product's 300).
+// Held against its own arrivals, small_model (answer capacity raised to 1,000 from here on, engine 150) would
+// look like it serves everything at 60; held against the product's demand it serves half (30),
+// and no_rerank, which covers 300 in every service, is the target.
+TEST(HiloController, ExpectedQualityHoldsEveryServiceAgainstTheProductsDemand) {
+  Catalog cat = CostlyDegrades();
+  for (int i = 1; i < 5; ++i) cat.states[i].figures->capacity[static_cast<int>(Service::kAnswer)] = 1000;
+  Controller c = MakeExpected(std::move(cat));
+  Report(c, Service::kAnswer, "a0", kT0, 300);
+  Report(c, Service::kVector, "v0", kT0, 100);
+  Report(c, Service::kEngine, "e0", kT0, 100);
+  Report(c, Service::kGateway, "g0", kT0, 100);
+  Decision d = c.Decide(kT0);
+  EXPECT_EQ(d.index, 3) << d.reason;
+}
+
 TEST(HiloController, ExpectedQualityRecoversAfterTheDwell) {
   ControllerOptions o = Exact();
   o.recover_margin = 0.8;
