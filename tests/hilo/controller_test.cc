@@ -515,9 +515,6 @@ TEST(HiloController, ExpectedQualityDegradesWhenTheDeeperStateServesMore) {
   EXPECT_EQ(Step(costly, kT0 + kSec, 10000).index, 4);
 }
 
-// Recovery keeps its margin and dwell: back at 90 req/s full serves 100 % at 100 (with margin 0.8,
-// 80 / 90 of it: 88.9, still more than no_rerank's 40), and the product returns to full exactly
-// recover_dwell_s later, not at once.
 // Behind a shedding entry the engine sees only what was admitted (100 req/s of the product's 300).
 // Held against its own arrivals, small_model (answer capacity raised to 1,000 from here on, engine 150) would
 // look like it serves everything at 60; held against the product's demand it serves half (30),
@@ -534,6 +531,9 @@ TEST(HiloController, ExpectedQualityHoldsEveryServiceAgainstTheProductsDemand) {
   EXPECT_EQ(d.index, 3) << d.reason;
 }
 
+// Recovery keeps its margin and dwell: back at 90 req/s full serves 100 % at 100 (with margin 0.8,
+// 80 / 90 of it: 88.9, still more than no_rerank's 40), and the product returns to full exactly
+// recover_dwell_s later, not at once.
 TEST(HiloController, ExpectedQualityRecoversAfterTheDwell) {
   ControllerOptions o = Exact();
   o.recover_margin = 0.8;
