@@ -614,8 +614,13 @@ int RunHiloCheck(HiloArgs a) {
                   s.figures->Capacity(hilo::Service::kEngine), s.figures->Capacity(hilo::Service::kGateway));
       // What --objective expected-quality can do with the state (docs/hilo.md, "Controller rules").
       const double full = hilo::QualityCapacity(c->states[0]);
-      std::printf("; quality x capacity %.3gx full's%s", full > 0 ? hilo::QualityCapacity(s) / full : 0.0,
-                  hilo::ExpectedQualityCanPick(*c, static_cast<int>(i)) ? ""
+      std::printf("; quality x capacity %.3gx full's", full > 0 ? hilo::QualityCapacity(s) / full : 0.0);
+      if (s.figures->HasGoodput()) {
+        const double full_g = hilo::QualityGoodput(c->states[0]);
+        std::printf("; overloaded at %.4g req/s it served %.4g (quality x goodput %.3gx full's)", s.figures->offered,
+                    s.figures->goodput, full_g > 0 ? hilo::QualityGoodput(s) / full_g : 0.0);
+      }
+      std::printf("%s", hilo::ExpectedQualityCanPick(*c, static_cast<int>(i)) ? ""
                                                                         : " (expected-quality never picks it: shedding in a better state serves more)");
     }
     std::printf("\n");
@@ -681,8 +686,8 @@ int RunHiloValidate(HiloValidateArgs a) {
   auto out = hilo::ApplyFigures(std::move(*cat), *measured, fingerprint, UnixSecondsNow(), &notes);
   if (!out.ok()) return Fail(out.status());
   if (Status s = WriteFileAtomic(a.out, hilo::WriteCatalog(*out)); !s.ok()) return Fail(s);
-  std::printf("%-16s %8s %8s %9s %12s  %-10s %s\n", "state", "quality", "recall", "agreement", "capacity/s", "saturated",
-              a.o.rounds > 1 ? "rounds (spread: max/min - 1)" : "");
+  std::printf("%-16s %8s %8s %9s %12s %20s  %-10s %s\n", "state", "quality", "recall", "agreement", "capacity/s",
+              "goodput/s (offered)", "saturated", a.o.rounds > 1 ? "rounds (spread: max/min - 1)" : "");
   for (const hilo::StateMeasurement& m : *measured) {
     std::string rounds;
     if (m.round_capacities.size() > 1) {
@@ -690,8 +695,9 @@ int RunHiloValidate(HiloValidateArgs a) {
       for (double c : m.round_capacities) rounds += fmt::format("{}{:.4g}", rounds.empty() ? "" : " ", c);
       if (*lo > 0) rounds += fmt::format(" ({:.1f} %)", 100.0 * (*hi / *lo - 1));
     }
-    std::printf("%-16s %8.2f %8.3f %9.3f %12.4g  %-10s %s\n", m.state.c_str(), m.quality.quality, m.quality.recall,
-                m.quality.agreement, m.capacity, m.bottleneck.empty() ? "(max rate)" : m.bottleneck.c_str(), rounds.c_str());
+    const std::string goodput = m.offered > 0 ? fmt::format("{:.4g} ({:.4g})", m.goodput, m.offered) : "-";
+    std::printf("%-16s %8.2f %8.3f %9.3f %12.4g %20s  %-10s %s\n", m.state.c_str(), m.quality.quality, m.quality.recall,
+                m.quality.agreement, m.capacity, goodput.c_str(), m.bottleneck.empty() ? "(max rate)" : m.bottleneck.c_str(), rounds.c_str());
   }
   std::printf("recorded per-service capacity (req/s; estimated from utilisation, at least the product's):\n");
   for (const hilo::State& st : out->states) {
@@ -1176,6 +1182,11 @@ int main(int argc, char** argv) {
   hl_val->add_option("--rounds", hv.o.rounds, "capacity ramps per state, in rounds over all states; the figure is picked by --round-figure (capacity on a shared machine moves between runs)")->capture_default_str()->check(CLI::Range(1, 20));
   hl_val->add_option_function<std::string>("--round-figure", [&hv](const std::string& v) { hv.o.round_figure = v == "lowest" ? hilo::RoundFigure::kLowest : hilo::RoundFigure::kLowerMedian; }, "which round's capacity is recorded: median (the lower median: one stalled or lucky round does not move it; with 2 rounds the lower) or lowest")->check(CLI::IsMember({"median", "lowest"}))->default_str("median");
   hl_val->add_option("--later-round-start", hv.o.later_round_start, "later rounds start their ramp at this fraction of the state's first capacity")->capture_default_str()->check(CLI::Range(0.01, 1.0));
+  hl_val->add_option("--overload-factor", hv.o.overload_factor, "after each ramp, offer this x the capacity once and record the goodput (200 answers within --slo-ms per second), which --objective expected-quality weighs an overloaded state by; 0 = not measured")->capture_default_str()->check(CLI::Validator([](std::string& v) -> std::string {
+        double x = -1;
+        try { x = std::stod(v); } catch (...) {}
+        return x == 0 || (x > 1 && x <= 10) ? "" : "--overload-factor: expected 0 or a number in (1, 10], got '" + v + "'";
+      }, "0 or (1, 10]"));
   hl_val->add_option("--apply-timeout-ms", hv.o.apply_timeout_ms, "wait this long for every service to apply a pinned state")->capture_default_str()->check(CLI::Range(100, 600000));
   auto* hl_fp = hilo_cmd->add_subcommand("fingerprint", "Print this executable's fingerprint (what a validated catalog's \"binaries\" must equal)");
   // ---- hilo (end)

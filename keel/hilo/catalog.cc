@@ -1,5 +1,6 @@
 #include "keel/hilo/catalog.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -96,6 +97,16 @@ Status ReadFigures(const json& v, const std::string& path, Figures* out) {
   }
   KEEL_RETURN_IF_ERROR(c.NoUnknown());
   KEEL_RETURN_IF_ERROR(r.Int("validated_at", 0, kMaxUnixSeconds, &out->validated_at));
+  if (const json* ov = r.Member("overload")) {
+    KEEL_ASSIGN_OR_RETURN(ObjectReader o, ObjectReader::Open(*ov, r.PathOf("overload")));
+    KEEL_RETURN_IF_ERROR(o.Number("offered", 0, kMaxCapacity, &out->offered));
+    KEEL_RETURN_IF_ERROR(o.Number("goodput", 0, kMaxCapacity, &out->goodput));
+    if (out->offered <= 0) return Status::InvalidArgument(o.PathOf("offered") + ": expected a positive number");
+    if (out->goodput > out->offered) {
+      return Status::InvalidArgument(o.PathOf("goodput") + ": more than was offered");
+    }
+    KEEL_RETURN_IF_ERROR(o.NoUnknown());
+  }
   return r.NoUnknown();
 }
 
@@ -169,6 +180,8 @@ std::string_view ServiceName(Service s) {
   }
   return "unknown";
 }
+
+double Figures::Bottleneck() const { return *std::min_element(capacity.begin(), capacity.end()); }
 
 bool SameLevel(const State& a, const State& b, Service s) {
   switch (s) {
@@ -306,6 +319,9 @@ std::string WriteCatalog(const Catalog& c) {
       ojson cap = ojson::object();
       for (Service sv : kAllServices) cap[std::string(ServiceName(sv))] = s.figures->Capacity(sv);
       st["figures"] = {{"quality", s.figures->quality}, {"capacity", cap}, {"validated_at", s.figures->validated_at}};
+      if (s.figures->HasGoodput()) {
+        st["figures"]["overload"] = {{"offered", s.figures->offered}, {"goodput", s.figures->goodput}};
+      }
     }
     doc["states"].push_back(std::move(st));
   }

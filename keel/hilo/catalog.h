@@ -51,7 +51,15 @@ struct Figures {
   double quality = 0;                             // product quality, 0..100 (docs/hilo.md)
   std::array<double, kNumServices> capacity{};    // req/s each service sustains within its SLO
   int64_t validated_at = 0;                       // unix seconds (UTC) of the measurement
+  // What the product answered when validate offered it more than its capacity (its overload
+  // step): `goodput` req/s of 200 answers within the SLO at `offered` req/s. Both 0 when not
+  // measured; the controller then counts on an overloaded state serving its capacity. A shared
+  // machine serves less than that: shed requests and waiting clients take CPU from the engine.
+  double offered = 0;
+  double goodput = 0;
   double Capacity(Service s) const { return capacity[static_cast<int>(s)]; }
+  double Bottleneck() const;  // the least of the services' capacities
+  bool HasGoodput() const { return offered > 0; }
 };
 
 struct State {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 namespace keel::hilo {
 
@@ -41,19 +42,58 @@ std::string_view ObjectiveName(Objective o) {
   return o == Objective::kExpectedQuality ? "expected-quality" : "cover";
 }
 
-double QualityCapacity(const State& s) {
+double ServedRate(const Figures& f, double capacity, double demand) {
+  if (demand <= capacity) return std::max(0.0, demand);
+  if (!f.HasGoodput()) return capacity;
+  const double scale = capacity / f.Bottleneck();
+  const double offered = f.offered * scale;
+  const double goodput = f.goodput * scale;
+  double served = goodput;
+  if (demand < offered) served = capacity + (goodput - capacity) * (demand - capacity) / (offered - capacity);
+  return std::clamp(served, 0.0, demand);
+}
+
+double QualityCapacity(const State& s) { return s.figures ? s.figures->quality * s.figures->Bottleneck() : 0; }
+
+double QualityGoodput(const State& s) {
   if (!s.figures) return 0;
-  double bottleneck = s.figures->capacity[0];
-  for (double c : s.figures->capacity) bottleneck = std::min(bottleneck, c);
-  return s.figures->quality * bottleneck;
+  return s.figures->quality * (s.figures->HasGoodput() ? s.figures->goodput : s.figures->Bottleneck());
 }
 
 bool ExpectedQualityCanPick(const Catalog& c, int state) {
-  const double q = QualityCapacity(c.states[state]);
-  for (int i = 0; i < state; ++i) {
-    if (QualityCapacity(c.states[i]) >= q) return false;
+  const int n = static_cast<int>(c.states.size());
+  if (state < 0 || state >= n || !c.states[state].figures) return false;
+  for (const State& s : c.states) {
+    if (!s.figures) return false;
   }
-  return true;
+  // The expected quality is piecewise smooth in the demand with kinks at each state's capacity
+  // and offered rate: try those, just either side of them, and a geometric grid over the range.
+  std::vector<double> demands;
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const State& s : c.states) {
+    for (double d : {s.figures->Bottleneck(), s.figures->offered}) {
+      if (!(d > 0)) continue;
+      lo = std::min(lo, d);
+      hi = std::max(hi, d);
+      for (double k : {0.999, 1.0, 1.001}) demands.push_back(d * k);
+    }
+  }
+  constexpr int kGrid = 2000;
+  for (int k = 0; k <= kGrid; ++k) demands.push_back(0.5 * lo * std::pow(100 * hi / lo, static_cast<double>(k) / kGrid));
+  for (double d : demands) {
+    auto eq = [&](int i) {
+      const Figures& f = *c.states[i].figures;
+      return f.quality * ServedRate(f, f.Bottleneck(), d) / d;
+    };
+    const double mine = eq(state);
+    bool picked = true;
+    for (int i = 0; i < n && picked; ++i) {
+      if (i < state) picked = mine > eq(i);
+      else if (i > state) picked = mine >= eq(i);
+    }
+    if (picked) return true;
+  }
+  return false;
 }
 
 Result<Objective> ParseObjective(std::string_view name) {
@@ -185,11 +225,11 @@ double Controller::Served(int state, const std::array<bool, kNumServices>& known
   }
   if (demand <= 0) return 1.0;
   const Figures& f = *catalog_.states[state].figures;
-  double served = 1.0;
+  double capacity = std::numeric_limits<double>::infinity();
   for (Service s : kAllServices) {
-    if (known[static_cast<int>(s)]) served = std::min(served, factor * f.Capacity(s) / demand);
+    if (known[static_cast<int>(s)]) capacity = std::min(capacity, factor * f.Capacity(s));
   }
-  return served;
+  return ServedRate(f, capacity, demand) / demand;
 }
 
 double Controller::ExpectedQuality(int state, const std::array<bool, kNumServices>& known, double factor) const {

@@ -24,8 +24,9 @@
 //  - Target (objective kCover, the default): the highest-quality state whose capacity covers every
 //    service's prediction; none covers -> the lowest state ("overloaded"). Objective
 //    kExpectedQuality: the state with the highest quality x the fraction of the predicted demand it
-//    can serve (the rest is shed, and a shed request scores 0): a deeper state is entered only when
-//    it serves more quality per arriving request than shedding in a better one.
+//    can serve (the rest is shed, and a shed request scores 0; what an overloaded state serves is
+//    its validated goodput where the catalog has one, see ServedRate): a deeper state is entered
+//    only when it serves more quality per arriving request than shedding in a better one.
 //  - Degrade at once (min_dwell_s does not apply). Recover only to a state that has covered every
 //    prediction with margin continuously for recover_dwell_s, and no sooner than min_dwell_s after
 //    the last change. The margin applies to the prediction before headroom (prediction / headroom
@@ -55,20 +56,30 @@ namespace keel::hilo {
 // What the controller's target maximises (docs/hilo.md, "Controller rules").
 enum class Objective {
   kCover,            // the highest-quality state that covers every prediction, else the lowest
-  kExpectedQuality,  // max over states of quality x min(1, capacity / product demand), worst service
+  kExpectedQuality,  // max over states of quality x ServedRate(product demand) / demand, worst service
 };
 std::string_view ObjectiveName(Objective o);  // "cover", "expected-quality"
 // InvalidArgument naming the accepted values for anything else.
 Result<Objective> ParseObjective(std::string_view name);
 
+// The req/s a state serves at `demand` when its bottleneck capacity is `capacity` (the figures'
+// own, or scaled by the recovery margin, which scales the overload figures alike): all of it up
+// to the capacity; above, linearly to the goodput validate measured at its offered rate, and that
+// goodput beyond it (never more than the demand). Without a goodput figure, the capacity.
+double ServedRate(const Figures& f, double capacity, double demand);
+
 // Whether the kExpectedQuality objective can pick `state` of a validated catalog at some steady
-// demand: only when its quality x bottleneck capacity (the least of its services' capacities,
-// as when every request reaches every service once) exceeds that of every better state. At
-// any demand a better state with a larger product serves more quality per arriving request,
-// by shedding, than this one does. `keel hilo check` prints it per state.
+// demand (every service seeing the product's demand): it must serve strictly more quality per
+// arriving request there than every better state, and no less than every worse one. Checked on
+// every state's capacity and offered rate and a fine grid around them. Without goodput figures
+// that needs a quality x bottleneck capacity above every better state's: at any demand, a
+// better state with a larger product serves more quality per arriving request by shedding.
+// `keel hilo check` prints it per state.
 bool ExpectedQualityCanPick(const Catalog& c, int state);
 // quality x bottleneck capacity of a validated state (0 without figures).
 double QualityCapacity(const State& s);
+// quality x what it serves far into overload: its goodput where measured, else its capacity.
+double QualityGoodput(const State& s);
 
 struct ControllerOptions {
   Objective objective = Objective::kCover;

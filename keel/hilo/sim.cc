@@ -128,6 +128,8 @@ class Sim {
       Catalog scaled = cat_;
       for (State& s : scaled.states) {
         for (double& c : s.figures->capacity) c *= o_.scale;
+        s.figures->offered *= o_.scale;
+        s.figures->goodput *= o_.scale;
       }
       ControllerOptions co = o_.controller;
       if (co.initial_state.empty()) co.initial_state = cat_.states[0].name;

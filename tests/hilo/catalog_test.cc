@@ -52,6 +52,24 @@ TEST(HiloCatalog, ParsesWhatItWrites) {
   EXPECT_EQ(WriteCatalog(*c), text);
 }
 
+// The goodput under overload is optional: a catalog without it reads as before, and one with it
+// round-trips.
+TEST(HiloCatalog, GoodputUnderOverloadRoundTrips) {
+  Catalog c = TestCatalog();
+  EXPECT_FALSE(c.states[0].figures->HasGoodput());
+  EXPECT_EQ(WriteCatalog(c).find("overload"), std::string::npos);
+  c.states[0].figures->offered = 150;
+  c.states[0].figures->goodput = 81.5;
+  const std::string text = WriteCatalog(c);
+  Result<Catalog> back = ParseCatalog(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_TRUE(back->states[0].figures->HasGoodput());
+  EXPECT_DOUBLE_EQ(back->states[0].figures->offered, 150);
+  EXPECT_DOUBLE_EQ(back->states[0].figures->goodput, 81.5);
+  EXPECT_FALSE(back->states[1].figures->HasGoodput());
+  EXPECT_EQ(WriteCatalog(*back), text);
+}
+
 // docs/hilo.md's full example is the test catalog, so the documented format cannot drift.
 TEST(HiloCatalog, DocsExampleParsesToTheTestCatalog) {
   std::ifstream f(std::string(KEEL_SOURCE_DIR) + "/docs/hilo.md");
@@ -134,6 +152,16 @@ TEST(HiloCatalog, FieldErrorsNameThePath) {
        "states[1].figures.capacity.cache: unknown field"},
       {"RFC 3339 instead of unix seconds", [](json& j) { j["states"][1]["figures"]["validated_at"] = "2025-12-05T02:00:00Z"; },
        "states[1].figures.validated_at: expected a non-negative integer"},
+      {"overload without goodput", [](json& j) { j["states"][1]["figures"]["overload"] = {{"offered", 300}}; },
+       "states[1].figures.overload.goodput: missing"},
+      {"goodput above offered", [](json& j) { j["states"][1]["figures"]["overload"] = {{"offered", 300}, {"goodput", 301}}; },
+       "states[1].figures.overload.goodput: more than was offered"},
+      {"zero offered", [](json& j) { j["states"][1]["figures"]["overload"] = {{"offered", 0}, {"goodput", 0}}; },
+       "states[1].figures.overload.offered: expected a positive number"},
+      {"negative goodput", [](json& j) { j["states"][1]["figures"]["overload"] = {{"offered", 300}, {"goodput", -1}}; },
+       "states[1].figures.overload.goodput: expected a number from 0 to 1e+09"},
+      {"overload typo", [](json& j) { j["states"][1]["figures"]["overload"] = {{"offered", 300}, {"goodput", 1}, {"godput", 1}}; },
+       "states[1].figures.overload.godput: unknown field"},
       {"quality rises", [](json& j) { j["states"][2]["figures"]["quality"] = 99.9; },
        "states[2].figures.quality: 99.9 is above states[1]'s 99.8 (quality must not rise down the list)"},
       {"capacity falls", [](json& j) { j["states"][3]["figures"]["capacity"]["engine"] = 120; },

@@ -569,6 +569,49 @@ TEST(HiloController, ExpectedQualityCanPickOnlyStatesWithALargerProduct) {
   EXPECT_EQ(c.current(), 4);
 }
 
+// What an overloaded state serves: its demand up to its capacity, then linearly down (or up) to
+// the goodput validate measured at its offered rate, and that goodput beyond; the recovery
+// margin's scaled capacity scales the overload figures alike. Without the figure, the capacity.
+TEST(HiloController, ServedRateFollowsTheMeasuredGoodput) {
+  Figures f;
+  f.capacity = {100, 400, 100, 1000};
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 80), 80);
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 300), 100);  // not measured: the capacity
+  f.offered = 150;
+  f.goodput = 60;
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 80), 80);
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 100), 100);
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 120), 84);
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 150), 60);
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 300), 60);
+  EXPECT_DOUBLE_EQ(ServedRate(f, 80, 100), 64);  // x 0.8: capacity 80, offered 120, goodput 48
+  f.goodput = 120;  // a capacity figure below what the product served within the SLO
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 125), 110);
+  EXPECT_DOUBLE_EQ(ServedRate(f, 100, 1000), 120);
+}
+
+// CostlyDegrades' full, measured to serve only 60 req/s when offered 150: at 140 req/s it serves
+// 68 (48.6 per arriving request), and small_model, covering 140 at 60, is the better state. Without
+// the goodput figure full looks like it serves 100 of 140 (71.4) and the controller sheds there.
+TEST(HiloController, ExpectedQualityWeighsAnOverloadedStateByItsGoodput) {
+  Controller blind = MakeExpected(CostlyDegrades());
+  EXPECT_EQ(Step(blind, kT0, 140).index, 0);
+  Catalog cat = CostlyDegrades();
+  cat.states[0].figures->offered = 150;
+  cat.states[0].figures->goodput = 60;
+  Controller c = MakeExpected(cat);
+  EXPECT_EQ(Step(c, kT0, 120).index, 0);  // 84 of 120 served: 70 against small_model's 60
+  Decision d = Step(c, kT0 + kSec, 140);
+  EXPECT_EQ(d.index, 1);
+  EXPECT_EQ(d.reason, "degrade: answer predicted 140.0 req/s > capacity 100.0 in 'full'; expected quality 60.0 in "
+                      "'small_model' > 48.6 here");
+  // And small_model becomes a state the objective can pick, which it was not without the figure.
+  EXPECT_FALSE(ExpectedQualityCanPick(CostlyDegrades(), 1));
+  EXPECT_TRUE(ExpectedQualityCanPick(cat, 1));
+  EXPECT_DOUBLE_EQ(QualityGoodput(cat.states[0]), 6000);
+  EXPECT_DOUBLE_EQ(QualityGoodput(cat.states[1]), 9000);  // no figure: quality x capacity
+}
+
 TEST(HiloController, ObjectiveNamesParse) {
   for (Objective o : {Objective::kCover, Objective::kExpectedQuality}) {
     Result<Objective> p = ParseObjective(ObjectiveName(o));

@@ -110,6 +110,35 @@ TEST(Sim, StepBeyondFullCapacityHiloDegradesAndShedsLessThanBaseline) {
   EXPECT_GT(base.shed + base.slo_violations, 0);
 }
 
+// The simulation scales a catalog's goodput figures with its capacities. A goodput equal to the
+// capacity is what the controller assumes without one, so at scale 10 the run must be identical
+// with and without it. With qualities whose degrades cost more than they buy, the expected-quality
+// controller keeps full at 1.5x its capacity (66.7 per arriving request against small_model's
+// 60); left unscaled, the 150 req/s offered would read as far below the scaled capacities, full
+// would seem to serve 100 of 1,500 req/s, and the controller would degrade.
+TEST(Sim, GoodputFiguresScaleWithTheCapacities) {
+  SimOptions o;
+  o.baseline_rate = 60;
+  o.scale = 10;
+  o.controller.objective = Objective::kExpectedQuality;
+  Catalog without = TestCatalog();
+  const double quality[] = {100, 60, 50, 40, 30};
+  for (size_t i = 0; i < without.states.size(); ++i) without.states[i].figures->quality = quality[i];
+  Catalog with = without;
+  for (State& st : with.states) {
+    st.figures->offered = 1.5 * st.figures->Bottleneck();
+    st.figures->goodput = st.figures->Bottleneck();
+  }
+  Result<SimResult> a = Simulate(without, Step(1, 2.5), Policy::kHilo, o);
+  Result<SimResult> b = Simulate(with, Step(1, 2.5), Policy::kHilo, o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->time_in_state_s[0], 120);
+  EXPECT_GT(a->shed, 0);
+  EXPECT_EQ(a->transitions, b->transitions);
+  EXPECT_EQ(a->shed, b->shed);
+  EXPECT_EQ(a->time_in_state_s, b->time_in_state_s);
+}
+
 // The live control loop (reports and decisions every 250 ms, rates over 2 s) at scale 1: a steady
 // 0.6x of the full capacity is about 15 arrivals per report, and the controller must not read
 // their noise as a surge (with per-sample Holt weights it did).

@@ -132,6 +132,45 @@ TEST(HiloApplyFigures, ServiceEstimatesArePerServiceAndMonotone) {
   EXPECT_NE(notes[0].find("answer's estimated capacity"), std::string::npos) << notes[0];
 }
 
+// The goodput under overload goes into the figures where it was measured, never above what was
+// offered; a state without it (factor 0) has none.
+TEST(HiloApplyFigures, RecordsTheGoodputUnderOverload) {
+  Catalog c = Unvalidated();
+  auto m = Measured(c, {98, 97, 90, 80, 40}, {10, 12, 15, 20, 40});
+  m[0].offered = 15;
+  m[0].goodput = 8.5;
+  m[1].offered = 18;
+  m[1].goodput = 18.5;  // rounding in the scaling: clamped to the offered rate
+  auto out = ApplyFigures(c, m, "fp", 1, nullptr);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_DOUBLE_EQ(out->states[0].figures->offered, 15);
+  EXPECT_DOUBLE_EQ(out->states[0].figures->goodput, 8.5);
+  EXPECT_DOUBLE_EQ(out->states[1].figures->goodput, 18);
+  EXPECT_FALSE(out->states[2].figures->HasGoodput());
+  // It survives the catalog's text form.
+  auto back = ParseCatalog(WriteCatalog(*out));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_DOUBLE_EQ(back->states[0].figures->goodput, 8.5);
+}
+
+// An overload step never counts as the ramp's highest passing step, even marked passing.
+TEST(HiloValidate, ServiceCapacitiesIgnoreTheOverloadStep) {
+  StateMeasurement m;
+  RampStep ramp;
+  ramp.rate = 100;
+  ramp.sent = 100;
+  ramp.pass = true;
+  ramp.utilisation = {0.45, 0.1, 0.9, 0.1};
+  RampStep over = ramp;
+  over.rate = 150;
+  over.overload = true;
+  over.utilisation = {1, 1, 1, 1};
+  m.steps = {ramp, over};
+  const auto est = ServiceCapacities(m, 0, 100);
+  EXPECT_DOUBLE_EQ(est[0], 200);  // from the 100 req/s step: 100 x 0.9 / 0.45
+  EXPECT_DOUBLE_EQ(est[2], 100);
+}
+
 // The recorded round: one stalled round (147.6, as measured) does not move the lower median, and
 // neither does one lucky round; "lowest" takes the stalled one.
 TEST(HiloValidate, ChosenRoundIsTheLowerMedianOrTheLowest) {
@@ -163,6 +202,13 @@ TEST(HiloValidate, MeasureStatesRefusesBadOptionsBeforeAnyCall) {
   o.later_round_start = 1.5;
   EXPECT_FALSE(MeasureStates(c, o).ok());
   o.later_round_start = 0.5;
+  for (double bad : {1.0, 0.5, -1.0, 11.0}) {
+    o.overload_factor = bad;
+    auto r = MeasureStates(c, o);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().message(), "validate: overload_factor must be 0 (not measured) or in (1, 10]");
+  }
+  o.overload_factor = 0;
   o.admin_token.clear();
   EXPECT_FALSE(MeasureStates(c, o).ok());
   o.admin_token = "t";

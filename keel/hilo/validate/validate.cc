@@ -171,6 +171,7 @@ RampStep RunStep(Clients& cl, const ValidateOptions& o, double rate, const std::
     ++step.sent;
     if (out.status == 200) {
       ++step.ok;
+      step.within_slo += out.latency_ms <= o.slo_ms;
       lat.push_back(out.latency_ms);
     } else if (out.status == 429 || out.status == 503) {
       ++step.shed;
@@ -193,7 +194,8 @@ std::string Describe(const RampStep& s) {
   return fmt::format("{:.3g} req/s: {} sent, {} ok, {} shed, {} failed, p99 {:.0f} ms, utilisation answer {:.2f} "
                      "vector {:.2f} engine {:.2f} gateway {:.2f} -> {}",
                      s.rate, s.sent, s.ok, s.shed, s.failed, s.p99_ms, s.utilisation[0], s.utilisation[1],
-                     s.utilisation[2], s.utilisation[3], s.pass ? "pass" : "FAIL");
+                     s.utilisation[2], s.utilisation[3],
+                     s.overload ? fmt::format("{} within the SLO", s.within_slo) : s.pass ? "pass" : "FAIL");
 }
 
 Status CheckOptions(const ValidateOptions& o) {
@@ -210,6 +212,9 @@ Status CheckOptions(const ValidateOptions& o) {
   }
   if (!(o.later_round_start > 0 && o.later_round_start <= 1)) {
     return Status::InvalidArgument("validate: later_round_start must be in (0, 1]");
+  }
+  if (!(o.overload_factor == 0 || (o.overload_factor > 1 && o.overload_factor <= 10))) {
+    return Status::InvalidArgument("validate: overload_factor must be 0 (not measured) or in (1, 10]");
   }
   if (o.admin_token.empty()) return Status::InvalidArgument("validate: the controller's admin token is needed to pin states");
   return Status::Ok();
@@ -299,7 +304,7 @@ RampResult Ramp(Clients& cl, const ValidateOptions& o, const State& state, const
     // The bottleneck: highest utilisation at the first failing rate's step of this ramp.
     const RampStep* failing = nullptr;
     for (const RampStep& s : m->steps) {
-      if (!s.pass && s.rate == fail_rate) failing = &s;
+      if (!s.pass && !s.overload && s.round == round && s.rate == fail_rate) failing = &s;
     }
     int worst = 0;
     for (int i = 1; i < kNumServices; ++i) {
@@ -311,6 +316,27 @@ RampResult Ramp(Clients& cl, const ValidateOptions& o, const State& state, const
   Say(o, fmt::format("[{}] capacity {:.3g} req/s{}", label, r.capacity,
                      r.bottleneck.empty() ? " (max_rate reached)" : " (saturated: " + r.bottleneck + ")"));
   return r;
+}
+
+// Step 4: one step at overload_factor x `capacity`; records the offered rate and the goodput
+// (0 and 0 when not measured: the factor is 0 or the state has no capacity).
+void MeasureGoodput(Clients& cl, const ValidateOptions& o, const State& state, const std::string& label,
+                    double capacity, int round, StateMeasurement* m) {
+  double offered = 0, goodput = 0;
+  if (o.overload_factor > 0 && capacity > 0) {
+    RampStep s = RunStep(cl, o, capacity * o.overload_factor, state.name);
+    s.round = round;
+    s.overload = true;
+    s.pass = false;
+    offered = s.rate;
+    // Scaled to the offered rate, not the step's length: Poisson arrivals vary around it.
+    goodput = s.sent > 0 ? s.rate * static_cast<double>(s.within_slo) / static_cast<double>(s.sent) : 0;
+    Say(o, fmt::format("[{}] overload {}: goodput {:.4g} req/s ({:.0f} % of the capacity)", label, Describe(s), goodput,
+                       100 * goodput / capacity));
+    m->steps.push_back(s);
+  }
+  m->round_offered.push_back(offered);
+  m->round_goodputs.push_back(goodput);
 }
 
 // One round over every state: pin, (round 0: quality), ramp. Later rounds start their ramp at
@@ -337,6 +363,7 @@ Status MeasureRound(Clients& cl, const ValidateOptions& o, const Catalog& catalo
     if (r.capacity == 0 && start > o.start_rate) r = Ramp(cl, o, state, label, o.start_rate, round, &m);
     m.round_capacities.push_back(r.capacity);
     m.round_bottlenecks.push_back(r.bottleneck);
+    MeasureGoodput(cl, o, state, label, r.capacity, round, &m);
   }
   return Status::Ok();
 }
@@ -345,6 +372,8 @@ void ChooseRoundFigure(const ValidateOptions& o, StateMeasurement* m) {
   const size_t pick = ChosenRound(m->round_capacities, o.round_figure);
   m->capacity = m->round_capacities[pick];
   m->bottleneck = m->round_bottlenecks[pick];
+  m->offered = m->round_offered[pick];
+  m->goodput = m->round_goodputs[pick];
   m->service_capacity = ServiceCapacities(*m, static_cast<int>(pick), m->capacity);
 }
 
@@ -356,7 +385,7 @@ std::array<double, kNumServices> ServiceCapacities(const StateMeasurement& m, in
   std::array<double, kNumServices> out{};
   const RampStep* top = nullptr;
   for (const RampStep& s : m.steps) {
-    if (s.round == round && s.pass && s.sent > 0 && (top == nullptr || s.rate > top->rate)) top = &s;
+    if (s.round == round && s.pass && !s.overload && s.sent > 0 && (top == nullptr || s.rate > top->rate)) top = &s;
   }
   if (top == nullptr || !(capacity > 0)) return out;
   // Far from any limit the extrapolation is too long to trust (a ramp that reached max_rate).
@@ -474,6 +503,10 @@ Result<Catalog> ApplyFigures(Catalog c, const std::vector<StateMeasurement>& mea
     f.quality = quality[i];
     f.capacity = per[i];
     f.validated_at = now_s;
+    if (measured[i].offered > 0) {
+      f.offered = std::min(measured[i].offered, 1e9);
+      f.goodput = std::clamp(measured[i].goodput, 0.0, f.offered);
+    }
     c.states[i].figures = f;
   }
   c.binaries = fingerprint;

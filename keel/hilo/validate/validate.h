@@ -16,10 +16,15 @@
 //      run fails too (one transient stall must not cut the capacity). The capacity is the highest
 //      passing rate. Before each step the product must settle (no service reports work in flight
 //      or queued), so a step does not inherit an overloaded step's backlog.
-//   With rounds > 1, steps 1 and 3 are repeated over all states in that many rounds (quality is
+//   4. goodput under overload (overload_factor > 0): one step at overload_factor x the capacity
+//      just measured, counting the 200 answers within slo_ms. The controller's expected-quality
+//      objective weighs an overloaded state by it: on a shared machine a state offered more than
+//      it sustains serves less than its capacity (shed requests and waiting clients take CPU).
+//   With rounds > 1, steps 1, 3 and 4 are repeated over all states in that many rounds (quality is
 //   deterministic and measured once) and the capacity figure is the rounds' lower median (or the
 //   lowest): capacity on a shared machine moves between runs (2-31 % over three rounds here), and
-//   the controller must count on neither a lucky nor a stalled run.
+//   the controller must count on neither a lucky nor a stalled run. The goodput recorded is the
+//   chosen round's.
 // Per-service capacity: every request passes every service once (vector is skipped with retrieval
 // off), so each service's demand equals the product's and the product's capacity is recorded for
 // every service. A service that is not the bottleneck may sustain more; the ramp cannot see that
@@ -70,6 +75,7 @@ struct ValidateOptions {
   int rounds = 1;
   RoundFigure round_figure = RoundFigure::kLowerMedian;
   double later_round_start = 0.5;
+  double overload_factor = 1.5;      // step 4 offers this x the capacity; 0 = not measured, else in (1, 10]
   int apply_timeout_ms = 30000;      // wait this long for every service to apply a pinned state
   int settle_timeout_ms = 60000;     // before each step, wait this long at most for no work in flight
   int workers = 256;                 // open-loop generator threads
@@ -84,8 +90,10 @@ struct RampStep {
   int64_t ok = 0;        // 200
   int64_t shed = 0;      // 429/503
   int64_t failed = 0;    // other statuses, no reply, dropped by the generator
+  int64_t within_slo = 0;  // 200 answers within slo_ms
   double p99_ms = 0;     // of 200 answers
   bool pass = false;
+  bool overload = false; // step 4's, not the ramp's: it never counts as a passing ramp step
   std::array<double, kNumServices> utilisation{};  // highest reported during the step, per service
 };
 
@@ -95,6 +103,10 @@ struct StateMeasurement {
   double capacity = 0;      // the chosen round's highest passing rate, req/s (0 when even start_rate failed)
   std::vector<double> round_capacities;  // each round's, in order
   std::vector<std::string> round_bottlenecks;
+  // Step 4, per round: the offered rate and the goodput (req/s of 200 answers within the SLO);
+  // 0 and 0 when not measured. `offered` and `goodput` are the chosen round's.
+  std::vector<double> round_offered, round_goodputs;
+  double offered = 0, goodput = 0;
   // Each service's own capacity, estimated from the chosen round's highest passing step (see
   // ServiceCapacities); all 0 when not estimated (ApplyFigures then records `capacity` for all).
   std::array<double, kNumServices> service_capacity{};
@@ -124,8 +136,8 @@ size_t ChosenRound(const std::vector<double>& capacities, RoundFigure figure);
 // never applied the state, the controller refusing the pin, the reference replay failing).
 Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, const ValidateOptions& options);
 
-// The catalog with the measured figures (quality, capacity for every service, validated_at =
-// now_s) and binaries = fingerprint, adjusted as described above (a service's estimated capacity,
+// The catalog with the measured figures (quality, capacity for every service, the goodput under
+// overload where measured, validated_at = now_s) and binaries = fingerprint, adjusted as described above (a service's estimated capacity,
 // where there is one, replaces the product's figure for that service, and is raised down the list
 // like it); `notes` receives one line per
 // adjustment. InvalidArgument when measurements do not match the catalog's states, a state has no
