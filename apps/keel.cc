@@ -1185,7 +1185,7 @@ int main(int argc, char** argv) {
   hl_val->add_option("--overload-factor", hv.o.overload_factor, "after each ramp, offer this x the capacity once and record the goodput (200 answers within --slo-ms per second), which --objective expected-quality weighs an overloaded state by; 0 = not measured")->capture_default_str()->check(CLI::Validator([](std::string& v) -> std::string {
         double x = -1;
         try { x = std::stod(v); } catch (...) {}
-        return x == 0 || (x > 1 && x <= 10) ? "" : "--overload-factor: expected 0 or a number in (1, 10], got '" + v + "'";
+        return hilo::OverloadFactorValid(x) ? "" : "--overload-factor: expected 0 or a number in (1, 10], got '" + v + "'";
       }, "0 or (1, 10]"));
   hl_val->add_option("--apply-timeout-ms", hv.o.apply_timeout_ms, "wait this long for every service to apply a pinned state")->capture_default_str()->check(CLI::Range(100, 600000));
   auto* hl_fp = hilo_cmd->add_subcommand("fingerprint", "Print this executable's fingerprint (what a validated catalog's \"binaries\" must equal)");

@@ -53,8 +53,8 @@ struct Figures {
   int64_t validated_at = 0;                       // unix seconds (UTC) of the measurement
   // What the product answered when validate offered it more than its capacity (its overload
   // step): `goodput` req/s of 200 answers within the SLO at `offered` req/s. Both 0 when not
-  // measured; the controller then counts on an overloaded state serving its capacity. A shared
-  // machine serves less than that: shed requests and waiting clients take CPU from the engine.
+  // measured; the controller then counts on an overloaded state serving its capacity, which it
+  // may not (shedding costs CPU) or may exceed (the capacity allows only 1 % refused).
   double offered = 0;
   double goodput = 0;
   double Capacity(Service s) const { return capacity[static_cast<int>(s)]; }

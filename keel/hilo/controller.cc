@@ -62,7 +62,7 @@ double QualityGoodput(const State& s) {
 
 bool ExpectedQualityCanPick(const Catalog& c, int state) {
   const int n = static_cast<int>(c.states.size());
-  if (state < 0 || state >= n || !c.states[state].figures) return false;
+  if (state < 0 || state >= n) return false;
   for (const State& s : c.states) {
     if (!s.figures) return false;
   }

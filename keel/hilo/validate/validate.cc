@@ -213,7 +213,7 @@ Status CheckOptions(const ValidateOptions& o) {
   if (!(o.later_round_start > 0 && o.later_round_start <= 1)) {
     return Status::InvalidArgument("validate: later_round_start must be in (0, 1]");
   }
-  if (!(o.overload_factor == 0 || (o.overload_factor > 1 && o.overload_factor <= 10))) {
+  if (!OverloadFactorValid(o.overload_factor)) {
     return Status::InvalidArgument("validate: overload_factor must be 0 (not measured) or in (1, 10]");
   }
   if (o.admin_token.empty()) return Status::InvalidArgument("validate: the controller's admin token is needed to pin states");

@@ -18,8 +18,9 @@
 //      or queued), so a step does not inherit an overloaded step's backlog.
 //   4. goodput under overload (overload_factor > 0): one step at overload_factor x the capacity
 //      just measured, counting the 200 answers within slo_ms. The controller's expected-quality
-//      objective weighs an overloaded state by it: on a shared machine a state offered more than
-//      it sustains serves less than its capacity (shed requests and waiting clients take CPU).
+//      objective weighs an overloaded state by it instead of assuming it serves its capacity:
+//      shedding costs CPU on a shared machine, and the capacity's 1 % error bound leaves some
+//      throughput unused (here every state served 101-134 % of its capacity at 1.5x).
 //   With rounds > 1, steps 1, 3 and 4 are repeated over all states in that many rounds (quality is
 //   deterministic and measured once) and the capacity figure is the rounds' lower median (or the
 //   lowest): capacity on a shared machine moves between runs (2-31 % over three rounds here), and
@@ -51,6 +52,9 @@
 
 namespace keel::hilo {
 
+// Whether `f` is an accepted ValidateOptions::overload_factor: 0 (not measured) or in (1, 10].
+inline bool OverloadFactorValid(double f) { return f == 0 || (f > 1 && f <= 10); }
+
 // Which round's capacity a state records when there are several.
 enum class RoundFigure { kLowerMedian, kLowest };
 
@@ -75,7 +79,7 @@ struct ValidateOptions {
   int rounds = 1;
   RoundFigure round_figure = RoundFigure::kLowerMedian;
   double later_round_start = 0.5;
-  double overload_factor = 1.5;      // step 4 offers this x the capacity; 0 = not measured, else in (1, 10]
+  double overload_factor = 1.5;      // step 4 offers this x the capacity; see OverloadFactorValid
   int apply_timeout_ms = 30000;      // wait this long for every service to apply a pinned state
   int settle_timeout_ms = 60000;     // before each step, wait this long at most for no work in flight
   int workers = 256;                 // open-loop generator threads
@@ -137,9 +141,9 @@ size_t ChosenRound(const std::vector<double>& capacities, RoundFigure figure);
 Result<std::vector<StateMeasurement>> MeasureStates(const Catalog& catalog, const ValidateOptions& options);
 
 // The catalog with the measured figures (quality, capacity for every service, the goodput under
-// overload where measured, validated_at = now_s) and binaries = fingerprint, adjusted as described above (a service's estimated capacity,
-// where there is one, replaces the product's figure for that service, and is raised down the list
-// like it); `notes` receives one line per
+// overload where measured, validated_at = now_s) and binaries = fingerprint, adjusted as
+// described above (a service's estimated capacity, where there is one, replaces the product's
+// figure for that service, and is raised down the list like it); `notes` receives one line per
 // adjustment. InvalidArgument when measurements do not match the catalog's states, a state has no
 // capacity (failed at start_rate), or the result fails ValidateCatalog.
 Result<Catalog> ApplyFigures(Catalog catalog, const std::vector<StateMeasurement>& measured,
