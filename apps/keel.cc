@@ -199,6 +199,7 @@ struct ServeArgs {
   KvCodecArgs kv;
   int port = 8080, max_queue = 64, max_running = 32, max_batch_tokens = 512;
   size_t kv_mb = 256;
+  bool prefix_cache = true;
   double drain = 10;
   KvStoreLinkOptions kvstore;
   MoeArgs moe;
@@ -235,6 +236,7 @@ int RunServe(const ServeArgs& a) {
   opt.kv_codec = a.kv.codec;
   opt.kv.codec_params = a.kv.Params();
   opt.kv.budget_bytes = a.kv_mb << 20;
+  opt.kv.prefix_sharing = a.prefix_cache;
   opt.scheduler.max_queue = a.max_queue;
   opt.scheduler.max_running = a.max_running;
   opt.scheduler.max_batch_tokens = a.max_batch_tokens;
@@ -251,9 +253,10 @@ int RunServe(const ServeArgs& a) {
   so.drain_seconds = a.drain;
   const auto& c = e.model().config;
   // Before the scheduler runs: a HiLO level may switch the cache once it does.  // engine-hilo
-  Log().info("model {} ({} layers, dim {}, context {}, {} parameters), KV codec {}, KV budget {} blocks of {} tokens",
+  Log().info("model {} ({} layers, dim {}, context {}, {} parameters), KV codec {}, KV budget {} blocks of {} tokens, "
+             "prefix cache {}",
              e.model().source, c.n_layers, c.dim, c.max_seq_len, c.ParameterCount(), e.cache().codec().spec(),
-             e.cache().Stats().blocks_total, e.cache().block_tokens());
+             e.cache().Stats().blocks_total, e.cache().block_tokens(), e.cache().prefix_sharing() ? "on" : "off");
   auto hilo_link = OpenHiloLink(a.hilo, a.max_running, &metrics->registry);  // engine-hilo
   if (!hilo_link.ok()) return Fail(hilo_link.status());  // engine-hilo
   std::unique_ptr<HiloLevels> hilo_levels;  // engine-hilo
@@ -927,6 +930,9 @@ int main(int argc, char** argv) {
   serve->add_option("--model-name", serve_args.name, "name clients use in \"model\" (default: model file stem)");
   AddKvCodecFlags(serve, serve_args.kv);
   serve->add_option("--kv-memory-mb", serve_args.kv_mb, "KV cache budget in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  serve->add_flag("--prefix-cache,!--no-prefix-cache", serve_args.prefix_cache,
+                  "reuse the KV blocks of a prompt prefix seen before (default on; off: every prompt is prefilled, "
+                  "e.g. to measure traffic whose prompts do not repeat; not with --kvstore)");
   serve->add_option("--max-queue", serve_args.max_queue, "queued requests before 429")->capture_default_str()->check(CLI::Range(0, 100000));
   serve->add_option("--max-running", serve_args.max_running, "sequences batched per step")->capture_default_str()->check(CLI::Range(1, 4096));
   serve->add_option("--max-batch-tokens", serve_args.max_batch_tokens, "tokens per forward step")->capture_default_str()->check(CLI::Range(1, 1 << 20));

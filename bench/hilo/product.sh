@@ -17,7 +17,8 @@
 # CONTROLLER_FLAGS (extra `keel hilo serve` flags, e.g. "--headroom 1.2" or "--baseline-queue-ms 100"),
 # ANSWER_MAX_INFLIGHT (64), ANSWER_GATEWAY_TIMEOUT_MS (5000: the answer service gives up on the
 # gateway after this, which cancels the generation, so abandoned requests do not pile up downstream),
-# ENGINE_THREADS (each engine's OpenMP threads; default: OpenMP's, one per core).
+# ENGINE_THREADS (each engine's OpenMP threads; default: OpenMP's, one per core),
+# ENGINE_PREFIX_CACHE (on|off, default on: the engines' prompt-prefix cache; see docs/hilo.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -27,7 +28,7 @@ SHARED=${KEEL_SHARED:-$(cd .. && pwd)/shared}
 DATA=$SHARED/data
 PORT_BASE=${PORT_BASE:-17500}
 
-usage() { sed -n '2,20p' "$0" >&2; exit 2; }
+usage() { sed -n '2,21p' "$0" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1
 DIR=$2
@@ -132,10 +133,15 @@ wait_http "http://127.0.0.1:$VEC_PORT/healthz" vector "$DIR/vector.log"
 # The engines' thread count, and nothing else's (FAISS in the vector service also uses OpenMP).
 ENGINE_ENV=()
 [ -n "${ENGINE_THREADS:-}" ] && ENGINE_ENV=("OMP_NUM_THREADS=$ENGINE_THREADS")
+case "${ENGINE_PREFIX_CACHE:-on}" in
+  on) ENGINE_FLAGS=(--prefix-cache) ;;
+  off) ENGINE_FLAGS=(--no-prefix-cache) ;;
+  *) echo "product: ENGINE_PREFIX_CACHE must be on or off, not '$ENGINE_PREFIX_CACHE'" >&2; exit 2 ;;
+esac
 run "${ENGINE_ENV[@]}" engine-large serve --model "$DATA/models/en-dense6L.bin" --tokenizer "$DATA/models/tok354.bin" --port "$ENG_L_PORT" \
-  --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-large
+  --max-running "${ENGINE_MAX_RUNNING:-32}" "${ENGINE_FLAGS[@]}" --hilo "$CTL" --hilo-instance engine-large
 run "${ENGINE_ENV[@]}" engine-small serve --model "$DATA/models/en-moe8x" --port "$ENG_S_PORT" \
-  --max-running "${ENGINE_MAX_RUNNING:-32}" --hilo "$CTL" --hilo-instance engine-small
+  --max-running "${ENGINE_MAX_RUNNING:-32}" "${ENGINE_FLAGS[@]}" --hilo "$CTL" --hilo-instance engine-small
 wait_http "http://127.0.0.1:$ENG_L_PORT/healthz" engine-large "$DIR/engine-large.log"
 wait_http "http://127.0.0.1:$ENG_S_PORT/healthz" engine-small "$DIR/engine-small.log"
 MODEL_L=$(curl -sf "http://127.0.0.1:$ENG_L_PORT/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')

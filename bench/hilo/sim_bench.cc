@@ -9,7 +9,8 @@
 //             [--window-s 1] [--slo-ms 1000] [--servers 8|service=N,...] [--jsonl FILE] [--live-loop]
 //             [--baseline-queue-ms 20] [--baseline-recover-queue-ms 5] [--no-recent-rate-guard]
 //             [--entry-max-in-flight 0] [--batch-slowdown 0|service=X,...] [--capacity-utilisation 0.9]
-//             [--objective cover|expected-quality]
+//             [--objective cover|expected-quality] [--speed-sd 0] [--speed-tau-s 10] [--speed-run-sd 0]
+//             [--speed-seed 1]
 // --time-scale, --window-s (trace seconds) and --slo-ms mirror `keel hilo replay`'s flags, so a
 // simulation can be set up exactly like a live run (bench/hilo/sim_vs_live.sh): a time scale below 1
 // replays the trace's shape faster at the same rates, while the controller's dwells stay in real
@@ -31,7 +32,9 @@
 // default, is independent workers), as --servers takes values. --capacity-utilisation sets how
 // busy a service is at its catalog capacity (SimOptions::capacity_utilisation): the catalog's
 // capacity over the throughput it saturates at. --objective sets the controller's
-// (ControllerOptions::objective; `keel hilo serve --objective` live).
+// (ControllerOptions::objective; `keel hilo serve --objective` live). --speed-sd, --speed-tau-s,
+// --speed-run-sd and --speed-seed model the shared machine's speed drift (SimOptions::speed_sd;
+// 0, the default, is a constant speed); bench/hilo/sim_vs_live.sh averages several speed seeds.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -71,6 +74,10 @@ struct Args {
   int entry_max_in_flight = 0;
   std::array<double, kNumServices> batch_slowdown = {0, 0, 0, 0};
   double capacity_utilisation = SimOptions().capacity_utilisation;
+  double speed_sd = 0;                         // SimOptions::speed_sd: the machine's speed drift
+  double speed_tau_s = SimOptions().speed_tau_s;
+  double speed_run_sd = 0;
+  uint64_t speed_seed = 1;
   bool recent_rate_guard = true;
   Objective objective = Objective::kCover;
   std::string jsonl;  // "" = no JSON summary
@@ -227,6 +234,10 @@ int Main(int argc, char** argv) {
       }
     }
     else if (const char* v = val("--capacity-utilisation")) a.capacity_utilisation = std::atof(v);
+    else if (const char* v = val("--speed-sd")) a.speed_sd = std::atof(v);
+    else if (const char* v = val("--speed-tau-s")) a.speed_tau_s = std::atof(v);
+    else if (const char* v = val("--speed-run-sd")) a.speed_run_sd = std::atof(v);
+    else if (const char* v = val("--speed-seed")) a.speed_seed = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("--entry-max-in-flight")) {
       char* end = nullptr;
       const long n = std::strtol(v, &end, 10);
@@ -299,6 +310,10 @@ int Main(int argc, char** argv) {
   o.entry_max_in_flight = a.entry_max_in_flight;
   o.batch_slowdown = a.batch_slowdown;
   o.capacity_utilisation = a.capacity_utilisation;
+  o.speed_sd = a.speed_sd;
+  o.speed_tau_s = a.speed_tau_s;
+  o.speed_run_sd = a.speed_run_sd;
+  o.speed_seed = a.speed_seed;
   if (a.live_loop) {  // ServiceLinkOptions' and ControllerServerOptions' defaults
     o.report_interval_s = 0.25;
     o.decide_interval_s = 0.25;
@@ -314,6 +329,10 @@ int Main(int argc, char** argv) {
   const double limit = cat->max_quality_drop;
   std::printf("HiLO simulation: catalog %s, scale %gx, baseline %g req/s x scale, seed %llu, L = %g\n", a.catalog.c_str(),
               a.scale, a.baseline_rate, static_cast<unsigned long long>(a.seed), limit);
+  if (a.speed_sd > 0 || a.speed_run_sd > 0) {
+    std::printf("Machine speed drifts: sd %g (log), correlation time %g s, per-run sd %g, speed seed %llu.\n", a.speed_sd,
+                a.speed_tau_s, a.speed_run_sd, static_cast<unsigned long long>(a.speed_seed));
+  }
   std::printf("Drops are quality points per %g s window vs state %s (%g); time in state is the cheapest level applied.\n",
               o.window_s, cat->states[0].name.c_str(), cat->states[0].figures->quality);
   struct Row {

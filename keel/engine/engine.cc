@@ -52,6 +52,10 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options, Sched
   KEEL_ASSIGN_OR_RETURN(Tokenizer t, Tokenizer::Load(tok_path, e->model_->config.vocab_size));
   e->tokenizer_ = std::make_unique<Tokenizer>(std::move(t));
   KvCacheOptions kv = options.kv;
+  if (!kv.prefix_sharing && !options.kvstore.address.empty()) {
+    // The kvstore link publishes and adopts prompt-prefix blocks: it is prefix sharing.
+    return Status::InvalidArgument("a kvstore link shares KV prefixes: it cannot run with prefix sharing off");
+  }
   if (options.feed_forward) {
     KEEL_ASSIGN_OR_RETURN(e->ffn_, options.feed_forward(*e->model_));
     if (e->ffn_->history_dependent()) {

@@ -47,7 +47,7 @@ struct Req {
 
 // kDone ends one request's service at a station of independent workers; kBatchDone the batch
 // member due first at a batching station (only the latest one scheduled counts).
-enum class EvType : uint8_t { kDone, kBatchDone, kReport, kDecide, kApply };
+enum class EvType : uint8_t { kDone, kBatchDone, kReport, kDecide, kApply, kSpeed };
 struct Event {
   double t;
   uint64_t seq;  // ties break by insertion order, so runs are deterministic
@@ -82,13 +82,14 @@ struct Station {
   // the work (seconds of service alone) that each request in service has received since t = 0, and
   // a request ends when vclock reaches its finish. `batch` is a min-heap of (finish, request).
   double slowdown = 0;  // already divided by the scale
+  double speed = 1;     // the machine's speed factor now (SimOptions::speed_sd)
   double vclock = 0;
   double vlast_t = 0;
   std::vector<std::pair<double, int64_t>> batch;
   uint32_t batch_gen = 0;  // the kBatchDone in force
 
   bool batching() const { return slowdown > 0; }
-  double Speed() const { return 1.0 / (1.0 + slowdown * std::max(0, busy - 1)); }
+  double Speed() const { return speed / (1.0 + slowdown * std::max(0, busy - 1)); }
   // Call before `busy` changes, at every event time: the speed is constant between changes.
   void Account(double t) {
     busy_integral += busy * (t - last_t);
@@ -165,6 +166,11 @@ class Sim {
 
     Push(o_.report_interval_s, EvType::kReport, 0, 0);
     if (ctrl_) Push(o_.decide_interval_s, EvType::kDecide, 0, 0);
+    if (o_.speed_sd > 0 || o_.speed_run_sd > 0) {
+      speed_ = SpeedPath(o_, trace_.duration_s);
+      for (Station& st : st_) st.speed = speed_[0];
+      Push(o_.speed_step_s, EvType::kSpeed, 0, 1);
+    }
     size_t next = 0;
     while (next < arrivals_.size() || !events_.empty()) {
       if (next < arrivals_.size() && (events_.empty() || arrivals_[next] < events_.top().t)) {
@@ -186,6 +192,7 @@ class Sim {
         case EvType::kApply:
           for (int svc = 0; svc < kNumServices; ++svc) SetLevel(svc, static_cast<int>(e.arg), e.t);
           break;
+        case EvType::kSpeed: ChangeSpeed(static_cast<size_t>(e.arg), e.t); break;
       }
     }
     Summarise();
@@ -225,6 +232,20 @@ class Sim {
       r.done_at = t + (r.done_at - t) * ratio;
       Push(r.done_at, EvType::kDone, svc, id, ++r.gen);
     }
+  }
+
+  // A new machine speed: batching stations account their work at the old one and reschedule;
+  // independent workers take the speed at their start (Start), which a half-second step keeps close.
+  void ChangeSpeed(size_t k, double t) {
+    const double v = speed_[std::min(k, speed_.size() - 1)];
+    for (int svc = 0; svc < kNumServices; ++svc) {
+      Station& st = st_[svc];
+      st.Account(t);
+      st.speed = v;
+      if (st.batching()) ScheduleBatch(svc, t);
+    }
+    // Speed steps run while anything can still arrive or is in the product.
+    if (k + 1 < speed_.size() || in_product_ > 0) Push(t + o_.speed_step_s, EvType::kSpeed, 0, static_cast<int64_t>(k + 1));
   }
 
   void Arrive(int64_t id, double t) {
@@ -277,7 +298,7 @@ class Sim {
       ScheduleBatch(svc, t);
       return;
     }
-    r.done_at = t + work_s;
+    r.done_at = t + work_s / st.speed;
     if (ReachesAdmitted(svc)) st.serving.insert(id);
     Push(r.done_at, EvType::kDone, svc, id, r.gen);
   }
@@ -458,6 +479,7 @@ class Sim {
   const SimOptions& o_;
   double full_q_ = 0;
   std::optional<Controller> ctrl_;
+  std::vector<double> speed_;  // SpeedPath, when speed_sd > 0
   std::array<Station, kNumServices> st_;
   std::vector<double> arrivals_;
   std::vector<Req> reqs_;
@@ -489,6 +511,11 @@ Status CheckOptions(const SimOptions& o) {
   if (!(o.push_delay_s >= 0)) return bad("push_delay_s must be >= 0");
   if (!(o.rate_window_s >= 0 && o.rate_window_s <= 3600)) return bad("rate_window_s must be in [0, 3600]");
   if (!(o.recent_window_s >= 0 && o.recent_window_s <= 3600)) return bad("recent_window_s must be in [0, 3600]");
+  if (!(o.speed_sd >= 0 && o.speed_sd <= 1)) return bad("speed_sd must be in [0, 1]");
+  if (!(o.speed_run_sd >= 0 && o.speed_run_sd <= 1)) return bad("speed_run_sd must be in [0, 1]");
+  if (!(o.speed_tau_s > 0 && o.speed_tau_s <= 1e6)) return bad("speed_tau_s must be in (0, 1e6]");
+  // A path of at most ~10^7 steps: a hostile step cannot allocate without bound.
+  if (!(o.speed_step_s >= 1e-3 && o.speed_step_s <= 3600)) return bad("speed_step_s must be in [0.001, 3600]");
   if (Status s = CheckBaselineOptions(o.baseline); !s.ok()) return Status::InvalidArgument("sim options: baseline: " + s.message());
   return Status::Ok();
 }
@@ -509,6 +536,26 @@ std::vector<double> PoissonArrivals(const Trace& trace, double rate, uint64_t se
     t += -std::log(uniform()) / peak;
     if (t >= trace.duration_s) break;
     if (uniform() * peak < trace.Multiplier(t) * rate) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<double> SpeedPath(const SimOptions& o, double duration_s) {
+  if (!(o.speed_step_s >= 1e-3) || !(duration_s >= 0) || duration_s > 1e7) return {1.0};  // CheckOptions' bounds
+  const size_t n = static_cast<size_t>(std::ceil(duration_s / o.speed_step_s)) + 1;
+  std::vector<double> out(n, 1.0);
+  if (!(o.speed_sd > 0 || o.speed_run_sd > 0) || !(o.speed_tau_s > 0)) return out;
+  // Exact AR(1) sampling of an Ornstein-Uhlenbeck process at the step, started in its stationary law.
+  std::mt19937_64 gen(Mix(o.speed_seed ^ 0x5eedULL));
+  std::normal_distribution<double> z(0.0, 1.0);
+  const double rho = std::exp(-o.speed_step_s / o.speed_tau_s);
+  const double innovation = o.speed_sd * std::sqrt(1 - rho * rho);
+  const double run = o.speed_run_sd * z(gen);
+  const double bias = run - 0.5 * (o.speed_sd * o.speed_sd + o.speed_run_sd * o.speed_run_sd);  // E[speed] = 1
+  double x = o.speed_sd * z(gen);
+  for (size_t k = 0; k < n; ++k) {
+    out[k] = std::exp(x + bias);
+    x = rho * x + innovation * z(gen);
   }
   return out;
 }

@@ -81,6 +81,20 @@ struct SimOptions {
   // their remaining time x old capacity / new capacity, and score as the new level. Off: a level
   // applies only to requests that start after it.
   bool engine_clamps_admitted = true;
+  // The machine's speed over time. Every service shares the VM's cores, and under a flat overload
+  // the live product's throughput wanders by about 10 % with seconds-long correlation while its
+  // processes' CPU and profile stay the same (docs/results.md, "HiLO: goodput under overload").
+  // The speed is exp(r + x - (sd^2 + run_sd^2) / 2): x a stationary Gauss-Markov process with
+  // standard deviation `speed_sd` and correlation time `speed_tau_s`, held constant over
+  // `speed_step_s`, and r one normal draw per path with standard deviation `speed_run_sd` (the
+  // machine is faster or slower for a whole run: figures measured minutes apart differ by more than
+  // a run's own wander). Mean 1, so the catalog capacities stay the mean. It multiplies every
+  // service's rate. Both 0 = constant speed.
+  double speed_sd = 0;
+  double speed_run_sd = 0;
+  double speed_tau_s = 10;
+  double speed_step_s = 0.5;
+  uint64_t speed_seed = 1;  // the speed path's own seed, so arrivals can stay fixed across paths
   uint64_t seed = 1;
 };
 
@@ -111,6 +125,10 @@ struct SimResult {
 // Arrival times (s) of a Poisson process with rate trace.Multiplier(t) x rate over the trace's
 // duration, by thinning; deterministic for `seed`.
 std::vector<double> PoissonArrivals(const Trace& trace, double rate, uint64_t seed);
+
+// The machine speed factors of SimOptions' drift model, one per speed_step_s over `duration_s`
+// (plus one): deterministic for options.speed_seed; all 1 when speed_sd and speed_run_sd are 0.
+std::vector<double> SpeedPath(const SimOptions& options, double duration_s);
 
 // Runs `policy` on `trace`. `catalog` must pass ValidateCatalog with every state validated; the
 // trace must have points and a positive duration; options must be in range. InvalidArgument

@@ -351,5 +351,33 @@ TEST_F(SchedulerTest, SharedPrefixIsReportedAsCachedPromptTokens) {
   EXPECT_EQ(a.tokens, b.tokens);
 }
 
+TEST_F(SchedulerTest, PrefixSharingOffPrefillsEveryPrompt) {
+  EngineOptions o;
+  o.model_path = test::ModelsDir() + "/aidreams260K.bin";
+  o.kv.prefix_sharing = false;
+  auto e = Engine::Open(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::string prompt = "Echoes of vectors unfold, a gentle hum of precision, as I sense the nodes, a gentle hum";
+  Collected a, b;
+  ASSERT_TRUE((*e)->scheduler().Submit(Make(**e, prompt, 5, &a)).ok());
+  (*e)->scheduler().RunUntilIdle();
+  ASSERT_TRUE((*e)->scheduler().Submit(Make(**e, prompt, 5, &b)).ok());
+  (*e)->scheduler().RunUntilIdle();
+  EXPECT_EQ(b.final_event.cached_prompt_tokens, 0);
+  EXPECT_EQ((*e)->cache().Stats().prefix_hit_tokens, 0);
+  EXPECT_EQ(a.tokens, b.tokens);  // the same answer, computed twice
+}
+
+TEST_F(SchedulerTest, PrefixSharingOffRefusesAKvstoreLink) {
+  EngineOptions o;
+  o.model_path = test::ModelsDir() + "/aidreams260K.bin";
+  o.kv.prefix_sharing = false;
+  o.kvstore.address = "127.0.0.1:1";
+  auto e = Engine::Open(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("prefix sharing off"), std::string::npos) << e.status().ToString();
+}
+
 }  // namespace
 }  // namespace keel::engine

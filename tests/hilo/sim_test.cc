@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "tests/hilo/test_catalog.h"
 
@@ -299,6 +300,79 @@ TEST(Sim, BatchingServiceIsFastAloneAndAsFastWhenFull) {
   EXPECT_NEAR(b.served / 60.0, 100 / 0.9, 8);
 }
 
+TEST(Sim, SpeedPathHasTheAskedLaw) {
+  SimOptions o;
+  EXPECT_EQ(SpeedPath(o, 10), std::vector<double>(21, 1.0));  // speed_sd 0: constant
+  o.speed_sd = 0.1;
+  o.speed_tau_s = 5;
+  o.speed_step_s = 0.5;
+  const std::vector<double> a = SpeedPath(o, 50000);  // 100,001 steps, 10,000 correlation times
+  ASSERT_EQ(a.size(), 100001u);
+  double mean = 0, log_mean = 0;
+  for (double v : a) {
+    ASSERT_GT(v, 0);
+    mean += v;
+    log_mean += std::log(v);
+  }
+  mean /= static_cast<double>(a.size());
+  log_mean /= static_cast<double>(a.size());
+  double var = 0, cov = 0;
+  for (size_t k = 0; k < a.size(); ++k) {
+    const double d = std::log(a[k]) - log_mean;
+    var += d * d;
+    if (k + 1 < a.size()) cov += d * (std::log(a[k + 1]) - log_mean);
+  }
+  EXPECT_NEAR(mean, 1.0, 0.01);                         // the catalog capacity stays the mean
+  EXPECT_NEAR(std::sqrt(var / a.size()), 0.1, 0.005);  // the asked spread
+  EXPECT_NEAR(cov / var, std::exp(-0.5 / 5), 0.02);    // the asked correlation, step to step
+  EXPECT_EQ(a, SpeedPath(o, 50000));
+  o.speed_seed = 2;
+  EXPECT_NE(a, SpeedPath(o, 50000));
+  o.speed_step_s = 0;  // out of range: no path to allocate
+  EXPECT_EQ(SpeedPath(o, 50000).size(), 1u);
+
+  // The per-run level alone: constant within a path, spread across paths, mean 1.
+  SimOptions r;
+  r.speed_run_sd = 0.1;
+  double sum = 0, sq = 0;
+  for (uint64_t seed = 1; seed <= 4000; ++seed) {
+    r.speed_seed = seed;
+    const std::vector<double> p = SpeedPath(r, 5);
+    ASSERT_EQ(p.size(), 11u);
+    EXPECT_TRUE(std::all_of(p.begin(), p.end(), [&](double v) { return v == p[0]; }));
+    sum += p[0];
+    sq += std::log(p[0]) * std::log(p[0]);
+  }
+  EXPECT_NEAR(sum / 4000, 1.0, 0.01);
+  EXPECT_NEAR(std::sqrt(sq / 4000), 0.1, 0.006);  // log-mean -0.005 is below the tolerance
+}
+
+TEST(Sim, SpeedDriftCostsQualityNearCapacity) {
+  // 95 req/s against 100 in the full state (the per-service rule off, so nothing degrades): at a
+  // constant speed little is lost; a machine that runs 20 % slow for tens of seconds at a time
+  // must shed or answer late.
+  SimOptions o;
+  o.baseline_rate = 95;
+  o.baseline.degrade_queue_ms = 1e6;
+  o.baseline.recover_queue_ms = 1e6;
+  Trace flat = Step(1, 1, 120);
+  SimResult steady = RunSim(flat, Policy::kBaseline, o);
+  o.speed_sd = 0.2;
+  o.speed_tau_s = 20;
+  double worst = 0;
+  int64_t lost = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    o.speed_seed = seed;
+    SimResult drifting = RunSim(flat, Policy::kBaseline, o);
+    EXPECT_EQ(drifting.arrived, steady.arrived);  // the speed path leaves the arrivals alone
+    EXPECT_EQ(drifting.arrived, drifting.served + drifting.shed + drifting.failed);
+    worst = std::max(worst, drifting.max_drop);
+    lost += drifting.shed + drifting.failed + drifting.slo_violations;
+  }
+  EXPECT_GT(worst, steady.max_drop + 5);
+  EXPECT_GT(lost, steady.shed + steady.failed + steady.slo_violations);
+}
+
 TEST(Sim, RefusesBadInput) {
   SimOptions o;
   Trace t = Step(1, 2);
@@ -318,6 +392,20 @@ TEST(Sim, RefusesBadInput) {
   o.batch_slowdown[2] = 0;
   o.entry_max_in_flight = -1;
   EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
+  o.entry_max_in_flight = 0;
+  o.speed_sd = -0.1;
+  EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
+  o.speed_sd = 0.1;
+  o.speed_tau_s = 0;
+  EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
+  o.speed_tau_s = 10;
+  o.speed_run_sd = 2;
+  EXPECT_FALSE(Simulate(TestCatalog(), t, Policy::kHilo, o).ok());
+  o.speed_run_sd = 0;
+  o.speed_step_s = 1e-9;
+  Result<SimResult> r = Simulate(TestCatalog(), t, Policy::kHilo, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("speed_step_s"), std::string::npos) << r.status().ToString();
 }
 
 }  // namespace
