@@ -17,7 +17,10 @@
 # CONTROLLER_FLAGS (extra `keel hilo serve` flags, e.g. "--headroom 1.2" or "--baseline-queue-ms 100"),
 # ANSWER_MAX_INFLIGHT (64), ANSWER_GATEWAY_TIMEOUT_MS (5000: the answer service gives up on the
 # gateway after this, which cancels the generation, so abandoned requests do not pile up downstream),
-# ENGINE_THREADS (each engine's OpenMP threads; default: OpenMP's, one per core),
+# ENGINE_THREADS (each engine's OpenMP threads, default 1; empty: OpenMP's, one per core. With two
+# threads an engine sharing the two cores with the other services burned half a core more for the
+# same throughput, and validated capacities moved 21-52 % between rounds, against 2-16 % with one:
+# docs/results.md, "HiLO: the simulation's machine drifts"),
 # ENGINE_PREFIX_CACHE (on|off, default on: the engines' prompt-prefix cache; see docs/hilo.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +31,7 @@ SHARED=${KEEL_SHARED:-$(cd .. && pwd)/shared}
 DATA=$SHARED/data
 PORT_BASE=${PORT_BASE:-17500}
 
-usage() { sed -n '2,21p' "$0" >&2; exit 2; }
+usage() { sed -n '2,24p' "$0" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1
 DIR=$2
@@ -132,7 +135,8 @@ wait_http "http://127.0.0.1:$VEC_PORT/healthz" vector "$DIR/vector.log"
 
 # The engines' thread count, and nothing else's (FAISS in the vector service also uses OpenMP).
 ENGINE_ENV=()
-[ -n "${ENGINE_THREADS:-}" ] && ENGINE_ENV=("OMP_NUM_THREADS=$ENGINE_THREADS")
+ENGINE_THREADS=${ENGINE_THREADS-1}
+[ -n "$ENGINE_THREADS" ] && ENGINE_ENV=("OMP_NUM_THREADS=$ENGINE_THREADS")
 case "${ENGINE_PREFIX_CACHE:-on}" in
   on) ENGINE_FLAGS=(--prefix-cache) ;;
   off) ENGINE_FLAGS=(--no-prefix-cache) ;;

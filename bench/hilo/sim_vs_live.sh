@@ -10,12 +10,13 @@
 #
 #   bench/hilo/sim_vs_live.sh LIVE_OUT [OUT]        (OUT default LIVE_OUT/sim)
 # MORE_LIVE="DIR ..." adds other live runs of the same set-up (catalog, rates, time scale, window,
-# SLO, controller flags, engine slots: refused otherwise); the live figure is then their mean, and
+# SLO, controller flags, engine slots and threads: refused otherwise); the live figure is then their mean, and
 # the table shows their range: one live run moves by more than 10 % from the next on this VM.
 # The machine's speed drift (sim_bench --speed-sd; docs/results.md, "HiLO: the simulation's
-# machine drifts") is simulated at scale 1 with SPEED_SD (default 0.095, the spread of the
-# served rate in flat overload replays), SPEED_TAU_S (default 9 s, their correlation time) and
-# SPEED_RUN_SD (default 0.07, the spread of those replays' means: a whole run faster or slower),
+# machine drifts") is simulated at scale 1 with SPEED_SD (the spread of the served rate in flat
+# overload replays), SPEED_TAU_S (their correlation time) and SPEED_RUN_SD (the spread of those
+# replays' means: a whole run faster or slower); defaults 0.043, 5.6 s and 0.02 for a run with
+# one thread per engine (run.env's ENGINE_THREADS=1), else 0.095, 9 s and 0.07 (two threads),
 # over SPEED_SEEDS speed paths (default 8; the arrivals stay the live run's seed); the simulated
 # figure is their mean, with their range. SPEED_SD=0 SPEED_RUN_SD=0 simulates a constant speed
 # (one path). At
@@ -40,7 +41,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) SIM=$BUILD/sim_bench ;; *) SIM=$ROOT/$BUILD/sim_bench ;; esac
-[ $# -ge 1 ] || { sed -n '2,35p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,38p' "$0" >&2; exit 2; }
 LIVE=$(realpath "$1")
 OUT=${2:-$LIVE/sim}
 SIM_SCALE=${SIM_SCALE:-100}
@@ -49,7 +50,7 @@ SERVERS_SET=${SERVERS:-}
   || { echo "sim_vs_live: $LIVE has no run.env or summary.jsonl (run bench/hilo/live.sh first)" >&2; exit 1; }
 [ -x "$SIM" ] || { echo "sim_vs_live: $SIM missing (build sim_bench)" >&2; exit 1; }
 # The set-up a live run recorded, for comparing runs.
-setup() { (. "$1/run.env"; echo "$CATALOG|$BASELINE_RATE|$TIME_SCALE|$WINDOW_S|$SLO_MS|$SEED|${CONTROLLER_FLAGS:-}|${ENGINE_MAX_RUNNING:-}|${ANSWER_MAX_INFLIGHT:-}"); }
+setup() { (. "$1/run.env"; echo "$CATALOG|$BASELINE_RATE|$TIME_SCALE|$WINDOW_S|$SLO_MS|$SEED|${CONTROLLER_FLAGS:-}|${ENGINE_MAX_RUNNING:-}|${ANSWER_MAX_INFLIGHT:-}|${ENGINE_THREADS:-}"); }
 LIVE_RUNS=("$LIVE")
 for more in ${MORE_LIVE:-}; do
   more=$(realpath "$more")
@@ -59,9 +60,12 @@ for more in ${MORE_LIVE:-}; do
   LIVE_RUNS+=("$more")
 done
 . "$LIVE/run.env"
-SPEED_SD=${SPEED_SD:-0.095}
-SPEED_TAU_S=${SPEED_TAU_S:-9}
-SPEED_RUN_SD=${SPEED_RUN_SD:-0.07}
+# The drift fitted to the product as the live run ran it (run.env's ENGINE_THREADS: 1, or empty for
+# OpenMP's two per engine; docs/results.md, "HiLO: the simulation's machine drifts").
+if [ "${ENGINE_THREADS:-}" = 1 ]; then fit=(0.043 5.6 0.02); else fit=(0.095 9 0.07); fi
+SPEED_SD=${SPEED_SD:-${fit[0]}}
+SPEED_TAU_S=${SPEED_TAU_S:-${fit[1]}}
+SPEED_RUN_SD=${SPEED_RUN_SD:-${fit[2]}}
 SPEED_SEEDS=${SPEED_SEEDS:-8}
 [[ "$SPEED_SEEDS" =~ ^[1-9][0-9]{0,2}$ ]] || { echo "sim_vs_live: SPEED_SEEDS must be 1..999" >&2; exit 2; }
 python3 -c 'import sys; sys.exit(0 if min(float(sys.argv[1]), float(sys.argv[2])) >= 0 else 1)' "$SPEED_SD" "$SPEED_RUN_SD" \
