@@ -329,7 +329,7 @@ int Main(int argc, char** argv) {
   const double limit = cat->max_quality_drop;
   std::printf("HiLO simulation: catalog %s, scale %gx, baseline %g req/s x scale, seed %llu, L = %g\n", a.catalog.c_str(),
               a.scale, a.baseline_rate, static_cast<unsigned long long>(a.seed), limit);
-  if (a.speed_sd > 0 || a.speed_run_sd > 0) {
+  if (o.speed_drifts()) {
     std::printf("Machine speed drifts: sd %g (log), correlation time %g s, per-run sd %g, speed seed %llu.\n", a.speed_sd,
                 a.speed_tau_s, a.speed_run_sd, static_cast<unsigned long long>(a.speed_seed));
   }

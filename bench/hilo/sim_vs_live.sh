@@ -19,8 +19,8 @@
 # one thread per engine (run.env's ENGINE_THREADS=1), else 0.095, 9 s and 0.07 (two threads),
 # over SPEED_SEEDS speed paths (default 8; the arrivals stay the live run's seed); the simulated
 # figure is their mean, with their range. SPEED_SD=0 SPEED_RUN_SD=0 simulates a constant speed
-# (one path). At
-# SIM_SCALE the speed is constant: 100x the product is many machines, whose drifts average out.
+# (one path). At SIM_SCALE the speed is constant: 100x the product is many machines, whose
+# drifts average out.
 # The answer service's in-flight bound (run.env's ANSWER_MAX_INFLIGHT; product.sh's default 64 for
 # runs that did not record it) is the simulation's entry bound (sim_bench --entry-max-in-flight):
 # live, a request beyond it is shed at the entry, and it bounds the engine's queue; ENTRY_BOUND=0
@@ -68,8 +68,9 @@ SPEED_TAU_S=${SPEED_TAU_S:-${fit[1]}}
 SPEED_RUN_SD=${SPEED_RUN_SD:-${fit[2]}}
 SPEED_SEEDS=${SPEED_SEEDS:-8}
 [[ "$SPEED_SEEDS" =~ ^[1-9][0-9]{0,2}$ ]] || { echo "sim_vs_live: SPEED_SEEDS must be 1..999" >&2; exit 2; }
-python3 -c 'import sys; sys.exit(0 if min(float(sys.argv[1]), float(sys.argv[2])) >= 0 else 1)' "$SPEED_SD" "$SPEED_RUN_SD" \
-  2>/dev/null || { echo "sim_vs_live: SPEED_SD and SPEED_RUN_SD must be numbers >= 0" >&2; exit 2; }
+# 1 when the speed drifts, 0 when it is constant; fails unless both are numbers >= 0.
+drifts=$(python3 -c 'import sys; sd, run = float(sys.argv[1]), float(sys.argv[2]); assert min(sd, run) >= 0; print(int(sd + run > 0))' \
+  "$SPEED_SD" "$SPEED_RUN_SD" 2>/dev/null) || { echo "sim_vs_live: SPEED_SD and SPEED_RUN_SD must be numbers >= 0" >&2; exit 2; }
 CATALOG=${SIM_CATALOG:-$CATALOG}
 # The engine's workers are the live engine's slots when the run recorded them.
 SERVERS=${SERVERS_SET:-engine=${ENGINE_MAX_RUNNING:-8}}
@@ -94,7 +95,7 @@ for ((i = 0; i + 1 < ${#ctl_flags[@]}; i++)); do
 done
 # Scale 1: one run per speed path (the first writes the per-window CSVs for the plots).
 paths=$SPEED_SEEDS
-python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) + float(sys.argv[2]) > 0 else 1)' "$SPEED_SD" "$SPEED_RUN_SD" || paths=1
+[ "$drifts" = 1 ] || paths=1
 for ((k = 1; k <= paths; k++)); do
   csv=()
   [ "$k" = 1 ] && csv=(--csv-dir "$OUT")
@@ -105,11 +106,12 @@ done
 
 summaries=()
 for d in "${LIVE_RUNS[@]}"; do summaries+=("$d/summary.jsonl"); done
-python3 - "$OUT" "$paths" "$OUT/sim_scaled.jsonl" "$SIM_SCALE" "$SPEED_SD" "$SPEED_TAU_S" "$SPEED_RUN_SD" "${summaries[@]}" \
-  <<'PY' | tee "$OUT/sim_vs_live.md"
+python3 - "$OUT" "$paths" "$OUT/sim_scaled.jsonl" "$SIM_SCALE" "$drifts" "$SPEED_SD" "$SPEED_TAU_S" "$SPEED_RUN_SD" \
+  "${summaries[@]}" <<'PY' | tee "$OUT/sim_vs_live.md"
 import json, sys
-out, paths, scaled, k, sd, tau, run_sd = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
-live_paths = sys.argv[8:]
+out, paths, scaled, k, drifts = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+sd, tau, run_sd = sys.argv[6:9]
+live_paths = sys.argv[9:]
 def load(path):
     return {(r["label"], r["trace"]): r for r in (json.loads(l) for l in open(path) if l.strip())}
 def gather(files):  # (policy, trace) -> ([max drops], [mean drops]), one per file that has it
@@ -133,7 +135,7 @@ def diff(s, l):
 runs = len(live_paths)
 print(f"Live: {'the mean of ' + str(runs) + ' runs (range)' if runs > 1 else 'one run'}. Simulated at 1x: "
       + (f"the mean of {paths} machine-speed paths (range), speed sd {sd}, correlation time {tau} s, per-run sd {run_sd}."
-         if float(sd) + float(run_sd) > 0 else "a constant machine speed."))
+         if drifts else "a constant machine speed."))
 print()
 print(f"| policy | trace | live max drop | sim max drop | diff | live mean drop | sim mean drop | diff | within 10 %? | sim {k}x max / mean drop |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")

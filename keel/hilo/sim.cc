@@ -166,7 +166,7 @@ class Sim {
 
     Push(o_.report_interval_s, EvType::kReport, 0, 0);
     if (ctrl_) Push(o_.decide_interval_s, EvType::kDecide, 0, 0);
-    if (o_.speed_sd > 0 || o_.speed_run_sd > 0) {
+    if (o_.speed_drifts()) {
       speed_ = SpeedPath(o_, trace_.duration_s);
       for (Station& st : st_) st.speed = speed_[0];
       Push(o_.speed_step_s, EvType::kSpeed, 0, 1);
@@ -479,7 +479,7 @@ class Sim {
   const SimOptions& o_;
   double full_q_ = 0;
   std::optional<Controller> ctrl_;
-  std::vector<double> speed_;  // SpeedPath, when speed_sd > 0
+  std::vector<double> speed_;  // SpeedPath, when the speed drifts
   std::array<Station, kNumServices> st_;
   std::vector<double> arrivals_;
   std::vector<Req> reqs_;
@@ -544,7 +544,7 @@ std::vector<double> SpeedPath(const SimOptions& o, double duration_s) {
   if (!(o.speed_step_s >= 1e-3) || !(duration_s >= 0) || duration_s > 1e7) return {1.0};  // CheckOptions' bounds
   const size_t n = static_cast<size_t>(std::ceil(duration_s / o.speed_step_s)) + 1;
   std::vector<double> out(n, 1.0);
-  if (!(o.speed_sd > 0 || o.speed_run_sd > 0) || !(o.speed_tau_s > 0)) return out;
+  if (!o.speed_drifts() || !(o.speed_tau_s > 0)) return out;
   // Exact AR(1) sampling of an Ornstein-Uhlenbeck process at the step, started in its stationary law.
   std::mt19937_64 gen(Mix(o.speed_seed ^ 0x5eedULL));
   std::normal_distribution<double> z(0.0, 1.0);

@@ -82,9 +82,9 @@ struct SimOptions {
   // applies only to requests that start after it.
   bool engine_clamps_admitted = true;
   // The machine's speed over time. Every service shares the VM's cores, and under a flat overload
-  // the live product's throughput wanders by about 10 % with seconds-long correlation while its
-  // processes' CPU and profile stay the same (docs/results.md, "HiLO: goodput under overload").
-  // The speed is exp(r + x - (sd^2 + run_sd^2) / 2): x a stationary Gauss-Markov process with
+  // the live product's throughput wanders with seconds-long correlation (by about 10 % with two
+  // OpenMP threads per engine, whose spin-waits compete with the other processes; less with one:
+  // docs/results.md, "HiLO: the simulation's machine drifts"). The speed is exp(r + x - (sd^2 + run_sd^2) / 2): x a stationary Gauss-Markov process with
   // standard deviation `speed_sd` and correlation time `speed_tau_s`, held constant over
   // `speed_step_s`, and r one normal draw per path with standard deviation `speed_run_sd` (the
   // machine is faster or slower for a whole run: figures measured minutes apart differ by more than
@@ -96,6 +96,8 @@ struct SimOptions {
   double speed_step_s = 0.5;
   uint64_t speed_seed = 1;  // the speed path's own seed, so arrivals can stay fixed across paths
   uint64_t seed = 1;
+
+  bool speed_drifts() const { return speed_sd > 0 || speed_run_sd > 0; }
 };
 
 struct SimWindow {
