@@ -715,6 +715,38 @@ TEST_F(ServerTest, ClientDisconnectCancelsTheRequest) {
   EXPECT_LT(st.generated_tokens, 100);
 }
 
+// A whole (non-streamed) answer wakes its handler only at the end, so the handler must look for a
+// client that went away on its own while tokens keep coming. Before it did, a handler woken for
+// every token never looked, and a long answer was generated to the end for nobody.
+TEST_F(ServerTest, ClientDisconnectCancelsANonStreamedRequestWhileTokensFlow) {
+  ServerOptions opts;
+  opts.run_scheduler = false;  // the test steps the scheduler
+  Start({}, opts);
+  {
+    HttpTestClient c(port_);
+    ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest(
+        "POST", "/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":100,"temperature":0})")));
+    ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
+  }  // the client leaves without reading
+  // One token every 5 ms: the handler's queue is never empty for a whole 50 ms poll.
+  bool left_while_running = false;
+  for (int i = 0; i < 100; ++i) {
+    if (metrics_->open_connections.Value() == 0) {
+      left_while_running = scheduler_->Stats().running == 1;
+      break;
+    }
+    if (!scheduler_->Step()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(left_while_running) << "the handler noticed only after the answer was complete";
+  while (scheduler_->Step()) {
+  }
+  SchedulerStats st = scheduler_->Stats();
+  EXPECT_EQ(st.requests_finished, 1);
+  EXPECT_LT(st.generated_tokens, 100);
+  ExpectStillServing();
+}
+
 TEST_F(ServerTest, StopCancelsQueuedStreamsWithAnErrorEvent) {
   ServerOptions opts;
   opts.run_scheduler = false;  // the request can never progress on its own
