@@ -69,5 +69,46 @@ inline float ReduceLanes16(__m512 v) {
   return ReduceLanes8(_mm256_add_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1)));
 }
 
+// 128-bit lanes of a and b picked by kImm (vshuff32x4; the maskz form with every lane kept,
+// because GCC 12 warns of its own undefined source operand in the unmasked one).
+template <int kImm>
+[[gnu::always_inline]] inline __m512 Shuffle128(__m512 a, __m512 b) {
+  return _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, kImm);
+}
+
+// ReduceLanes16 of N <= 16 vectors at once: lane k of the result is ReduceLanes16(v[k]), bit for
+// bit (each sum takes the same additions in the same order), lanes k >= N are 0. A transpose:
+// four levels of folding two vectors into one (15 folds of two shuffles and an add), where 16
+// separate reductions cost about 10 instructions each. Tiles that reduce many accumulators at the
+// end (MatMul's, attention's scores) spent a third of their instructions there at small widths.
+template <int N>
+[[gnu::always_inline]] inline __m512 ReduceLanes16xN(const __m512* v) {
+  static_assert(N >= 1 && N <= 16);
+  __m512 a[16];
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) a[k] = k < N ? v[k] : _mm512_setzero_ps();
+  // Level 1, ReduceLanes16's halves: c[k] = a[2k] lanes i + i+8 | a[2k+1]'s.
+  __m512 c[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    c[k] = _mm512_add_ps(Shuffle128<0x44>(a[2 * k], a[2 * k + 1]),
+                         Shuffle128<0xEE>(a[2 * k], a[2 * k + 1]));
+  }
+  // Level 2, ReduceLanes8's (low + high 4): 128-bit lane j of d[m] holds a[4m + j]'s 4 sums.
+  __m512 d[4];
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    d[m] = _mm512_add_ps(Shuffle128<0x88>(c[2 * m], c[2 * m + 1]),
+                         Shuffle128<0xDD>(c[2 * m], c[2 * m + 1]));
+  }
+  // Levels 3 and 4, the two horizontal adds (x0 + x1, x2 + x3; then their sum), within 128-bit
+  // lanes: lane j of f holds a[j], a[4 + j], a[8 + j], a[12 + j].
+  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_ps(d[2], d[3], 0x88), _mm512_shuffle_ps(d[2], d[3], 0xDD));
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e0, e1, 0x88), _mm512_shuffle_ps(e0, e1, 0xDD));
+  // (maskz with every lane kept: see Shuffle128.)
+  return _mm512_maskz_permutexvar_ps(0xFFFF, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f);
+}
+
 }  // namespace keel::avx512
 KEEL_END_TARGET

@@ -34,6 +34,14 @@ struct Avx2 {
   }
   static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static float Reduce(F v) { return ReduceLanes8(v); }
+  // y[b * y_stride + r] = Reduce(acc[r][b]): what Tile stores when a row has no tail.
+  template <int R, int B>
+  static void StoreSums(const F (&acc)[R][B], float* y, int64_t y_stride) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) y[b * y_stride + r] = Reduce(acc[r][b]);
+  }
 };
 
 }  // namespace

@@ -52,6 +52,7 @@ template <class V, DType T, int R, int B>
       for (int b = 0; b < B; ++b) acc[r][b] = V::Fma(wv, xv[b], acc[r][b]);
     }
   }
+  if (i == n) return V::template StoreSums<R, B>(acc, y, y_stride);
   // Unrolled too: an accumulator indexed at run time would live in memory all along.
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {

@@ -72,10 +72,29 @@ inline void ScoreTokens(const Reader& r, int slot, int hd, const float* q, float
       }
     }
   }
-  KEEL_UNROLL
-  for (int g = 0; g < G; ++g)
+  if constexpr (G * TB >= 4) {
+    // All G*TB sums at once (the same bits as one at a time, keel/core/vec_math.h), each head's
+    // TB scores stored by one masked store.
+    __m512 t[G * TB];
     KEEL_UNROLL
-    for (int j = 0; j < TB; ++j) sc[g * stride + slot + j] = ReduceLanes(acc[g][j]) * scale;
+    for (int g = 0; g < G; ++g)
+      KEEL_UNROLL
+      for (int j = 0; j < TB; ++j) t[g * TB + j] = acc[g][j];
+    const __m512i v =
+        _mm512_castps_si512(_mm512_mul_ps(keel::avx512::ReduceLanes16xN<G * TB>(t), _mm512_set1_ps(scale)));
+    constexpr __mmask16 kRow = static_cast<__mmask16>((1u << TB) - 1);
+    _mm512_mask_storeu_ps(sc + slot, kRow, _mm512_castsi512_ps(v));
+    [&]<int... g>(std::integer_sequence<int, g...>) {
+      ((_mm512_mask_storeu_ps(sc + (g + 1) * stride + slot, kRow,
+                              _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(0xFFFF, v, v, (g + 1) * TB)))),
+       ...);
+    }(std::make_integer_sequence<int, G - 1>{});
+  } else {
+    KEEL_UNROLL
+    for (int g = 0; g < G; ++g)
+      KEEL_UNROLL
+      for (int j = 0; j < TB; ++j) sc[g * stride + slot + j] = ReduceLanes(acc[g][j]) * scale;
+  }
 }
 
 // out tile [c, c + TC) (in 16-element chunks) += p_t * v_t over the m tokens of one block.

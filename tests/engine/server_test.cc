@@ -728,7 +728,8 @@ TEST_F(ServerTest, ClientDisconnectCancelsANonStreamedRequestWhileTokensFlow) {
         "POST", "/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":100,"temperature":0})")));
     ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
   }  // the client leaves without reading
-  // One token every 5 ms: the handler's queue is never empty for a whole 50 ms poll.
+  // One token every 20 ms: the handler's queue is never empty for a whole 50 ms poll, and the
+  // answer (up to 100 tokens, or the model's end of text) takes long enough for a loaded machine.
   bool left_while_running = false;
   for (int i = 0; i < 100; ++i) {
     if (metrics_->open_connections.Value() == 0) {
@@ -736,7 +737,7 @@ TEST_F(ServerTest, ClientDisconnectCancelsANonStreamedRequestWhileTokensFlow) {
       break;
     }
     if (!scheduler_->Step()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(left_while_running) << "the handler noticed only after the answer was complete";
   while (scheduler_->Step()) {
