@@ -136,12 +136,13 @@ inline void AccumulateTile(const Reader& r, int m, int c, int hd, const float* p
 }
 
 // Register budget (32 zmm): 16 accumulators in both phases (twice AVX2's 8; 8 measured ~10 %
-// slower on Zen 5), leaving room for a decoder's registers and constants. Both counts are powers
-// of two; what is left of a block (tokens) or a row (chunks) goes in halving steps.
+// slower on Zen 5), leaving room for a decoder's registers and constants (12 for a piece of 3
+// heads). Both counts are powers of two; what is left of a block (tokens) or a row (chunks) goes
+// in halving steps.
 template <int G>
-inline constexpr int kScoreTokens = std::max(1, 16 / G);
+inline constexpr int kScoreTokens = G == 3 ? 4 : std::max(1, 16 / G);
 template <int G>
-inline constexpr int kTileChunks = std::max(1, 16 / G);
+inline constexpr int kTileChunks = G == 3 ? 4 : std::max(1, 16 / G);
 
 // Scores of tokens [slot, m) of one block, TB at a time, then in halving steps.
 template <int G, int TB, class Reader>
@@ -218,8 +219,9 @@ void AttendGroup(const KvShape& s, Source& src, int kvh, int g0, int n_tokens, c
   }
 }
 
-// Calls f(G, g0) (G as std::integral_constant) for the query heads of one KV head in
-// power-of-two pieces [g0, g0 + G).
+// Calls f(G, g0) (G as std::integral_constant) for the query heads of one KV head in pieces
+// [g0, g0 + G) of 8, 4, 3, 2 or 1: a group of 3 (6 query heads over 2 KV heads, 12 over 4) reads
+// its K and V rows once instead of twice (2 + 1).
 template <class F>
 inline void ForEachGroupPiece(int group, F&& f) {
   for (int g0 = 0; g0 < group;) {
@@ -230,6 +232,9 @@ inline void ForEachGroupPiece(int group, F&& f) {
     } else if (left >= 4) {
       f(std::integral_constant<int, 4>{}, g0);
       g0 += 4;
+    } else if (left == 3) {
+      f(std::integral_constant<int, 3>{}, g0);
+      g0 += 3;
     } else if (left >= 2) {
       f(std::integral_constant<int, 2>{}, g0);
       g0 += 2;
