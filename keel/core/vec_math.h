@@ -18,6 +18,50 @@ inline float ReduceLanes8(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// ReduceLanes8 of N <= 8 vectors at once: lane k of the result is ReduceLanes8(v[k]), bit for bit
+// (the same additions in the same order), lanes k >= N are 0: a transpose of 7 folds (two
+// shuffles and an add each) where 8 reductions cost about 7 instructions each. The AVX-512
+// level's is avx512::ReduceLanes16xN.
+template <int N>
+[[gnu::always_inline]] inline __m256 ReduceLanes8xN(const __m256* v) {
+  static_assert(N >= 1 && N <= 8);
+  __m256 a[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) a[k] = k < N ? v[k] : _mm256_setzero_ps();
+  // (low 4 + high 4): 128-bit lane j of c[k] holds a[2k + j]'s 4 sums.
+  __m256 c[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    c[k] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * k], a[2 * k + 1], 0x20),
+                         _mm256_permute2f128_ps(a[2 * k], a[2 * k + 1], 0x31));
+  }
+  // The two horizontal adds within 128-bit lanes: lane j of f holds a[j], a[2 + j], a[4 + j], a[6 + j].
+  const __m256 e0 = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+  const __m256 e1 = _mm256_add_ps(_mm256_shuffle_ps(c[2], c[3], 0x88), _mm256_shuffle_ps(c[2], c[3], 0xDD));
+  const __m256 f = _mm256_add_ps(_mm256_shuffle_ps(e0, e1, 0x88), _mm256_shuffle_ps(e0, e1, 0xDD));
+  return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Lanes [k, k + n) of v to out[0..n), n in 1, 2, 4, 8 (k a multiple of n).
+template <int n, int k>
+[[gnu::always_inline]] inline void StoreLanes8(__m256 v, float* out) {
+  static_assert(n == 1 || n == 2 || n == 4 || n == 8);
+  static_assert(k % n == 0 && k + n <= 8);
+  if constexpr (n == 8) {
+    _mm256_storeu_ps(out, v);
+  } else {
+    const __m128 h = k < 4 ? _mm256_castps256_ps128(v) : _mm256_extractf128_ps(v, 1);
+    constexpr int j = k % 4;
+    if constexpr (n == 4) {
+      _mm_storeu_ps(out, h);
+    } else if constexpr (n == 2) {
+      _mm_storel_pi(reinterpret_cast<__m64*>(out), j == 0 ? h : _mm_movehl_ps(h, h));
+    } else {
+      _mm_store_ss(out, _mm_shuffle_ps(h, h, j));
+    }
+  }
+}
+
 // exp(x) for 8 lanes: Cephes' expf (range reduction by ln 2, degree-6 polynomial, ~1 ulp);
 // lanes below -87.3 give 0.
 inline __m256 Exp8(__m256 x) {

@@ -78,10 +78,23 @@ inline void ScoreTokens(const Reader& r, int slot, int hd, const float* q, float
       }
     }
   }
-  KEEL_UNROLL
-  for (int g = 0; g < G; ++g)
+  if constexpr (G * TB >= 4) {
+    // All G*TB sums at once (the same bits as one at a time, keel/core/vec_math.h).
+    __m256 t[G * TB];
     KEEL_UNROLL
-    for (int j = 0; j < TB; ++j) sc[g * stride + slot + j] = ReduceLanes(acc[g][j]) * scale;
+    for (int g = 0; g < G; ++g)
+      KEEL_UNROLL
+      for (int j = 0; j < TB; ++j) t[g * TB + j] = acc[g][j];
+    const __m256 v = _mm256_mul_ps(ReduceLanes8xN<G * TB>(t), _mm256_set1_ps(scale));
+    [&]<int... g>(std::integer_sequence<int, g...>) {
+      (StoreLanes8<TB, g * TB>(v, sc + g * stride + slot), ...);
+    }(std::make_integer_sequence<int, G>{});
+  } else {
+    KEEL_UNROLL
+    for (int g = 0; g < G; ++g)
+      KEEL_UNROLL
+      for (int j = 0; j < TB; ++j) sc[g * stride + slot + j] = ReduceLanes(acc[g][j]) * scale;
+  }
 }
 
 // out tile [c, c + TC) (in CW-element chunks) += p_t * v_t over the m tokens of one block.

@@ -1,4 +1,5 @@
-// keel/core/vec_math.h: the batched 16-lane reduction gives ReduceLanes16's bits for every vector.
+// keel/core/vec_math.h: the batched reductions give ReduceLanes8's and ReduceLanes16's bits for
+// every vector; StoreLanes8 stores the lanes it names.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,6 +35,19 @@ KEEL_END_TARGET
 namespace keel {
 namespace {
 
+template <int N>
+void ReduceBoth8(const float* in, float* out, float* ref) {
+  __m256 v[N];
+  for (int k = 0; k < N; ++k) v[k] = _mm256_loadu_ps(in + 8 * k);
+  _mm256_storeu_ps(out, ReduceLanes8xN<N>(v));
+  for (int k = 0; k < N; ++k) ref[k] = ReduceLanes8(v[k]);
+}
+
+template <int... N>
+void ReduceAll8(std::integer_sequence<int, N...>, int n, const float* in, float* out, float* ref) {
+  ((n == N + 1 ? ReduceBoth8<N + 1>(in, out, ref) : void()), ...);
+}
+
 uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -63,6 +77,56 @@ TEST(VecMath, ReduceLanes16xNGivesReduceLanes16sBits) {
     }
   }
   EXPECT_GT(differs_if_reordered, 100);
+}
+
+TEST(VecMath, ReduceLanes8xNGivesReduceLanes8sBits) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-20, 20);
+  int differs_if_reordered = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    for (int n = 1; n <= 8; ++n) {
+      float in[8 * 8], out[8], ref[8];
+      for (float& x : in) x = std::ldexp(mant(rng), expo(rng));
+      ReduceAll8(std::make_integer_sequence<int, 8>{}, n, in, out, ref);
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(Bits(out[k]), Bits(ref[k])) << "n=" << n << " k=" << k << ": " << out[k] << " vs " << ref[k];
+        float seq = 0.0f;
+        for (int i = 0; i < 8; ++i) seq += in[8 * k + i];
+        differs_if_reordered += Bits(seq) != Bits(ref[k]);
+      }
+      for (int k = n; k < 8; ++k) EXPECT_EQ(Bits(out[k]), 0u) << "n=" << n << " k=" << k;
+    }
+  }
+  EXPECT_GT(differs_if_reordered, 100);
+}
+
+// Stores lanes [k, k + n) of 0..7 into a buffer of sentinels and checks exactly those were written.
+template <int n, int k>
+void CheckStoreLanes8() {
+  const __m256 v = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  float out[10];
+  for (float& x : out) x = -1.0f;
+  StoreLanes8<n, k>(v, out + 1);
+  EXPECT_EQ(out[0], -1.0f) << n << " " << k;
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[1 + i], static_cast<float>(k + i)) << n << " " << k << " " << i;
+  for (int i = n + 1; i < 10; ++i) EXPECT_EQ(out[i], -1.0f) << n << " " << k << " " << i;
+}
+
+TEST(VecMath, StoreLanes8StoresTheNamedLanesOnly) {
+  CheckStoreLanes8<8, 0>();
+  CheckStoreLanes8<4, 0>();
+  CheckStoreLanes8<4, 4>();
+  CheckStoreLanes8<2, 0>();
+  CheckStoreLanes8<2, 2>();
+  CheckStoreLanes8<2, 4>();
+  CheckStoreLanes8<2, 6>();
+  CheckStoreLanes8<1, 0>();
+  CheckStoreLanes8<1, 1>();
+  CheckStoreLanes8<1, 2>();
+  CheckStoreLanes8<1, 3>();
+  CheckStoreLanes8<1, 5>();
+  CheckStoreLanes8<1, 7>();
 }
 
 }  // namespace

@@ -728,23 +728,22 @@ TEST_F(ServerTest, ClientDisconnectCancelsANonStreamedRequestWhileTokensFlow) {
         "POST", "/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":100,"temperature":0})")));
     ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
   }  // the client leaves without reading
-  // One token every 20 ms: the handler's queue is never empty for a whole 50 ms poll, and the
-  // answer (up to 100 tokens, or the model's end of text) takes long enough for a loaded machine.
-  bool left_while_running = false;
-  for (int i = 0; i < 100; ++i) {
-    if (metrics_->open_connections.Value() == 0) {
-      left_while_running = scheduler_->Stats().running == 1;
-      break;
-    }
-    if (!scheduler_->Step()) break;
+  // One token every 20 ms: the handler's queue is never empty for a whole 50 ms poll. Greedy from
+  // BOS the answer runs to all 100 tokens (a handler that never looks generates them all).
+  // (A step that drops the cancelled request may come before the handler has closed.)
+  bool closed = false;
+  for (int i = 0; i < 150 && !closed; ++i) {
+    closed = metrics_->open_connections.Value() == 0;
+    if (!closed) scheduler_->Step();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_TRUE(left_while_running) << "the handler noticed only after the answer was complete";
+  EXPECT_TRUE(closed);
   while (scheduler_->Step()) {
   }
   SchedulerStats st = scheduler_->Stats();
   EXPECT_EQ(st.requests_finished, 1);
-  EXPECT_LT(st.generated_tokens, 100);
+  // Noticed within about a second at most, however loaded the machine (50 ms polls).
+  EXPECT_LT(st.generated_tokens, 50) << "the handler noticed only after the answer was complete";
   ExpectStillServing();
 }
 
