@@ -35,35 +35,15 @@ struct Avx2 {
   }
   static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static float Reduce(F v) { return ReduceLanes8(v); }
-  // y[b * y_stride + r] = Reduce(acc[r][b]), the same bits, for as many activation rows at once as
-  // fit 8 lanes (ReduceLanes8xN): what Tile stores when a row has no tail.
-  template <int R, int B>
-  [[gnu::always_inline]] static void StoreSums(const F (&acc)[R][B], float* y, int64_t y_stride) {
-    if constexpr (R == 2 || R == 4 || R == 8) {
-      StoreRows<R, B, 0, std::min(B, 8 / R)>(acc, y, y_stride);
-    } else {
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int b = 0; b < B; ++b) y[b * y_stride + r] = Reduce(acc[r][b]);
-    }
-  }
-  template <int R, int B, int B0, int kPer>
-  [[gnu::always_inline]] static void StoreRows(const F (&acc)[R][B], float* y, int64_t y_stride) {
-    if constexpr (B0 < B) {
-      constexpr int nb = std::min(kPer, B - B0);
-      F t[nb * R];
-#pragma GCC unroll 8
-      for (int b = 0; b < nb; ++b)
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) t[b * R + r] = acc[r][B0 + b];
-      const F v = ReduceLanes8xN<nb * R>(t);
-      [&]<int... b>(std::integer_sequence<int, b...>) {
-        (StoreLanes8<R, b * R>(v, y + (B0 + b) * y_stride), ...);
-      }(std::make_integer_sequence<int, nb>{});
-      StoreRows<R, B, B0 + nb, kPer>(acc, y, y_stride);
-    }
-  }
+  // The batched reduction (ReduceLanes8xN, the same bits as Reduce one at a time) and how Tile
+  // stores a row's R sums from it (matmul_kernel.h, StoreSums).
+  template <int R>
+  static constexpr bool kBatchRows = R == 2 || R == 4 || R == 8;
+  template <int N>
+  [[gnu::always_inline]] static F ReduceN(const F* a) { return ReduceLanes8xN<N>(a); }
+  // Lanes [k R, k R + R) of v to y[0..R).
+  template <int R, int k>
+  [[gnu::always_inline]] static void StoreRow(F v, float* y) { StoreLanes8<R, k * R>(v, y); }
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "keel/core/cpu.h"
 #include "keel/core/dtype.h"
@@ -36,44 +37,19 @@ struct Avx512 {
   }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static float Reduce(F v) { return avx512::ReduceLanes16(v); }
-  // y[b * y_stride + r] = Reduce(acc[r][b]), the same bits, for as many activation rows at once as
-  // fit 16 lanes (avx512::ReduceLanes16xN), each row's R sums stored by one masked store: a third
-  // fewer instructions than R*B reductions, and no store-to-load round trip through a buffer.
-  template <int R, int B>
-  [[gnu::always_inline]] static void StoreSums(const F (&acc)[R][B], float* y, int64_t y_stride) {
-    if constexpr (R < 4 || R > 16) {
-      // Too few sums per row to fill a reduction's lanes (the row-tail tiles).
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int b = 0; b < B; ++b) y[b * y_stride + r] = Reduce(acc[r][b]);
-    } else {
-      StoreRows<R, B, 0, std::min(B, 16 / R)>(acc, y, y_stride);
-    }
-  }
-  template <int R, int B, int B0, int kPer>
-  [[gnu::always_inline]] static void StoreRows(const F (&acc)[R][B], float* y, int64_t y_stride) {
-    if constexpr (B0 < B) {
-      constexpr int nb = std::min(kPer, B - B0);
-      F t[nb * R];
-#pragma GCC unroll 16
-      for (int b = 0; b < nb; ++b)
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) t[b * R + r] = acc[r][B0 + b];
-      const __m512i v = _mm512_castps_si512(avx512::ReduceLanes16xN<nb * R>(t));
-      StoreRow<R, 0>(v, y + B0 * y_stride);
-      if constexpr (nb > 1) StoreRow<R, 1>(v, y + (B0 + 1) * y_stride);
-      if constexpr (nb > 2) StoreRow<R, 2>(v, y + (B0 + 2) * y_stride);
-      if constexpr (nb > 3) StoreRow<R, 3>(v, y + (B0 + 3) * y_stride);
-      static_assert(nb <= 4, "R >= 4: at most four rows per reduction");
-      StoreRows<R, B, B0 + nb, kPer>(acc, y, y_stride);
-    }
-  }
+  // The batched reduction (avx512::ReduceLanes16xN, the same bits as Reduce one at a time) and how
+  // Tile stores a row's R sums from it: one masked store (matmul_kernel.h, StoreSums). Rows of
+  // fewer than 4 sums (the row-tail tiles) would leave most lanes empty.
+  template <int R>
+  static constexpr bool kBatchRows = R >= 4 && R <= 16;
+  template <int N>
+  [[gnu::always_inline]] static F ReduceN(const F* a) { return avx512::ReduceLanes16xN<N>(a); }
   // Lanes [k R, k R + R) of v to y[0..R).
   template <int R, int k>
-  [[gnu::always_inline]] static void StoreRow(__m512i v, float* y) {
-    if constexpr (k > 0) v = _mm512_maskz_alignr_epi32(0xFFFF, v, v, k * R);
-    _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << R) - 1), _mm512_castsi512_ps(v));
+  [[gnu::always_inline]] static void StoreRow(F v, float* y) {
+    __m512i u = _mm512_castps_si512(v);
+    if constexpr (k > 0) u = _mm512_maskz_alignr_epi32(0xFFFF, u, u, k * R);
+    _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << R) - 1), _mm512_castsi512_ps(u));
   }
 };
 

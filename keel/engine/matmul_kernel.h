@@ -22,6 +22,38 @@ template <DType T>
   }
 }
 
+// y[b * y_stride + r] = V::Reduce(acc[r][b]), the same bits: the sums of as many activation rows
+// as fit one batched reduction (V::ReduceN, a third of the instructions of one at a time), each
+// row's R sums stored by V::StoreRow; shapes V does not batch (V::kBatchRows) one at a time.
+template <class V, int R, int B, int B0, int kPer>
+[[gnu::always_inline]] inline void StoreRows(const typename V::F (&acc)[R][B], float* y, int64_t y_stride) {
+  if constexpr (B0 < B) {
+    constexpr int nb = std::min(kPer, B - B0);
+    typename V::F t[nb * R];
+#pragma GCC unroll 16
+    for (int b = 0; b < nb; ++b)
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) t[b * R + r] = acc[r][B0 + b];
+    const typename V::F v = V::template ReduceN<nb * R>(t);
+    [&]<int... b>(std::integer_sequence<int, b...>) {
+      (V::template StoreRow<R, b>(v, y + (B0 + b) * y_stride), ...);
+    }(std::make_integer_sequence<int, nb>{});
+    StoreRows<V, R, B, B0 + nb, kPer>(acc, y, y_stride);
+  }
+}
+
+template <class V, int R, int B>
+[[gnu::always_inline]] inline void StoreSums(const typename V::F (&acc)[R][B], float* y, int64_t y_stride) {
+  if constexpr (V::template kBatchRows<R>) {
+    StoreRows<V, R, B, 0, std::min(B, V::kLanes / R)>(acc, y, y_stride);
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) y[b * y_stride + r] = V::Reduce(acc[r][b]);
+  }
+}
+
 // R weight rows x B activation rows: R*B accumulators, each weight vector widened once and used
 // by every activation row. pf_delta (0: none): the distance from a row of this group to the same
 // row of the next group; that row is prefetched into L1 a line per step so the next group's DRAM
@@ -52,7 +84,7 @@ template <class V, DType T, int R, int B>
       for (int b = 0; b < B; ++b) acc[r][b] = V::Fma(wv, xv[b], acc[r][b]);
     }
   }
-  if (i == n) return V::template StoreSums<R, B>(acc, y, y_stride);
+  if (i == n) return StoreSums<V, R, B>(acc, y, y_stride);
   // Unrolled too: an accumulator indexed at run time would live in memory all along.
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
