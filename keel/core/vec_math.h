@@ -120,6 +120,16 @@ template <int kImm>
   return _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, kImm);
 }
 
+// Lanes [k, k + n) of v to out[0..n) (the AVX-512 twin of StoreLanes8): one masked store, after
+// a rotation when k > 0.
+template <int n, int k>
+[[gnu::always_inline]] inline void StoreLanes16(__m512 v, float* out) {
+  static_assert(n >= 1 && k >= 0 && k + n <= 16);
+  __m512i u = _mm512_castps_si512(v);
+  if constexpr (k > 0) u = _mm512_maskz_alignr_epi32(0xFFFF, u, u, k);  // maskz: see Shuffle128
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), _mm512_castsi512_ps(u));
+}
+
 // ReduceLanes16 of N <= 16 vectors at once: lane k of the result is ReduceLanes16(v[k]), bit for
 // bit (each sum takes the same additions in the same order), lanes k >= N are 0. A transpose:
 // four levels of folding two vectors into one (15 folds of two shuffles and an add), where 16

@@ -46,11 +46,7 @@ struct Avx512 {
   [[gnu::always_inline]] static F ReduceN(const F* a) { return avx512::ReduceLanes16xN<N>(a); }
   // Lanes [k R, k R + R) of v to y[0..R).
   template <int R, int k>
-  [[gnu::always_inline]] static void StoreRow(F v, float* y) {
-    __m512i u = _mm512_castps_si512(v);
-    if constexpr (k > 0) u = _mm512_maskz_alignr_epi32(0xFFFF, u, u, k * R);
-    _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << R) - 1), _mm512_castsi512_ps(u));
-  }
+  [[gnu::always_inline]] static void StoreRow(F v, float* y) { avx512::StoreLanes16<R, k * R>(v, y); }
 };
 
 }  // namespace

@@ -84,7 +84,8 @@ struct SimOptions {
   // The machine's speed over time. Every service shares the VM's cores, and under a flat overload
   // the live product's throughput wanders with seconds-long correlation (by about 10 % with two
   // OpenMP threads per engine, whose spin-waits compete with the other processes; less with one:
-  // docs/results.md, "HiLO: the simulation's machine drifts"). The speed is exp(r + x - (sd^2 + run_sd^2) / 2): x a stationary Gauss-Markov process with
+  // docs/results.md, "HiLO: the simulation's machine drifts"). The speed is
+  // exp(r + x - (sd^2 + run_sd^2) / 2): x a stationary Gauss-Markov process with
   // standard deviation `speed_sd` and correlation time `speed_tau_s`, held constant over
   // `speed_step_s`, and r one normal draw per path with standard deviation `speed_run_sd` (the
   // machine is faster or slower for a whole run: figures measured minutes apart differ by more than

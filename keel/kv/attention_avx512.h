@@ -80,15 +80,10 @@ inline void ScoreTokens(const Reader& r, int slot, int hd, const float* q, float
     for (int g = 0; g < G; ++g)
       KEEL_UNROLL
       for (int j = 0; j < TB; ++j) t[g * TB + j] = acc[g][j];
-    const __m512i v =
-        _mm512_castps_si512(_mm512_mul_ps(keel::avx512::ReduceLanes16xN<G * TB>(t), _mm512_set1_ps(scale)));
-    constexpr __mmask16 kRow = static_cast<__mmask16>((1u << TB) - 1);
-    _mm512_mask_storeu_ps(sc + slot, kRow, _mm512_castsi512_ps(v));
+    const __m512 v = _mm512_mul_ps(keel::avx512::ReduceLanes16xN<G * TB>(t), _mm512_set1_ps(scale));
     [&]<int... g>(std::integer_sequence<int, g...>) {
-      ((_mm512_mask_storeu_ps(sc + (g + 1) * stride + slot, kRow,
-                              _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(0xFFFF, v, v, (g + 1) * TB)))),
-       ...);
-    }(std::make_integer_sequence<int, G - 1>{});
+      (keel::avx512::StoreLanes16<TB, g * TB>(v, sc + g * stride + slot), ...);
+    }(std::make_integer_sequence<int, G>{});
   } else {
     KEEL_UNROLL
     for (int g = 0; g < G; ++g)
