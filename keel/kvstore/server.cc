@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -84,7 +85,9 @@ class Server::Session final : public FrontSession {
       if (have_ < kHeaderBytes) {
         dst = header_ + have_;
         want = kHeaderBytes - have_;
-      } else if (keys_have_ < keys_.size()) {
+      } else if (keys_have_ < keys_want_) {
+        // Grown as the bytes arrive: a header alone must not commit a 1 MiB key section.
+        if (keys_have_ == keys_.size()) keys_.resize(std::min(keys_want_, std::max<size_t>(2 * keys_.size(), 4096)));
         dst = reinterpret_cast<uint8_t*>(keys_.data()) + keys_have_;
         want = keys_.size() - keys_have_;
       } else if (!checked_) {
@@ -129,7 +132,7 @@ class Server::Session final : public FrontSession {
           Status st = Decode();
           if (!st.ok()) return FrontStep::Close(server_.RejectBytes(req_, st, remote_), true);
         }
-      } else if (keys_have_ < keys_.size()) {
+      } else if (keys_have_ < keys_want_) {
         keys_have_ += static_cast<size_t>(n);
       } else {
         value_have_ += static_cast<size_t>(n);
@@ -196,7 +199,8 @@ class Server::Session final : public FrontSession {
     }
     req_ = *parsed;
     if (req_.op == Op::kError) return Status::InvalidArgument("kvstore frame: ERROR is a reply, not a request");
-    keys_.resize(req_.key_bytes);
+    keys_.clear();
+    keys_want_ = req_.key_bytes;
     keys_have_ = 0;
     return Status::Ok();
   }
@@ -210,6 +214,7 @@ class Server::Session final : public FrontSession {
     Release();
     have_ = 0;
     keys_have_ = 0;
+    keys_want_ = 0;
     keys_.clear();
     if (keys_.capacity() > 4096) keys_.shrink_to_fit();  // an idle connection keeps little
     req_ = FrameHeader{};
@@ -225,6 +230,7 @@ class Server::Session final : public FrontSession {
   size_t have_ = 0;
   FrameHeader req_;
   std::string keys_;
+  size_t keys_want_ = 0;  // the header's key_bytes
   size_t keys_have_ = 0;
   bool checked_ = false;   // header checksum and op/value checked, value memory reserved
   bool refused_ = false;   // no memory for the value: drained and answered ResourceExhausted
@@ -376,7 +382,8 @@ bool Server::HandleFrame(int fd, const FrameHeader& req, const std::string& keys
     } else if (st.ok()) {
       switch (req.op) {
         case Op::kPut: {
-          const int64_t ttl = req.aux == 0 ? -1 : static_cast<int64_t>(req.aux);
+          // Clamped before the cast: a u64 above INT64_MAX must not turn into "the default".
+          const int64_t ttl = req.aux == 0 ? -1 : static_cast<int64_t>(std::min<uint64_t>(req.aux, Store::kMaxTtlMs + 1));
           st = store_.Put(keys, std::move(value), ttl, (req.flags & kPersist) != 0);
           break;
         }

@@ -305,6 +305,20 @@ Result<ScannedRecord> ScanRecord(ScanReader& reader, uint64_t off, uint64_t file
   return rec;
 }
 
+// The offset of the first record after `from` whose header and key are sound (magic and header
+// checksum), or file_size. It tells damage (sound records follow) from a torn tail (none do).
+Result<uint64_t> NextSoundRecord(ScanReader& reader, uint64_t from, uint64_t file_size, uint32_t version) {
+  const size_t header_bytes = RecordHeaderBytes(version);
+  for (uint64_t off = from; off + header_bytes <= file_size; ++off) {
+    uint32_t magic = 0;
+    KEEL_RETURN_IF_ERROR(reader.Read(off, sizeof(magic), reinterpret_cast<uint8_t*>(&magic)));
+    if (magic != kRecordMagic) continue;
+    KEEL_ASSIGN_OR_RETURN(ScannedRecord rec, ScanRecord(reader, off, file_size, version, /*verify_value=*/false));
+    if (rec.state == ScannedRecord::State::kValid) return off;
+  }
+  return file_size;
+}
+
 }  // namespace
 
 void DropCache(int fd, uint64_t offset, uint64_t len) {
@@ -405,7 +419,8 @@ Status SsdTier::Recover() {
   }
   recovered_seq_ = {};  // only the scan needs it
   next_segment_id_ = ids.empty() ? 1 : ids.back() + 1;
-  if (!ids.empty() && segments_.rbegin()->second->appendable) {
+  if (recovery_.damaged_regions > 0) KEEL_RETURN_IF_ERROR(DropAfterDamageLocked());
+  if (!segments_.empty() && segments_.rbegin()->second->appendable) {
     active_ = segments_.rbegin()->second;
   } else {
     KEEL_RETURN_IF_ERROR(RollLocked());
@@ -432,10 +447,19 @@ Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
     bad_header = CheckSegmentHeader(seg_header, seg.id, &seg.version);
   }
   if (bad_header != nullptr) {
-    // Kept (it ages out FIFO like any segment) but never read or appended to.
-    Log().warn("ssd: {}: {}; its {} bytes are ignored", seg.path, bad_header, file_size);
-    recovery_.corrupt_records++;
+    // Kept (it ages out FIFO like any segment) but never read or appended to. If sound records
+    // follow the header, their keys are known but the damage may have taken others with it:
+    // that is damage that may hide newer writes of any key. Without any (a crash right after
+    // the segment was created, a stray file) nothing was lost.
     seg.appendable = false;
+    recovery_.corrupt_records++;
+    bool holds_records = false;
+    if (file_size > kSegmentHeaderBytes) {
+      KEEL_ASSIGN_OR_RETURN(uint64_t next, NextSoundRecord(reader, kSegmentHeaderBytes, file_size, kFormatVersion));
+      holds_records = next < file_size;
+    }
+    Log().warn("ssd: {}: {}; its {} bytes are ignored", seg.path, bad_header, file_size);
+    if (holds_records) recovery_.damaged_regions++;
     return Status::Ok();
   }
 
@@ -470,7 +494,9 @@ Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
       }
     }
     recovery_.corrupt_records++;
-    if (is_last) {
+    KEEL_ASSIGN_OR_RETURN(const uint64_t next, NextSoundRecord(reader, off + 1, file_size, seg.version));
+    if (is_last && next == file_size) {
+      // Nothing sound after it: the crash cut the last append short (never acknowledged).
       Log().warn("ssd: {}: invalid record at offset {} ({}); cutting the {} bytes from there", seg.path, off, rec.why,
                  file_size - off);
       if (::ftruncate(seg.fd, static_cast<off_t>(off)) != 0) {
@@ -478,13 +504,38 @@ Status SsdTier::ScanSegment(Segment& seg, bool is_last) {
       }
       recovery_.truncated_bytes += static_cast<int64_t>(file_size - off);
       seg.size = off;
-    } else {
-      Log().warn("ssd: {}: invalid record at offset {} ({}); the {} bytes from there are ignored", seg.path, off,
-                 rec.why, file_size - off);
+      break;
     }
-    break;
+    // Damage: whatever stood here (a put, a delete) is unknown. Scanning goes on past it so the
+    // sequence numbers keep rising above every write on disk; the tier is dropped afterwards.
+    Log().warn("ssd: {}: invalid record at offset {} ({}); {} bytes unreadable", seg.path, off, rec.why, next - off);
+    recovery_.damaged_regions++;
+    seg.appendable = false;
+    off = next;
   }
   return Status::Ok();
+}
+
+// Records were lost where their keys cannot be read. Any key may have had a newer put or a delete
+// there, and demotions append old writes late, so no sequence bound tells which surviving
+// records are still the newest. Serving them could return an older value, which the store
+// promises never to do; the tier is a cache, so it starts empty instead. The files go too:
+// scanned again at the next start, they would drop what is written from now on.
+Status SsdTier::DropAfterDamageLocked() {
+  Log().warn("ssd: {}: {} damaged regions where keys cannot be read; an older version of any key could resurface, so "
+             "the tier drops its {} entries and {} segment files and starts empty",
+             options_.dir, recovery_.damaged_regions, index_.size(), segments_.size());
+  recovery_.dropped_entries = static_cast<int64_t>(index_.size());
+  index_.clear();
+  live_bytes_ = 0;
+  for (auto& [id, seg] : segments_) {
+    if (::unlink(seg->path.c_str()) != 0 && errno != ENOENT) {
+      return Status::IOError(seg->path + ": unlink: " + Errno(errno));
+    }
+  }
+  segments_.clear();
+  disk_bytes_ = 0;
+  return SyncDir(options_.dir);
 }
 
 // Records of a key are applied in sequence order, not file order: a record older than one

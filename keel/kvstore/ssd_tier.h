@@ -74,6 +74,11 @@ struct SsdRecovery {
   int64_t corrupt_records = 0;  // records skipped or cut: bad checksum, torn tail, bad segment header
   int64_t truncated_bytes = 0;  // bytes cut from the end of the last segment
   int64_t stale_records = 0;    // records skipped because a newer write of their key was seen
+  // Damage whose keys cannot be read (not a torn tail): a bad segment header over records, an
+  // unreadable record with sound ones after it, or one in an older segment. Any makes the tier
+  // drop everything it recovered (dropped_entries) and start empty: see DropAfterDamageLocked.
+  int64_t damaged_regions = 0;
+  int64_t dropped_entries = 0;
 };
 
 class SsdTier : public Tier {
@@ -131,6 +136,7 @@ class SsdTier : public Tier {
   SsdTier(SsdOptions options, int lock_fd);
   Status Recover();
   Status ScanSegment(Segment& seg, bool is_last);
+  Status DropAfterDamageLocked();
   void ApplyRecovered(uint8_t type, const std::string& key, const Location& loc, Segment& seg, int64_t now_ms);
   Status Append(uint8_t type, std::string_view key, const Blob* value, int64_t expires_at_ms, uint64_t seq);
   Status MakeRoomLocked(uint64_t record_bytes);

@@ -137,6 +137,10 @@ void Store::HideLowerLocked(const std::string& key, uint64_t seq) {
 Status Store::Put(std::string_view key, BlobPtr value, int64_t ttl_ms, bool persist) {
   KEEL_RETURN_IF_ERROR(ValidateKey(key));
   if (value == nullptr) return Status::InvalidArgument("kvstore: null value");
+  if (ttl_ms > kMaxTtlMs) {
+    return Status::InvalidArgument("kvstore: TTL of " + std::to_string(ttl_ms) + " ms is over the limit of " +
+                                   std::to_string(kMaxTtlMs) + " ms (100 years)");
+  }
   if (value->size() > options_.max_value_bytes) {
     return Status::ResourceExhausted("kvstore: value of " + std::to_string(value->size()) +
                                      " bytes exceeds the limit of " + std::to_string(options_.max_value_bytes));
@@ -182,14 +186,14 @@ Status Store::Put(std::string_view key, BlobPtr value, int64_t ttl_ms, bool pers
 
 // Writes one queued entry down, unless a newer write or a delete of the key overtook it. Under
 // the key's lock, so a delete cannot fall between the check and the SSD append.
-bool Store::WriteDown(const Pending& p) {
+Store::WriteDownResult Store::WriteDown(const Pending& p) {
   std::lock_guard<std::mutex> key_lock(key_locks_[Stripe(p.key)]);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find(p.key);
     if (it != pending_.end() && it->second.newest.seq > p.entry.seq) {
       stale_.fetch_add(1, std::memory_order_relaxed);
-      return false;
+      return WriteDownResult::kOvertaken;
     }
   }
   bool written = true;
@@ -209,7 +213,7 @@ bool Store::WriteDown(const Pending& p) {
       Log().debug("kvstore: Redis write-behind failed: {}", s.ToString());
     }
   }
-  return written;
+  return written ? WriteDownResult::kWritten : WriteDownResult::kFailed;
 }
 
 void Store::WriteBehindLoop() {
@@ -221,9 +225,13 @@ void Store::WriteBehindLoop() {
     queue_.pop_front();
     ++in_flight_;
     lock.unlock();
-    const bool written = WriteDown(p);
+    const WriteDownResult result = WriteDown(p);
+    const bool written = result == WriteDownResult::kWritten;
     lock.lock();
     --in_flight_;
+    // A tier that failed the write may still hold an older value of the key, which a GET that
+    // misses the tiers above would serve: hide it until a later write of the key reaches it.
+    if (result == WriteDownResult::kFailed) HideLowerLocked(p.key, p.entry.seq);
     queued_bytes_ -= static_cast<int64_t>(p.entry.value->size());
     auto it = pending_.find(p.key);
     if (it != pending_.end() && --it->second.queued == 0) pending_.erase(it);

@@ -85,8 +85,9 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  // ttl_ms < 0: the store default; 0: never expires.
+  // ttl_ms < 0: the store default; 0: never expires; above kMaxTtlMs: InvalidArgument.
   Status Put(std::string_view key, BlobPtr value, int64_t ttl_ms = -1, bool persist = false);
+  static constexpr int64_t kMaxTtlMs = int64_t{100} * 366 * 24 * 3600 * 1000;  // 100 years: no overflow
   Result<StoredValue> Get(std::string_view key);
   Result<bool> Contains(std::string_view key);
   // Number of leading keys present in some tier (stops at the first absent one).
@@ -133,8 +134,8 @@ class Store {
   // writes become stale and the lower tiers' older copies are hidden.
   void NoteUnqueuedLocked(const std::string& key, const Entry& entry);
   void HideLowerLocked(const std::string& key, uint64_t seq);
-  // False when it was stale or a tier failed.
-  bool WriteDown(const Pending& p);
+  enum class WriteDownResult { kWritten, kOvertaken, kFailed };  // kFailed: a lower tier refused it
+  WriteDownResult WriteDown(const Pending& p);
   void WriteBehindLoop();
   void OnDramEvict(std::string key, Entry entry);
   int64_t ExpiryFor(int64_t ttl_ms) const;

@@ -43,6 +43,20 @@ RecordHeader ReadHeader(const char* p) {
   return h;
 }
 
+// The offset of the first whole, checksum-valid record that starts after `from`, or npos. A record
+// whose length runs past the end is a torn tail only if nothing valid follows it: a damaged length
+// field in mid-log must not pass for a crash and cut every later acknowledged write.
+size_t FindValidRecordAfter(std::string_view data, size_t from) {
+  const std::string_view magic(reinterpret_cast<const char*>(&kRecordMagic), 4);
+  for (size_t p = data.find(magic, from + 1); p != std::string_view::npos; p = data.find(magic, p + 1)) {
+    if (data.size() - p < Wal::kHeaderBytes) break;
+    const RecordHeader h = ReadHeader(data.data() + p);
+    if (h.len > data.size() - p - Wal::kHeaderBytes) continue;
+    if (RecordChecksum(h.tag, h.len, data.substr(p + Wal::kHeaderBytes, h.len)) == h.sum) return p;
+  }
+  return std::string_view::npos;
+}
+
 Status ReadAll(int fd, const std::string& path, std::string* out) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return Status::IOError(path + ": fstat: " + Errno());
@@ -86,7 +100,13 @@ Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const
       if (data.find_first_not_of('\0', off) == std::string::npos) break;
       return corrupt("bad magic");
     }
-    if (!whole) break;  // the crash cut this record short: torn tail
+    if (!whole) {
+      const size_t next = FindValidRecordAfter(data, off);
+      if (next == std::string_view::npos) break;  // the crash cut this record short: torn tail
+      return Status::Corruption(path + ": bad WAL record at offset " + std::to_string(off) + " (length " +
+                                std::to_string(h.len) + " runs past the end of the file, but a valid record " +
+                                "follows at offset " + std::to_string(next) + ")");
+    }
     if (RecordChecksum(h.tag, h.len, payload) != h.sum) {
       if (last) break;  // the last record's bytes never all reached the disk
       return corrupt("checksum mismatch");

@@ -192,6 +192,30 @@ TEST(KvstoreServer, PipelinedPutsFromGatheredPiecesArriveWhole) {
   }
 }
 
+// The key section is received into a buffer grown as its bytes arrive (a bare header must not
+// commit the 1 MiB the header announces); a section many times the first step arrives whole.
+TEST(KvstoreServer, AKeySectionLargerThanItsFirstBufferArrivesWhole) {
+  auto svc = StartService(Options());
+  ASSERT_TRUE(svc);
+  auto c = ConnectTo(svc->port());
+  ASSERT_TRUE(c);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 300; ++i) keys.push_back(std::string(200, static_cast<char>('a' + i % 26)) + std::to_string(i));
+  for (size_t i = 0; i < keys.size(); i += 3) ASSERT_TRUE(c->Put(keys[i], "v" + std::to_string(i)).ok());
+  std::vector<std::string_view> views(keys.begin(), keys.end());  // about 61 KB of keys in one frame
+  auto many = c->GetMany(views);
+  ASSERT_TRUE(many.ok()) << many.status().ToString();
+  ASSERT_EQ(many->size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i % 3 == 0) {
+      ASSERT_NE((*many)[i], nullptr) << i;
+      EXPECT_EQ((*many)[i]->view(), "v" + std::to_string(i));
+    } else {
+      EXPECT_EQ((*many)[i], nullptr) << i;
+    }
+  }
+}
+
 TEST(KvstoreServer, TtlExpiresEntries) {
   auto svc = StartService(Options());
   ASSERT_TRUE(svc);
@@ -203,6 +227,12 @@ TEST(KvstoreServer, TtlExpiresEntries) {
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   EXPECT_EQ(c->Get("short").status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(c->Get("long").ok());
+  // A TTL whose expiry time would overflow is refused, not acknowledged and then lost.
+  Status huge = c->Put("huge", "z", 1, /*ttl_ms=*/INT64_MAX);
+  EXPECT_FALSE(huge.ok());
+  EXPECT_NE(huge.message().find("TTL"), std::string::npos) << huge.ToString();
+  EXPECT_EQ(c->Get("huge").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(c->Get("long").ok());  // the connection still serves
 }
 
 TEST(KvstoreServer, PersistedPutsSurviveARestartThroughTheSsdTier) {

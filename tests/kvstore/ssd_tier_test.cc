@@ -728,6 +728,60 @@ TEST_F(SsdTierTest, BadSegmentHeaderIsSkipped) {
   ExpectValue(*t, "k", "v");
 }
 
+// A damaged header in mid-segment with sound records after it is not a torn tail: cutting there
+// would lose later persisted writes and bring back what they overwrote or deleted. The keys of
+// the damaged records are unknown, so the tier drops everything and starts empty (a cache may
+// forget; it may not serve an older value), and removes the files so the next start is clean.
+TEST_F(SsdTierTest, DamagedHeaderBeforeSoundRecordsDropsTheTierInsteadOfCutting) {
+  const SsdOptions o = Options();
+  const std::string seg = WriteTenRecords(o, 1000);
+  const uint64_t record = kRecHeader + 5 + 1000;
+  OverwriteByte(seg, kSegHeader + 3 * record + 20);  // key-3's value length: header checksum fails
+  {
+    auto t = MustOpen(o);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->recovery().damaged_regions, 1);
+    EXPECT_EQ(t->recovery().dropped_entries, 9);  // key-0..2 and key-4..9
+    EXPECT_EQ(t->recovery().truncated_bytes, 0);
+    EXPECT_EQ(t->Stats().items, 0);
+    for (int i = 0; i < 10; ++i) ExpectNotFound(*t, Key(i));
+    EXPECT_FALSE(fs::exists(seg));
+    ASSERT_TRUE(t->Put("after", MakeEntry("fresh")).ok());
+  }
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->recovery().damaged_regions, 0);
+  ExpectValue(*t, "after", "fresh");
+}
+
+TEST_F(SsdTierTest, DamageInANewerSegmentNeverBringsBackAnOlderValueOrADeletedKey) {
+  for (const bool damage_segment_header : {false, true}) {
+    SCOPED_TRACE(damage_segment_header ? "segment header" : "first record header");
+    SsdOptions o = Options();
+    o.dir += damage_segment_header ? "-seg" : "-rec";
+    o.segment_bytes = 8 << 10;
+    {
+      auto t = MustOpen(o);
+      ASSERT_NE(t, nullptr);
+      ASSERT_TRUE(t->Put("k", MakeEntry(MakeValue(3000, 1))).ok());
+      ASSERT_TRUE(t->Put("d", MakeEntry(MakeValue(3000, 2))).ok());
+      ASSERT_TRUE(t->Put("k", MakeEntry(MakeValue(3000, 3))).ok());  // rolls: the newer segment's first record
+      ASSERT_TRUE(t->Delete("d").ok());
+      ASSERT_TRUE(t->Put("f", MakeEntry(MakeValue(100, 4))).ok());
+      if (damage_segment_header) ASSERT_TRUE(t->Put("g", MakeEntry(MakeValue(6000, 5))).ok());  // a third segment
+    }
+    const auto files = SegmentFiles(o.dir);
+    ASSERT_EQ(files.size(), damage_segment_header ? 3u : 2u);
+    OverwriteByte(files[1], damage_segment_header ? 0 : kSegHeader + 20);
+    auto t = MustOpen(o);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->recovery().damaged_regions, 1);
+    ExpectNotFound(*t, "k");  // not the older value from the first segment
+    ExpectNotFound(*t, "d");  // not brought back
+    EXPECT_EQ(t->Stats().items, 0);
+  }
+}
+
 TEST_F(SsdTierTest, InvalidOptions) {
   SsdOptions o = Options();
   o.dir = "";

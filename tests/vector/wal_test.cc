@@ -125,6 +125,40 @@ TEST(WalTest, CorruptMiddleRecordIsCorruptionNamingFileAndOffset) {
   EXPECT_EQ(wal2.status().code(), StatusCode::kCorruption);
 }
 
+// A damaged length field in mid-log runs "past the end" like a torn record; the valid records
+// after it tell the two apart. Cutting there would drop every later acknowledged write.
+TEST(WalTest, HugeLengthInMidLogIsCorruptionNotATornTail) {
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  AppendN(path, 4);
+  const uint64_t huge = uint64_t{1} << 62;
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(kRecordBytes + 8));  // record 1's length field
+    f.write(reinterpret_cast<const char*>(&huge), sizeof(huge));
+  }
+  std::vector<std::string> got;
+  auto wal = OpenCollect(path, &got);
+  ASSERT_FALSE(wal.ok());
+  EXPECT_EQ(wal.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(wal.status().message().find("offset " + std::to_string(kRecordBytes)), std::string::npos)
+      << wal.status().message();
+  EXPECT_NE(wal.status().message().find("follows at offset " + std::to_string(2 * kRecordBytes)), std::string::npos)
+      << wal.status().message();
+  EXPECT_EQ(std::filesystem::file_size(path), 4 * kRecordBytes);  // nothing cut
+  // The same length in the last record is a torn tail: nothing valid follows it.
+  AppendN(dir.file("wal2.log"), 3);
+  {
+    std::fstream f(dir.file("wal2.log"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(2 * kRecordBytes + 8));
+    f.write(reinterpret_cast<const char*>(&huge), sizeof(huge));
+  }
+  WalReplay r;
+  ASSERT_TRUE(OpenCollect(dir.file("wal2.log"), &got, &r).ok());
+  EXPECT_EQ(got.size(), 2u);
+  EXPECT_EQ(r.torn_bytes, static_cast<int64_t>(kRecordBytes));
+}
+
 TEST(WalTest, ApplyErrorStopsReplay) {
   TempDir dir("keel-wal");
   const std::string path = dir.file("wal.log");
