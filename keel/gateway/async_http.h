@@ -49,8 +49,10 @@ struct AsyncServerOptions {
   std::string tls_cert_file;          // PEM; TLS on when both are set
   std::string tls_key_file;
   std::string server_name = "keel-gateway";
-  // Body for errors the server itself produces (400/413/431/503).
-  std::function<std::string(int status, std::string_view message)> error_body;
+  // Body for errors the server itself produces (400/413/431/503, 500 for a silent handler).
+  // `target` is the request target when its header was read, else empty: a server with several
+  // wire formats answers in the one its path speaks.
+  std::function<std::string(int status, std::string_view message, std::string_view target)> error_body;
 };
 
 // How a handler answers. Valid only during the handler coroutine.
@@ -132,8 +134,10 @@ class ResponseStream {
   // of the body, or an error (timeout: Unavailable "read timeout"; connection closed before the
   // end of a chunked / Content-Length body: Corruption "truncated body").
   virtual Task<Status> Read(std::string* out) = 0;
-  // Body bytes that a Read would return without waiting (0 when unknown, e.g. under TLS). A
-  // proxy uses it to forward bursts in one write instead of one write per upstream segment.
+  // Whether a Read would make progress without waiting for the peer: > 0 when body bytes (or,
+  // under TLS, record bytes) have arrived that the parser has not stalled on. A proxy uses it
+  // to forward bursts in one write instead of one write per upstream segment; it must read 0
+  // between a paced upstream's chunks, or nothing is forwarded until the stream ends.
   virtual size_t BytesReady() const { return 0; }
 };
 

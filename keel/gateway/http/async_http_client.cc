@@ -143,9 +143,8 @@ class Conn {
   // True when an idle connection cannot be reused: the peer closed it, or sent something
   // unasked (a late byte, a TLS alert).
   virtual bool Stale() = 0;
-  // Response bytes that can be read now without waiting: the buffered ones, or when none are
-  // buffered, those in the socket (a lower bound; callers only ask whether any are there).
-  virtual size_t Available() = 0;
+  // Response bytes in the socket, not yet read (under TLS possibly a partial record).
+  virtual size_t InSocket() = 0;
 
   // Beast reads at most max(512, free capacity) per recv: without room reserved, a streamed
   // answer arrives 512 bytes per system call (and per Relay pass).
@@ -182,13 +181,10 @@ class ConnOf final : public Conn {
     ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
   }
-  size_t Available() override {
-    // Under TLS, socket bytes may be a partial record that cannot be decrypted yet.
-    if constexpr (std::is_same_v<Stream, TlsStream>) return buffer.size();
-    if (buffer.size() > 0) return buffer.size();  // no ioctl when the answer is already known
+  size_t InSocket() override {
     error_code ec;
-    const size_t in_socket = beast::get_lowest_layer(stream).socket().available(ec);
-    return buffer.size() + (ec ? 0 : in_socket);
+    const size_t n = beast::get_lowest_layer(stream).socket().available(ec);
+    return ec ? 0 : n;
   }
 
   Stream stream;
@@ -265,10 +261,20 @@ class HttpClient::Impl::Stream final : public ResponseStream {
   int status() const override { return status_; }
   const HttpHeaders& headers() const override { return headers_; }
   Task<Status> Read(std::string* out) override;
-  size_t BytesReady() const override { return done_ || !error_.ok() || !conn_ ? 0 : conn_->Available(); }
+  // Bytes a Read can make progress on without waiting: buffered ones beyond what the parser
+  // already stalled on (a chunk's trailing CRLF waits for the next chunk's header: counting
+  // those two bytes made every paced stream look busy, so nothing was sent until it ended),
+  // else those in the socket.
+  size_t BytesReady() const override {
+    if (done_ || !error_.ok() || !conn_) return 0;
+    const size_t buffered = conn_->buffer.size();
+    if (buffered > stalled_) return buffered - stalled_;
+    return conn_->InSocket();
+  }
   // Read without the strand check (the caller is on a strand).
   Task<Status> ReadHere(std::string* out);
   void ParseBuffered(std::string* out);
+  size_t stalled_ = 0;  // buffered bytes the parser could not use yet (need more to follow)
   Task<void> ReadInto(std::string* out, Status* st) { *st = co_await ReadHere(out); }
 
   std::shared_ptr<Impl> client_;
@@ -349,7 +355,10 @@ Task<Status> HttpClient::Impl::Stream::ReadHere(std::string* out) {
 void HttpClient::Impl::Stream::ParseBuffered(std::string* out) {
   Parser& p = *parser_;
   beast::flat_buffer& buffer = conn_->buffer;
-  if (p.is_done() || buffer.size() == 0) return;
+  if (p.is_done() || buffer.size() == 0) {
+    stalled_ = buffer.size();
+    return;
+  }
   // The body bytes in the buffer are fewer than the buffered bytes: room for all at once.
   size_t end = out->size();
   out->resize(end + buffer.size());
@@ -364,6 +373,7 @@ void HttpClient::Impl::Stream::ParseBuffered(std::string* out) {
     if (ec || used == 0) break;
   }
   out->resize(end);
+  stalled_ = buffer.size();
 }
 
 Task<Result<std::unique_ptr<Conn>>> HttpClient::Impl::Connect(const Url& u) {
