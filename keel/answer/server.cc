@@ -66,6 +66,10 @@ class ReleaseBeforeLastWrite final : public HttpResponder {
   }
   bool ClientGone() override { return inner_.ClientGone(); }
   int status() const override { return inner_.status(); }
+  void Abandon() override {
+    Release();
+    inner_.Abandon();
+  }
 
  private:
   void Release() {
@@ -292,7 +296,17 @@ std::optional<AnswerServer::Failure> AnswerServer::ParseCompletion(const std::st
   const std::string who = GatewayName();
   auto parsed = ParseUntrustedOrderedJson(body, UpstreamJsonLimits());
   if (!parsed.ok()) return Failure{502, who + " sent a malformed answer: " + parsed.status().message(), {}};
-  if (parsed->find("choices") == parsed->end()) return Failure{502, who + " sent an answer without \"choices\"", {}};
+  // What the client's SDK reads: choices[0].message must be there (choices: null reached the
+  // client as a 200 that the SDK then failed on).
+  auto choices = parsed->find("choices");
+  if (choices == parsed->end() || !choices->is_array() || choices->empty()) {
+    return Failure{502, who + " sent an answer without a non-empty \"choices\" array", {}};
+  }
+  for (const auto& c : *choices) {
+    if (!c.is_object() || !c.contains("message") || !c["message"].is_object()) {
+      return Failure{502, who + " sent a choice that is not an object with a \"message\" object", {}};
+    }
+  }
   *answer = std::move(*parsed);
   return std::nullopt;
 }

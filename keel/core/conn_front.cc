@@ -181,7 +181,9 @@ void ConnectionFront::Stop(double drain_seconds) {
     workers.splice(workers.end(), workers_);
   }
   for (std::thread& t : workers) t.join();
-  UnlinkUnixSocket(listening_);  // before close: the open socket pins its inode (see socket.h)
+  // Before close: the open socket pins its inode (see socket.h). Closed already when accepting
+  // stopped (then its path went with it).
+  if (listening_.fd >= 0) UnlinkUnixSocket(listening_);
   for (int* fd : {&listening_.fd, &epoll_fd_, &wake_fd_, &reserve_fd_}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
@@ -235,6 +237,14 @@ void ConnectionFront::Loop() {
       if (listen_registered_) {
         ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listening_.fd, nullptr);
         listen_registered_ = false;
+      }
+      if (listening_.fd >= 0) {
+        // Closed now, not at the end of Stop: an open listener keeps completing handshakes that
+        // no one accepts, so a client connecting during the drain hangs until the process exits
+        // (then is reset) instead of being refused at once and trying another instance.
+        UnlinkUnixSocket(listening_);  // before close: the open socket pins its inode
+        ::close(listening_.fd);
+        listening_.fd = -1;
       }
       if (!closed_parked_) CloseAllParked();
       closed_parked_ = true;

@@ -28,4 +28,28 @@ inline HttpRequest ToHttpRequest(boost::beast::http::request<boost::beast::http:
   return req;
 }
 
+// RFC 9112 §6.3 on a request's Transfer-Encoding, once its header is parsed. Beast accepts any
+// coding and, unless the last one is chunked, reads no body: the body would then be parsed as the
+// next request on the connection (request smuggling). Returns 0 when the framing is sound, else
+// the status to answer before closing: 400 when chunked is not the final coding (the length
+// cannot be known), 501 for a coding besides chunked (e.g. "gzip, chunked": not implemented).
+inline int TransferCodingError(const boost::beast::http::request_header<>& header, bool chunked,
+                               std::string* message) {
+  namespace http = boost::beast::http;
+  const size_t fields = header.count(http::field::transfer_encoding);
+  if (fields == 0) return 0;
+  if (!chunked) {
+    *message = "Transfer-Encoding must end in chunked";
+    return 400;
+  }
+  std::string value(header[http::field::transfer_encoding]);
+  for (char& c : value) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  const size_t b = value.find_first_not_of(" \t"), e = value.find_last_not_of(" \t");
+  if (fields > 1 || b == std::string::npos || value.substr(b, e - b + 1) != "chunked") {
+    *message = "only the chunked transfer coding is supported";
+    return 501;
+  }
+  return 0;
+}
+
 }  // namespace keel

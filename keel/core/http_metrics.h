@@ -31,6 +31,10 @@ class CountingResponder final : public HttpResponder {
   bool EndStream() override { return inner_.EndStream(); }
   bool ClientGone() override { return inner_.ClientGone(); }
   int status() const override { return inner_.status(); }
+  void Abandon() override {
+    Count(kClientClosedRequest);
+    inner_.Abandon();
+  }
   // A handler that never answered is answered 500 by the HTTP layer; count that too.
   void CountIfSilent() { Count(500); }
 

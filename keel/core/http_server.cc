@@ -110,8 +110,10 @@ void AddExtra(Fields& fields, const HttpHeaderList& extra) {
 // The responder for one request on one connection.
 class ConnResponder final : public HttpResponder {
  public:
-  ConnResponder(FdStream& stream, const HttpServerOptions& options, int version, bool keep_alive)
-      : stream_(stream), options_(options), version_(version), keep_alive_(keep_alive) {}
+  // head: the request was HEAD, so every answer is its header alone (RFC 9110 §9.3.2): a body
+  // after it would be read as the start of the next response on the connection.
+  ConnResponder(FdStream& stream, const HttpServerOptions& options, int version, bool keep_alive, bool head)
+      : stream_(stream), options_(options), version_(version), keep_alive_(keep_alive), head_(head) {}
 
   bool Send(int status, std::string_view content_type, std::string body,
             const HttpHeaderList& extra) override {
@@ -126,7 +128,12 @@ class ConnResponder final : public HttpResponder {
     res.body() = std::move(body);
     res.prepare_payload();
     error_code ec;
-    http::write(stream_, res, ec);
+    if (head_) {
+      http::response_serializer<http::string_body> sr{res};
+      http::write_header(stream_, sr, ec);
+    } else {
+      http::write(stream_, res, ec);
+    }
     if (ec) failed_ = true;
     done_ = true;
     return !failed_;
@@ -157,7 +164,7 @@ class ConnResponder final : public HttpResponder {
 
   bool WriteChunk(std::string_view data) override {
     if (!streaming_ || done_ || failed_) return false;
-    if (data.empty()) return true;
+    if (data.empty() || head_) return true;
     error_code ec;
     if (version_ >= 11) {
       std::string size = fmt::format("{:x}\r\n", data.size());
@@ -175,12 +182,19 @@ class ConnResponder final : public HttpResponder {
     if (!streaming_ || done_) return false;
     done_ = true;
     if (failed_) return false;
-    if (version_ >= 11) {
+    if (version_ >= 11 && !head_) {
       error_code ec;
       net::write(stream_, net::buffer("0\r\n\r\n", 5), ec);
       if (ec) failed_ = true;
     }
     return !failed_;
+  }
+
+  void Abandon() override {
+    if (status_ != 0) return;
+    status_ = kClientClosedRequest;
+    done_ = true;
+    failed_ = true;  // closes the connection
   }
 
   bool ClientGone() override {
@@ -219,6 +233,7 @@ class ConnResponder final : public HttpResponder {
   const HttpServerOptions& options_;
   int version_;
   bool keep_alive_;
+  bool head_;
   int status_ = 0;
   bool streaming_ = false;
   bool done_ = false;
@@ -294,7 +309,7 @@ class HttpSession final : public FrontSession {
     served_ = true;
     if (buffer_.size() == 0) buffer_.shrink_to_fit();  // an idle connection keeps no buffer
     FdStream stream(fd, ToMillis(options_.write_timeout_seconds));
-    ConnResponder responder(stream, options_, req.version, keep_alive);
+    ConnResponder responder(stream, options_, req.version, keep_alive, req.method == "HEAD");
     try {
       handler_(req, responder);
     } catch (const std::exception& e) {
@@ -341,6 +356,13 @@ class HttpSession final : public FrontSession {
         return true;
       }
       if (used == 0) break;
+    }
+    if (parser_->is_header_done()) {
+      std::string why;
+      if (const int status = TransferCodingError(parser_->get().base(), parser_->chunked(), &why)) {
+        *step = FrontStep::Close(ErrorBytes(options_, Version(), status, why), true);
+        return true;
+      }
     }
     if (parser_->is_done()) {
       *step = {FrontStep::kDispatch};

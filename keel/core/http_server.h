@@ -100,6 +100,11 @@ class HttpResponder {
   virtual bool ClientGone() = 0;
   // The status written so far, 0 before Send/BeginStream.
   virtual int status() const = 0;
+  // The client left before an answer began (ClientGone, a failed write): the connection is
+  // closed with nothing written, and the request counts as kClientClosedRequest, not as a
+  // server error. Ignored once an answer has started.
+  virtual void Abandon() {}
+  static constexpr int kClientClosedRequest = 499;  // nginx's code; never sent to anyone
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;

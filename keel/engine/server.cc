@@ -478,6 +478,7 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
   if (gone) {
     request->cancelled = true;  // the scheduler drops it at its next step
     metrics_->request_duration.Observe(std::chrono::duration<double>(Clock::now() - job.start).count());
+    res.Abandon();  // a client that left is no server error (was answered and counted 500)
     return;
   }
 

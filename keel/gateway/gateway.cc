@@ -345,8 +345,16 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayConfig config) {
   so.read_timeout_seconds = p->config.client_timeout_seconds;
   so.tls_cert_file = p->config.tls_cert_file;
   so.tls_key_file = p->config.tls_key_file;
-  so.error_body = [](int status, std::string_view message) {  // before routing: OpenAI's shape
-    return FrontFor(WireFormat::kOpenAIChat).ErrorBody(GatewayError{status, ErrorKindForStatus(status), std::string(message)});
+  // Before routing (a body over the limit, bad framing): in the wire format the path speaks, so an
+  // Anthropic or Gemini SDK gets an error it can read; OpenAI's when the path is unknown.
+  so.error_body = [](int status, std::string_view message, std::string_view target) {
+    HttpRequest req;
+    req.method = "POST";
+    req.target = std::string(target);
+    req.path = req.target.substr(0, req.target.find('?'));
+    const RouteMatch m = MatchRoute(req);
+    const ClientFront& front = m.format == WireFormat::kGemini ? GeminiFrontFor(m.sse) : FrontFor(m.format);
+    return front.ErrorBody(GatewayError{status, ErrorKindForStatus(status), std::string(message)});
   };
   p->server = std::make_unique<AsyncHttpServer>(
       so, [p](const HttpRequest& req, AsyncResponder& resp) -> Task<void> { return p->Handle(req, resp); });

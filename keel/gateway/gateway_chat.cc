@@ -30,7 +30,8 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
-// All text a deny rule's "contains" is matched against.
+// All text a deny rule's "contains" is matched against: what the model will read, tool calls'
+// arguments and the tools' own descriptions included (each carries text to the model as well).
 std::string PromptText(const ChatRequest& r) {
   std::string text = r.system;
   text += '\n';
@@ -38,6 +39,20 @@ std::string PromptText(const ChatRequest& r) {
   for (const Message& m : r.messages) {
     text += '\n';
     text += m.content;
+    for (const ToolCall& c : m.tool_calls) {
+      text += '\n';
+      text += c.name;
+      text += '\n';
+      text += c.arguments_json;
+    }
+  }
+  for (const Tool& t : r.tools) {
+    text += '\n';
+    text += t.name;
+    text += '\n';
+    text += t.description;
+    text += '\n';
+    text += t.parameters_json;
   }
   return Lower(text);
 }
@@ -49,7 +64,10 @@ bool RetryableStatus(const Status& s) {
 }
 
 GatewayError TransportError(const Upstream& up, const Status& s) {
-  const bool timeout = s.code() == StatusCode::kUnavailable;
+  // Unavailable also covers a refused connection or a failed resolve, which are a bad gateway
+  // (502), not a timeout (504); the HTTP client names its timeouts ("timed out", "read timeout").
+  const bool timeout = s.code() == StatusCode::kUnavailable && (s.message().find("timed out") != std::string::npos ||
+                                                                 s.message().find("timeout") != std::string::npos);
   return {timeout ? 504 : 502, timeout ? ErrorKind::kTimeout : ErrorKind::kBadGateway,
           "upstream " + up.config.name + ": " + s.message()};
 }

@@ -163,6 +163,16 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
     co_return;
   }
   x.client_model = body["model"].get<std::string>();
+  // The deny rules read the text to be embedded, as they read a chat's prompt.
+  if (body["input"].is_string()) {
+    x.request.prompt = body["input"].get<std::string>();
+  } else {
+    for (const json& item : body["input"]) {
+      if (!item.is_string()) continue;  // pre-tokenized input carries no text to match
+      x.request.prompt += item.get<std::string>();
+      x.request.prompt += '\n';
+    }
+  }
   if (const bool go = co_await ApplyPolicy(x); !go) co_return;
   if (hilo) ApplyHilo(x);  // a tiered name routes here as it does for chat
   if (const bool go = co_await Route(x); !go) co_return;

@@ -603,6 +603,32 @@ TEST_F(AnswerServerTest, UpstreamFailuresNameTheUpstream) {
   EXPECT_NE(s.status().message().find("vector URL"), std::string::npos) << s.status().message();
 }
 
+// An answer the client's SDK cannot read is the gateway's failure (502), not a 200 passed on:
+// choices null, empty, or holding something other than {message: {...}}.
+TEST_F(AnswerServerTest, AGatewayAnswerWithoutReadableChoicesIs502) {
+  std::string choices;
+  HttpServerOptions go;
+  go.host = "127.0.0.1";
+  go.port = 0;
+  HttpServer gateway(go, [&](const HttpRequest&, HttpResponder& res) {
+    res.Send(200, "application/json", R"({"id":"x","object":"chat.completion","choices":)" + choices + "}");
+  });
+  ASSERT_TRUE(gateway.Start().ok());
+  AnswerServerOptions o;
+  o.gateway_url = Url(gateway.port());
+  StartAnswer(o);
+  for (const std::string bad : {"null", "[]", "[5]", R"([{"index":0}])", R"([{"message":"hi"}])"}) {
+    choices = bad;
+    HttpTestResponse r = Ask(AskBody((*eval_)[0]).dump());
+    EXPECT_EQ(r.status, 502) << bad << ": " << r.body;
+    EXPECT_NE(ErrorMessage(r).find("choice"), std::string::npos) << r.body;
+  }
+  choices = R"([{"index":0,"message":{"role":"assistant","content":"fine"},"finish_reason":"stop"}])";
+  HttpTestResponse r = Ask(AskBody((*eval_)[0]).dump());
+  EXPECT_EQ(r.status, 200) << r.body;
+  answer_->Stop();
+}
+
 TEST_F(AnswerServerTest, ModelsAreTheGatewaysForTheClientsKey) {
   StartAnswer({});
   HttpTestClient c(answer_->port());

@@ -325,6 +325,46 @@ TEST_F(HttpServerTest, MalformedRequestsAre400AndClosed) {
   EXPECT_EQ(c.Request("GET", "/hello").status, 200);
 }
 
+// RFC 9112 §6.3. Beast reads no body when the last coding is not chunked, so the body used to
+// be served as a second, smuggled request on the same connection.
+TEST_F(HttpServerTest, TransferCodingsOtherThanChunkedAreRefusedNotSmuggled) {
+  StartServer();
+  const std::string smuggled = HttpTestClient::BuildRequest("GET", "/hello?smuggled");
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"gzip", 400}, {"identity", 400}, {"chunked, gzip", 400}, {"gzip, chunked", 501}};
+  for (const auto& [coding, status] : cases) {
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw("GET /hello?outer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding + "\r\n\r\n" +
+                          (coding == "gzip, chunked" ? "0\r\n\r\n" : "") + smuggled));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r)) << coding;
+    EXPECT_EQ(r.status, status) << coding << ": " << r.body;
+    EXPECT_EQ(r.body.find("hello"), std::string::npos) << coding;
+    EXPECT_TRUE(c.WaitClosed()) << coding << ": the smuggled request was answered";
+  }
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"));
+  HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 200) << r.body;  // plain chunked still works
+}
+
+// A HEAD answer is its header alone, whatever the handler sent: a body after it is read by a
+// keep-alive client as the start of the next response.
+TEST_F(HttpServerTest, HeadAnswersCarryNoBody) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("HEAD", "/hello") + HttpTestClient::BuildRequest("GET", "/hello?b")));
+  HttpTestResponse head;
+  ASSERT_TRUE(c.ReadHead(&head));  // ReadResponse would take Content-Length bytes as a body
+  EXPECT_NE(head.status, 0);
+  EXPECT_FALSE(head.Header("Content-Length").empty());
+  HttpTestResponse next;
+  ASSERT_TRUE(c.ReadResponse(&next));
+  EXPECT_EQ(next.status, 200) << "bytes after the HEAD answer's header were read as a response";
+  EXPECT_EQ(next.body, "hello b");
+}
+
 TEST_F(HttpServerTest, RandomAndMutatedRequestsNeverCrash) {
   HttpServerOptions o;
   o.read_timeout_seconds = 2;  // a mutated Content-Length may promise bytes that never come
@@ -583,6 +623,10 @@ TEST_F(HttpServerTest, StopClosesIdleConnectionsAndDrainsInFlight) {
   std::thread stopper([&] { server_->Stop(30); });
   // The idle keep-alive connection is closed at once; the in-flight stream completes.
   EXPECT_TRUE(idle.WaitClosed());
+  // A new client is refused at once (the listener is closed with the parked connections), not
+  // left in the backlog until the process exits.
+  HttpTestClient fresh(server_->port());
+  EXPECT_FALSE(fresh.connected()) << "a connection during the drain was accepted into the backlog";
   release_.Open();
   HttpTestResponse r;
   ASSERT_TRUE(streaming.ReadResponse(&r));

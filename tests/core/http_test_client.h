@@ -118,6 +118,13 @@ class HttpTestClient {
   // Reads one response (skipping 1xx). `on_chunk` sees each chunk as it arrives; returning false
   // stops reading (the response is then incomplete). False on timeout, EOF or garbage.
   bool ReadResponse(HttpTestResponse* out, const std::function<bool(std::string_view)>& on_chunk = {}) {
+    if (!ReadHead(out)) return false;
+    return ReadBody(out, on_chunk);
+  }
+
+  // Reads one response's status line and headers (skipping 1xx), not its body: for an answer to
+  // HEAD, whose Content-Length announces a body that is not sent.
+  bool ReadHead(HttpTestResponse* out) {
     for (;;) {
       *out = HttpTestResponse();
       size_t end;
@@ -148,8 +155,12 @@ class HttpTestClient {
         pos = e + 2;
       }
       if (out->status >= 100 && out->status < 200) continue;
-      break;
+      return true;
     }
+  }
+
+ private:
+  bool ReadBody(HttpTestResponse* out, const std::function<bool(std::string_view)>& on_chunk) {
     std::string te = out->Header("Transfer-Encoding");
     if (te.find("chunked") != std::string::npos) {
       out->chunked = true;
@@ -189,6 +200,7 @@ class HttpTestClient {
     return true;
   }
 
+ public:
   // True when the server closes the connection (EOF or reset) within the timeout.
   bool WaitClosed() {
     while (Fill()) {

@@ -744,6 +744,9 @@ TEST_F(ServerTest, ClientDisconnectCancelsANonStreamedRequestWhileTokensFlow) {
   EXPECT_EQ(st.requests_finished, 1);
   // Noticed within about a second at most, however loaded the machine (50 ms polls).
   EXPECT_LT(st.generated_tokens, 50) << "the handler noticed only after the answer was complete";
+  // Counted as the client's doing, not as a server error (it was a 500 "handler sent no response").
+  EXPECT_EQ(MetricValue(R"(keel_requests_total{route="/v1/completions",code="499"})"), 1);
+  EXPECT_LE(MetricValue(R"(keel_requests_total{route="/v1/completions",code="500"})"), 0);
   ExpectStillServing();
 }
 

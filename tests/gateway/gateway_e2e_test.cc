@@ -128,6 +128,12 @@ class GatewayE2E : public ::testing::Test {
                              " --api-key vendor-secret-" + kinds[i] + " --reply-tokens 12",
                          d + "/vendor.log");
     }
+    // Paced like a real vendor: one token every 50 ms, each SSE event its own HTTP chunk.
+    paced_vendor_port_ = test::FreeLoopbackPort();
+    paced_vendor_ = new Process();
+    paced_vendor_->Start("fake-vendor --kind openai --port " + std::to_string(paced_vendor_port_) +
+                             " --api-key vendor-secret-openai --reply-tokens 20 --tokens-per-second 20",
+                         d + "/vendor.log");
     keel_port_ = test::FreeLoopbackPort();
     serve_ = new Process();
     serve_->Start("serve -m " + test::ModelsDir() + "/aidreams260K.bin -z " + test::ModelsDir() +
@@ -136,6 +142,7 @@ class GatewayE2E : public ::testing::Test {
     error_stream_vendor_ = new HttpServer(HttpServerOptions{}, ServeErrorStream);
     ASSERT_TRUE(error_stream_vendor_->Start().ok());
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(WaitFor([i] { return test::PortAccepts(vendor_port_[i]); }));
+    ASSERT_TRUE(WaitFor([] { return test::PortAccepts(paced_vendor_port_); }));
     ASSERT_TRUE(WaitFor([] { return test::PortAccepts(keel_port_); }));
 
     auto url = [](int port) { return "http://127.0.0.1:" + std::to_string(port); };
@@ -149,6 +156,8 @@ class GatewayE2E : public ::testing::Test {
            {"api_key", "vendor-secret-anthropic"}},
           {{"name", "ge"}, {"format", "gemini"}, {"base_url", url(vendor_port_[2])}, {"api_key", "vendor-secret-gemini"}},
           {{"name", "keel"}, {"format", "keel"}, {"base_url", url(keel_port_)}, {"timeout_s", 30}},
+          {{"name", "oa-paced"}, {"format", "openai"}, {"base_url", url(paced_vendor_port_)},
+           {"api_key", "vendor-secret-openai"}},
           {{"name", "oa-short"}, {"format", "openai"}, {"base_url", url(vendor_port_[0])},
            {"api_key", "vendor-secret-openai"}, {"timeout_s", 0.5}},
           {{"name", "an-badkey"}, {"format", "anthropic"}, {"base_url", url(vendor_port_[1])}, {"api_key", "wrong"}},
@@ -167,6 +176,7 @@ class GatewayE2E : public ::testing::Test {
           {{"name", "m-garbage"},
            {"targets", {{{"upstream", "oa"}, {"model", "gpt-garbage"}}, {{"upstream", "an"}, {"model", "claude-garbage"}}}}},
           {{"name", "m-truncate"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-truncate"}}}}},
+          {{"name", "m-paced"}, {"targets", {{{"upstream", "oa-paced"}, {"model", "gpt-test"}}}}},
           {{"name", "m-timeout"},
            {"targets", {{{"upstream", "oa-short"}, {"model", "gpt-slow"}}, {{"upstream", "an"}, {"model", "claude-ok"}}}}},
           {{"name", "m-badkey"}, {"targets", {{{"upstream", "an-badkey"}, {"model", "claude-x"}}}}},
@@ -214,6 +224,7 @@ class GatewayE2E : public ::testing::Test {
     delete gateway_;
     delete serve_;
     for (Process* p : vendors_) delete p;
+    delete paced_vendor_;
     delete policy_;
     delete error_stream_vendor_;
     delete dir_;
@@ -285,6 +296,8 @@ class GatewayE2E : public ::testing::Test {
   static json* config_;
   static Process* policy_;
   static Process* vendors_[3];
+  static Process* paced_vendor_;
+  static int paced_vendor_port_;
   static Process* serve_;
   static Process* gateway_;
   static HttpServer* error_stream_vendor_;
@@ -299,6 +312,8 @@ test::TempDir* GatewayE2E::dir_ = nullptr;
 json* GatewayE2E::config_ = nullptr;
 Process* GatewayE2E::policy_ = nullptr;
 Process* GatewayE2E::vendors_[3] = {nullptr, nullptr, nullptr};
+Process* GatewayE2E::paced_vendor_ = nullptr;
+int GatewayE2E::paced_vendor_port_ = 0;
 Process* GatewayE2E::serve_ = nullptr;
 Process* GatewayE2E::gateway_ = nullptr;
 HttpServer* GatewayE2E::error_stream_vendor_ = nullptr;
@@ -348,6 +363,28 @@ TEST_F(GatewayE2E, TeamPolicyAllowsDeniesRewritesAndCaps) {
   r = Post("/v1/chat/completions", Chat("m-openai", "tell me about the Forbidden-Topic please").dump(), key_a_);
   EXPECT_EQ(r.status, 403) << r.body;
   EXPECT_NE(r.body.find("that topic is not allowed here"), std::string::npos) << r.body;
+
+  // The rule reads every text the model gets: embedding input, tool-call arguments, tool
+  // definitions (each passed it once).
+  r = Post("/v1/embeddings", json{{"model", "m-openai"}, {"input", {"fine", "the forbidden-topic"}}}.dump(), key_a_);
+  EXPECT_EQ(r.status, 403) << r.body;
+  json with_call = Chat("m-openai", "go on");
+  with_call["messages"] = {{{"role", "user"}, {"content", "hi"}},
+                           {{"role", "assistant"},
+                            {"content", nullptr},
+                            {"tool_calls",
+                             {{{"id", "call_1"},
+                               {"type", "function"},
+                               {"function", {{"name", "look"}, {"arguments", R"({"q":"forbidden-topic"})"}}}}}}},
+                           {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "ok"}}};
+  r = Post("/v1/chat/completions", with_call.dump(), key_a_);
+  EXPECT_EQ(r.status, 403) << r.body;
+  json with_tool = Chat("m-openai", "hi");
+  with_tool["tools"] = {{{"type", "function"},
+                         {"function", {{"name", "look"}, {"description", "explains the forbidden-topic"},
+                                       {"parameters", {{"type", "object"}}}}}}};
+  r = Post("/v1/chat/completions", with_tool.dump(), key_a_);
+  EXPECT_EQ(r.status, 403) << r.body;
 
   r = Post("/v1/chat/completions", Chat("not-allowed-model", "hi").dump(), key_a_);
   EXPECT_EQ(r.status, 403) << r.body;
@@ -425,6 +462,23 @@ TEST_F(GatewayE2E, OpenAIClientStreamsFromAnthropicAndGemini) {
     EXPECT_EQ(finish, "stop") << model;
     EXPECT_TRUE(usage) << model;
   }
+}
+
+// A streamed answer goes out as the upstream paces it, not when the upstream ends. It once went
+// out in one piece at the end: after each upstream chunk its trailing CRLF stayed buffered (the
+// parser needs the next chunk header to use it), and those two bytes read as "more of the burst
+// is already here", so the relay kept reading instead of writing. Counted in HTTP chunks the
+// client receives, not in time: 20 tokens 50 ms apart arrive in about 20 writes, not 2.
+TEST_F(GatewayE2E, PacedUpstreamStreamsThroughAsItArrives) {
+  json chat = Chat("m-paced", "Say something", true);
+  auto r = Post("/v1/chat/completions", chat.dump(), key_open_);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GE(r.chunks.size(), 8u) << "the answer came in " << r.chunks.size() << " writes";
+  EXPECT_NE(r.body.find("[DONE]"), std::string::npos);
+  auto a = Send("POST", "/v1/messages", Anthropic("m-paced", "Say something", true).dump(), AnthropicHeaders(key_open_));
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_GE(a.chunks.size(), 8u) << "the answer came in " << a.chunks.size() << " writes";
+  EXPECT_NE(a.body.find("message_stop"), std::string::npos);
 }
 
 TEST_F(GatewayE2E, ToolCallsTranslateBetweenFormats) {
@@ -552,6 +606,24 @@ TEST_F(GatewayE2E, BadInputGetsClearErrors) {
 
 // A depth bomb as large as the body limit allows is a 400 in the client's format on every JSON
 // front (checked before parsing, keel/core/json_reader.h), and the gateway keeps serving.
+// A Transfer-Encoding that does not end in chunked leaves the body unread by the parser; it must
+// be refused, never parsed as a second request carrying its own key (request smuggling).
+TEST_F(GatewayE2E, TransferCodingsOtherThanChunkedAreRefusedNotSmuggled) {
+  const std::string inner = Chat("m-openai", "smuggled").dump();
+  const std::string smuggled = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key_open_ +
+                               "\r\nContent-Type: application/json\r\nContent-Length: " +
+                               std::to_string(inner.size()) + "\r\n\r\n" + inner;
+  for (const std::string coding : {"gzip", "identity"}) {
+    test::HttpTestClient http(gateway_port_, 10);
+    ASSERT_TRUE(http.SendRaw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding +
+                             "\r\n\r\n" + smuggled));
+    test::HttpTestResponse r;
+    ASSERT_TRUE(http.ReadResponse(&r)) << coding;
+    EXPECT_EQ(r.status, 400) << coding << ": " << r.body;
+    EXPECT_TRUE(http.WaitClosed()) << coding << ": the smuggled request was answered";
+  }
+}
+
 TEST_F(GatewayE2E, JsonDepthBombsAre400OnEveryFront) {
   const std::string bomb(60000, '[');  // under listen.max_body_bytes (64 KiB)
   for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/embeddings"}) {
@@ -1275,6 +1347,20 @@ TEST_F(GatewayE2E, OversizeUploadGetsThe413NotAReset) {
   EXPECT_NE(j["error"].value("message", "").find("65536 bytes"), std::string::npos) << r.body;
   EXPECT_TRUE(c.WaitClosed());
   EXPECT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_).status, 200);
+  // Refused before routing, yet in the wire format of the path (each SDK reads its own errors).
+  const std::string big(70000, ' ');
+  auto anthropic = Send("POST", "/v1/messages", big, AnthropicHeaders(key_a_));
+  EXPECT_EQ(anthropic.status, 413);
+  json a = json::parse(anthropic.body, nullptr, false);
+  ASSERT_TRUE(a.is_object()) << anthropic.body;
+  EXPECT_EQ(a.value("type", ""), "error") << anthropic.body;
+  EXPECT_TRUE(a["error"].is_object() && a["error"]["type"].is_string()) << anthropic.body;
+  auto gemini = Send("POST", "/v1beta/models/m-gemini:generateContent", big, {{"x-goog-api-key", key_a_}});
+  EXPECT_EQ(gemini.status, 413);
+  json g = json::parse(gemini.body, nullptr, false);
+  ASSERT_TRUE(g.is_object() && g["error"].is_object()) << gemini.body;
+  EXPECT_EQ(g["error"].value("code", 0), 413) << gemini.body;
+  EXPECT_TRUE(g["error"]["status"].is_string()) << gemini.body;
 }
 
 // response_format json_schema reaches every vendor in its own terms (the fakes answer an instance

@@ -100,7 +100,9 @@ void SetStatus(http::response_header<>& h, int status) {
 struct AsyncHttpServer::Impl {
   Impl(AsyncServerOptions o, AsyncHandler h)
       : opt(std::move(o)), handler(std::move(h)), io(std::max(1, opt.threads)) {
-    if (!opt.error_body) opt.error_body = [](int s, std::string_view m) { return DefaultHttpErrorBody(s, m); };
+    if (!opt.error_body) {
+      opt.error_body = [](int s, std::string_view m, std::string_view) { return DefaultHttpErrorBody(s, m); };
+    }
   }
 
   template <class Stream>
@@ -113,7 +115,8 @@ struct AsyncHttpServer::Impl {
   template <class Stream>
   Task<void> CloseGracefully(Stream& stream, bool linger);
   template <class Stream>
-  Task<bool> WriteError(Stream& stream, int version, int status, std::string_view message);
+  Task<bool> WriteError(Stream& stream, int version, int status, std::string_view message,
+                        std::string_view target = {});
   template <class Stream>
   Task<void> Handle(ConnCtl& ctl, Responder<Stream>& responder, HttpRequest& req);
 
@@ -352,13 +355,14 @@ Task<void> AsyncHttpServer::Impl::Serve(std::shared_ptr<ConnCtl> ctl, tcp::socke
 }
 
 template <class Stream>
-Task<bool> AsyncHttpServer::Impl::WriteError(Stream& stream, int version, int status, std::string_view message) {
+Task<bool> AsyncHttpServer::Impl::WriteError(Stream& stream, int version, int status, std::string_view message,
+                                             std::string_view target) {
   http::response<http::string_body> res;
   res.version(version);
   SetStatus(res, status);
   res.set(http::field::server, opt.server_name);
   res.set(http::field::content_type, "application/json");
-  res.body() = opt.error_body(status, message);
+  res.body() = opt.error_body(status, message, target);
   res.keep_alive(false);
   res.prepare_payload();
   error_code ec;
@@ -437,6 +441,14 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
     parser.header_limit(static_cast<std::uint32_t>(std::min<size_t>(opt.max_header_bytes, UINT32_MAX)));
     parser.body_limit(opt.max_body_bytes);
     co_await http::async_read_header(stream, buffer, parser, Ec(ec));
+    if (!ec) {
+      std::string why;
+      if (const int status = TransferCodingError(parser.get().base(), parser.chunked(), &why)) {
+        const std::string target(parser.get().target());
+        if (co_await WriteError(stream, parser.get().version(), status, why, target)) linger = true;
+        break;
+      }
+    }
     if (!ec && !parser.is_done() && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
       static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
       co_await asio::async_write(stream, asio::buffer(kContinue, sizeof(kContinue) - 1), Ec(ec));
@@ -445,6 +457,9 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
     if (!ec && !parser.is_done()) co_await http::async_read(stream, buffer, parser, Ec(ec));
     if (ec) {
       const int version = parser.is_header_done() ? parser.get().version() : 11;
+      // Known once the request line is parsed, even when the header ended in an error (a declared
+      // Content-Length over the limit fails as the header completes).
+      const std::string target(parser.get().target());
       int status = 0;
       std::string message;
       if (ec == http::error::body_limit) {
@@ -459,7 +474,7 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
         message = "malformed request: " + ec.message();
       }
       // Timeouts (the stream already closed the socket), resets and EOF: just close.
-      if (status != 0 && co_await WriteError(stream, version, status, message)) linger = true;
+      if (status != 0 && co_await WriteError(stream, version, status, message, target)) linger = true;
       break;
     }
 
@@ -489,7 +504,8 @@ Task<void> AsyncHttpServer::Impl::Handle(ConnCtl& ctl, Responder<Stream>& respon
   }
   if (!responder.started()) {
     co_await responder.Send(500, "application/json",
-                            opt.error_body(500, threw ? "handler failed" : "handler sent no response"), {});
+                            opt.error_body(500, threw ? "handler failed" : "handler sent no response", req.target),
+                            {});
   } else if (responder.streaming() && !responder.done()) {
     if (threw) {
       responder.set_keep_alive(false);  // the body may be incomplete; end it by closing
