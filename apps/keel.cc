@@ -557,7 +557,7 @@ Status ResolveFingerprint(HiloArgs& a) {
 
 // The admin token: the file's first line, 16..256 printable bytes (so a short guessable one is refused).
 Result<std::string> ReadAdminToken(const std::string& path) {
-  KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  KEEL_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, 64 << 10));
   const size_t nl = text.find_first_of("\r\n");
   if (nl != std::string::npos) text.resize(nl);
   if (text.size() < 16 || text.size() > 256) return Status::InvalidArgument(path + ": admin token must be 16..256 bytes on the first line");
@@ -781,7 +781,7 @@ int RunAnswer(AnswerArgs a) {
   auto corpus = answer::Corpus::Load(a.corpus);
   if (!corpus.ok()) return Fail(corpus.status());
   if (!a.gateway_key_file.empty()) {
-    auto key = ReadFileToString(a.gateway_key_file);
+    auto key = ReadSmallFile(a.gateway_key_file, 64 << 10);
     if (!key.ok()) return Fail(key.status());
     a.o.gateway_api_key = key->substr(0, key->find_first_of("\r\n"));
     if (a.o.gateway_api_key.empty() || a.o.gateway_api_key.size() > 1024) {
@@ -933,7 +933,7 @@ int main(int argc, char** argv) {
   serve->add_flag("--prefix-cache,!--no-prefix-cache", serve_args.prefix_cache,
                   "reuse the KV blocks of a prompt prefix seen before (default on; off: every prompt is prefilled, "
                   "e.g. to measure traffic whose prompts do not repeat; not with --kvstore)");
-  serve->add_option("--max-queue", serve_args.max_queue, "queued requests before 429")->capture_default_str()->check(CLI::Range(0, 100000));
+  serve->add_option("--max-queue", serve_args.max_queue, "requests waiting for a batch slot before 429 (every request waits there, so at least 1)")->capture_default_str()->check(CLI::Range(1, 100000));
   serve->add_option("--max-running", serve_args.max_running, "sequences batched per step")->capture_default_str()->check(CLI::Range(1, 4096));
   serve->add_option("--max-batch-tokens", serve_args.max_batch_tokens, "tokens per forward step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   serve->add_option("--drain-seconds", serve_args.drain, "on SIGTERM, let streams finish this long")->capture_default_str();

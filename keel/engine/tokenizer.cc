@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <queue>
 
 #include "keel/core/mapped_file.h"
 
@@ -54,6 +55,59 @@ int Tokenizer::Lookup(std::string_view piece) const {
   return it == ids_.end() ? -1 : it->second;
 }
 
+// Greedy merges, as llama2.c does them: always the adjacent pair whose merged piece scores
+// highest, the leftmost on ties, until no pair merges. llama2.c rescans every pair after each
+// merge, O(n^2) in the text: a 1 MiB prompt took hours before any length check could refuse it.
+// Here the candidate pairs sit in a heap over a linked list, O(n log n) for the same merges: a
+// popped pair is used only if both of its tokens are still there and unchanged.
+void Tokenizer::MergePairs(std::vector<int>* tokens) const {
+  std::vector<int>& tok = *tokens;
+  const int n = static_cast<int>(tok.size());
+  if (n < 2) return;
+  std::vector<int> prev(n), next(n);
+  for (int i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Candidate {
+    float score;
+    int left, right, left_token, right_token, merged;
+    bool operator<(const Candidate& o) const {  // the heap's top: highest score, then leftmost
+      return score != o.score ? score < o.score : left > o.left;
+    }
+  };
+  std::priority_queue<Candidate> heap;
+  std::string buf;
+  auto offer = [&](int left, int right) {
+    if (right < 0) return;
+    buf.assign(pieces_[tok[left]]);
+    buf.append(pieces_[tok[right]]);
+    const int id = Lookup(buf);
+    if (id >= 0 && scores_[id] > -1e10f) heap.push({scores_[id], left, right, tok[left], tok[right], id});
+  };
+  for (int i = 0; i + 1 < n; ++i) offer(i, i + 1);
+  std::vector<bool> alive(n, true);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || tok[c.left] != c.left_token ||
+        tok[c.right] != c.right_token) {
+      continue;  // one side merged since this pair was offered
+    }
+    tok[c.left] = c.merged;
+    alive[c.right] = false;
+    next[c.left] = next[c.right];
+    if (next[c.right] >= 0) prev[next[c.right]] = c.left;
+    if (prev[c.left] >= 0) offer(prev[c.left], c.left);
+    offer(c.left, next[c.left]);
+  }
+  size_t out = 0;
+  for (int i = 0; i < n; ++i) {
+    if (alive[i]) tok[out++] = tok[i];
+  }
+  tok.resize(out);
+}
+
 std::vector<int> Tokenizer::Encode(std::string_view text, bool bos, bool eos) const {
   std::vector<int> tokens;
   tokens.reserve(text.size() + 3);
@@ -78,26 +132,7 @@ std::vector<int> Tokenizer::Encode(std::string_view text, bool bos, bool eos) co
     push_bytes(text.substr(i, j - i));
     i = j;
   }
-  // Greedy merges: always the adjacent pair whose merged piece scores highest (first on ties).
-  std::string buf;
-  while (true) {
-    float best_score = -1e10f;
-    int best_id = -1;
-    size_t best_idx = 0;
-    for (size_t k = 0; k + 1 < tokens.size(); ++k) {
-      buf.assign(pieces_[tokens[k]]);
-      buf.append(pieces_[tokens[k + 1]]);
-      int id = Lookup(buf);
-      if (id >= 0 && scores_[id] > best_score) {
-        best_score = scores_[id];
-        best_id = id;
-        best_idx = k;
-      }
-    }
-    if (best_id < 0) break;
-    tokens[best_idx] = best_id;
-    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
-  }
+  MergePairs(&tokens);  // BOS included, as llama2.c merges it
   if (eos) tokens.push_back(kEos);
   return tokens;
 }

@@ -43,6 +43,7 @@ class Tokenizer {
 
  private:
   int Lookup(std::string_view piece) const;
+  void MergePairs(std::vector<int>* tokens) const;
   std::string path_;
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
