@@ -119,6 +119,11 @@ Result<AnswerRequest> ParseAnswerRequest(std::string_view body, const RequestLim
     out.temperature = t;
   }
 
+  // One answer per request: n > 1 answered with one choice breaks clients that read n of them.
+  if (auto it = j.find("n"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() != 1) return Bad("n", "only 1 is supported");
+  }
+
   if (auto it = j.find("keel_retrieval"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("keel_retrieval", "expected an object");
     for (auto m = it->begin(); m != it->end(); ++m) {

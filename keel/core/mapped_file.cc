@@ -62,6 +62,41 @@ Result<std::string> ReadFileToString(const std::string& path) {
   return ss.str();
 }
 
+Result<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return Status::NotFound(path + ": no such file");
+    return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument(path + ": not a regular file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status::InvalidArgument(path + ": " + std::to_string(st.st_size) + " bytes, larger than the limit of " +
+                                   std::to_string(max_bytes));
+  }
+  std::string out(max_bytes + 1, '\0');  // one more: a file that grew since fstat is caught too
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string err = std::strerror(errno);
+      ::close(fd);
+      return Status::IOError(path + ": read failed: " + err);
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (got > max_bytes) return Status::InvalidArgument(path + ": larger than the limit of " + std::to_string(max_bytes) + " bytes");
+  out.resize(got);
+  return out;
+}
+
 Status WriteFileAtomic(const std::string& path, std::string_view data) {
   std::string tmp = path + ".tmp";
   {

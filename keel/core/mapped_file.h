@@ -35,6 +35,10 @@ class MappedFile {
 
 // Reads a whole (small) file into a string. NotFound / IOError on failure.
 Result<std::string> ReadFileToString(const std::string& path);
+// For small files that a user names (catalogs, keys, tokens): reads at most max_bytes, refusing
+// anything that is not a regular file (a FIFO would block, /dev/zero never end) and a file
+// larger than max_bytes (InvalidArgument naming both), without reading it whole first.
+Result<std::string> ReadSmallFile(const std::string& path, size_t max_bytes);
 // Writes `data` to `path` atomically (temp file + rename).
 Status WriteFileAtomic(const std::string& path, std::string_view data);
 // Writes all n bytes to fd, retrying short writes and EINTR. IOError naming `path` otherwise.

@@ -131,6 +131,8 @@ void AgentClient::Loop() {
   bool failing = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
+    const int64_t version_before = agent_.version();
+    const auto started = std::chrono::steady_clock::now();
     lock.unlock();
     Status s = PollOnce();
     lock.lock();
@@ -138,6 +140,12 @@ void AgentClient::Loop() {
       ++polls_ok_;
       if (failing) Log().info("hilo agent: controller reachable again");
       failing = false;
+      // A poll that came back early with nothing new (a controller out of waiting slots, or one
+      // whose versions went back) must not turn into a tight loop against it.
+      if (agent_.version() == version_before &&
+          std::chrono::steady_clock::now() - started < std::chrono::milliseconds(opt_.retry_ms)) {
+        stop_cv_.wait_for(lock, std::chrono::milliseconds(opt_.retry_ms), [this] { return stopping_; });
+      }
       continue;
     }
     ++poll_errors_;

@@ -291,8 +291,7 @@ nlohmann::ordered_json LevelsJson(const State& s) {
 }  // namespace
 
 Result<Catalog> ReadCatalogFile(const std::string& path) {
-  KEEL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  if (text.size() > kMaxCatalogBytes) return Status::InvalidArgument(path + ": larger than 1 MiB");
+  KEEL_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxCatalogBytes));
   auto c = ParseCatalog(text);
   if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
   return c;

@@ -25,11 +25,16 @@ Status CheckOptions(const ControllerOptions& o) {
   if (!(o.lookahead_s >= 0 && o.lookahead_s <= 3600)) return bad("lookahead_s: expected 0..3600");
   if (!(o.headroom >= 1 && o.headroom <= 10)) return bad("headroom: expected 1..10");
   if (!(o.recover_margin > 0 && o.recover_margin <= 1)) return bad("recover_margin: expected (0, 1]");
-  if (!(o.recover_dwell_s >= 0 && o.min_dwell_s >= 0)) return bad("dwell: expected >= 0");
-  if (!(o.report_timeout_s > 0)) return bad("report_timeout_s: expected > 0");
+  // Upper bounds: seconds become int64 milliseconds (Ms), and inf or 1e300 there is undefined
+  // (on x86 INT64_MIN: every report was stale at once).
+  if (!(o.recover_dwell_s >= 0 && o.recover_dwell_s <= 86400)) return bad("recover_dwell_s: expected 0..86400");
+  if (!(o.min_dwell_s >= 0 && o.min_dwell_s <= 86400)) return bad("min_dwell_s: expected 0..86400");
+  if (!(o.report_timeout_s > 0 && o.report_timeout_s <= 86400)) return bad("report_timeout_s: expected (0, 86400]");
   if (!(o.recent_window_s > 0 && o.recent_window_s <= 60)) return bad("recent_window_s: expected (0, 60]");
   if (!(o.recent_noise_z >= 0 && o.recent_noise_z <= 10)) return bad("recent_noise_z: expected 0..10");
-  if (!(o.stale_fallback_s >= o.report_timeout_s)) return bad("stale_fallback_s: expected >= report_timeout_s");
+  if (!(o.stale_fallback_s >= o.report_timeout_s && o.stale_fallback_s <= 86400)) {
+    return bad("stale_fallback_s: expected report_timeout_s..86400");
+  }
   if (o.log_capacity == 0) return bad("log_capacity: expected > 0");
   return Status::Ok();
 }

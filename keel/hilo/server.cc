@@ -451,12 +451,11 @@ void ControllerServer::HandleState(const HttpRequest& req, HttpResponder& r) {
   // service's change does not wake it.
   auto current = [&] { return service ? svc_version_[static_cast<int>(*service)] : version_; };
   std::unique_lock<std::mutex> lock(mu_);
-  if (current() == *known && wait_ms > 0 && !stopping_) {
-    if (waiters_ >= opt_.max_waiters) {
-      lock.unlock();
-      r.Send(503, "application/json", ErrorBody(503, "too many long-polls waiting; retry"), {{"Retry-After", "1"}});
-      return;
-    }
+  // With every waiting slot taken the poll is answered at once with the current state: a
+  // heartbeat, not a 503. A 503 counted as not hearing the controller, so a flood of anonymous
+  // long-polls put every service in its safe state after fallback_s (agents pace such early
+  // answers: AgentClient waits retry_ms after a poll that brought nothing new).
+  if (current() == *known && wait_ms > 0 && !stopping_ && waiters_ < opt_.max_waiters) {
     ++waiters_;
     waiters_gauge_->Set(waiters_);
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);

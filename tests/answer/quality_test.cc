@@ -297,6 +297,8 @@ TEST(Request, BadInputIsRefusedNamingTheMember) {
       {"{" + user + R"(,"max_tokens":2.5})", "max_tokens: expected an integer"},
       {"{" + user + R"(,"temperature":3})", "temperature: expected a number from 0 to 2"},
       {"{" + user + R"(,"temperature":"hot"})", "temperature: expected a number"},
+      {"{" + user + R"(,"n":2})", "n: only 1 is supported"},
+      {"{" + user + R"(,"n":1.5})", "n: only 1 is supported"},
       {"{" + user + R"(,"keel_retrieval":[1,2,3]})", "keel_retrieval: expected an object"},
       {"{" + user + R"(,"keel_retrieval":{"vector":[1,2,3],"k":5}})", "keel_retrieval: unknown member"},
       {"{" + user + R"(,"keel_retrieval":{}})", "keel_retrieval.vector: expected an array"},

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -234,6 +238,28 @@ TEST(HiloCatalog, HostileInputIsRefusedWithBoundedMessages) {
   doc = TestJson();
   doc["states"][0]["levels"]["engine"]["max_context"] = uint64_t{18446744073709551615u};
   EXPECT_EQ(ErrorOf(doc), "states[0].levels.engine.max_context: expected at most 1048576");
+}
+
+// The file is checked before it is read: a 1.5 GB catalog was read whole (3 GB resident) before
+// the 1 MiB check, /dev/zero never ended and a FIFO blocked.
+TEST(HiloCatalog, CatalogFilesAreBoundedBeforeTheyAreRead) {
+  const std::string dir = ::testing::TempDir() + "/hilo-catalog-files-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string good = dir + "/good.json", big = dir + "/big.json", fifo = dir + "/fifo.json";
+  std::ofstream(good) << WriteCatalog(TestCatalog());
+  EXPECT_TRUE(ReadCatalogFile(good).ok());
+  std::ofstream(big).close();
+  std::filesystem::resize_file(big, uint64_t{3} << 30);  // sparse: nothing is written
+  Result<Catalog> b = ReadCatalogFile(big);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("larger than the limit"), std::string::npos) << b.status().message();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Result<Catalog> f = ReadCatalogFile(fifo);  // would block forever if it were opened for reading
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("not a regular file"), std::string::npos) << f.status().message();
+  Result<Catalog> z = ReadCatalogFile("/dev/zero");
+  ASSERT_FALSE(z.ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HiloCatalog, ValidateCatalogAppliesTheReadersRulesToBuiltCatalogs) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <random>
 
@@ -465,6 +467,17 @@ TEST(HiloController, CreateRefusesUnvalidatedCatalogsAndBadOptions) {
   o = Exact();
   o.initial_state = "nope";
   EXPECT_FALSE(Controller::Create(TestCatalog(), o, nullptr).ok());
+  // Seconds become int64 milliseconds: inf would have made every report stale at once.
+  for (double ControllerOptions::*field : {&ControllerOptions::report_timeout_s, &ControllerOptions::stale_fallback_s,
+                                            &ControllerOptions::min_dwell_s, &ControllerOptions::recover_dwell_s}) {
+    o = Exact();
+    o.stale_fallback_s = std::max(o.stale_fallback_s, o.report_timeout_s);
+    o.*field = std::numeric_limits<double>::infinity();
+    if (field == &ControllerOptions::report_timeout_s) o.stale_fallback_s = o.report_timeout_s;
+    Result<Controller> bad = Controller::Create(TestCatalog(), o, nullptr);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("86400"), std::string::npos) << bad.status().message();
+  }
 }
 
 // The test catalog with the qualities of a product whose degradations cost more than they buy:
