@@ -7,6 +7,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -67,8 +68,18 @@ Status CheckVector(const std::vector<float>& v, int dim, const char* what, const
   if (static_cast<int>(v.size()) != dim) {
     return Status::InvalidArgument(where + ": " + what + " has " + std::to_string(v.size()) + " values, expected " + std::to_string(dim));
   }
+  double squared = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     if (!std::isfinite(v[i])) return Status::InvalidArgument(where + ": " + what + "[" + std::to_string(i) + "] is not finite");
+    squared += static_cast<double>(v[i]) * v[i];
+  }
+  // |a - b|^2 <= 2 (|a|^2 + |b|^2): with each squared length at most FLT_MAX / 4 every distance
+  // stays finite in float32. Beyond that, distances overflowed to inf (null in JSON) and the
+  // order among them was arbitrary.
+  constexpr double kMaxSquaredLength = std::numeric_limits<float>::max() / 4.0;
+  if (squared > kMaxSquaredLength) {
+    return Status::InvalidArgument(where + ": " + what + " is too long (squared length " + std::to_string(squared) +
+                                   " over " + std::to_string(kMaxSquaredLength) + "): distances would overflow float32");
   }
   return Status::Ok();
 }

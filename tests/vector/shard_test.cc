@@ -110,6 +110,9 @@ TEST(ShardTest, BadInputIsInvalidArgumentAndChangesNothing) {
   Item inf = MakeItem(102);
   inf.image[0] = std::numeric_limits<float>::infinity();
   expect_invalid({inf}, "image[0]");
+  Item huge = MakeItem(105);  // finite, but its distances to anything overflow float32
+  std::fill(huge.text.begin(), huge.text.end(), 3.4e38f);
+  expect_invalid({huge}, "distances would overflow");
   expect_invalid({MakeItem(103), MakeItem(103)}, "duplicate");
   Item big = MakeItem(104);
   big.id = ~uint64_t{0};
@@ -121,6 +124,9 @@ TEST(ShardTest, BadInputIsInvalidArgumentAndChangesNothing) {
   EXPECT_EQ(shard->Search(r).status().code(), StatusCode::kInvalidArgument);
   r.k = 1001;
   EXPECT_NE(shard->Search(r).status().message().find("k must be in [1, 1000]"), std::string::npos);
+  r = TextQuery(1);
+  std::fill(r.text_query.begin(), r.text_query.end(), 3.4e38f);
+  EXPECT_NE(shard->Search(r).status().message().find("distances would overflow"), std::string::npos);
   r = TextQuery(1);
   r.text_query.resize(64);
   EXPECT_EQ(shard->Search(r).status().code(), StatusCode::kInvalidArgument);
