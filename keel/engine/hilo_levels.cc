@@ -6,6 +6,7 @@
 #include "keel/core/log.h"
 #include "keel/core/mapped_file.h"
 #include "keel/core/socket.h"
+#include "keel/kv/registry.h"
 
 namespace keel::engine {
 namespace {
@@ -14,13 +15,6 @@ namespace {
 int MaxNewTokens(const hilo::State& st) { return static_cast<int>(std::max<int64_t>(1, st.engine.max_new_tokens)); }
 
 }  // namespace
-
-std::optional<bool> KvCodecIsLossless(std::string_view spec) {
-  const std::string_view family = spec.substr(0, spec.find(':'));
-  if (family == "raw" || family == "zipfusion") return true;
-  if (family == "bellows" || family == "minicache" || family == "kivi") return false;
-  return std::nullopt;
-}
 
 Result<std::unique_ptr<HiloLevels>> HiloLevels::Create(hilo::ServiceLink& link, Engine& engine,
                                                        HiloLevelOptions options) {
@@ -36,7 +30,7 @@ Result<std::unique_ptr<HiloLevels>> HiloLevels::Create(hilo::ServiceLink& link, 
     const hilo::State& st = catalog.states[i];
     const std::string& name = st.engine.kv_codec;
     const std::string where = "hilo catalog state '" + st.name + "': engine.kv_codec '" + name + "'";
-    if (st.engine.lossless && KvCodecIsLossless(name) == false) {
+    if (st.engine.lossless && kv::IsLosslessCodec(name) == false) {
       return Status::InvalidArgument(where + " is a lossy codec but engine.lossless is true");
     }
     auto it = resolved.find(name);
@@ -87,7 +81,7 @@ void HiloLevels::Apply() {
     // A codec this engine lacks: keep the one in use (or about to be), unless that would put a
     // lossless level on a lossy codec.
     want = sched.target_codec_spec();
-    if (st.engine.lossless && KvCodecIsLossless(want) != true) want = lossless_fallback_;
+    if (st.engine.lossless && kv::IsLosslessCodec(want) != true) want = lossless_fallback_;
     if (!sc.logged) {
       sc.logged = true;
       Log().error("hilo: state '{}' asks for KV codec '{}', which this engine cannot build ({}); using {}", st.name,

@@ -17,9 +17,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "keel/core/metrics.h"
@@ -28,12 +26,6 @@
 #include "keel/hilo/service_link.h"
 
 namespace keel::engine {
-
-// Whether a codec spec may serve a level with lossless=true. Lossless: "raw:*" and "zipfusion:*"
-// (no approximation beyond a 16-bit float rounding of K/V; zipfusion is bit-identical to
-// raw:bf16, and the catalog format pairs it with lossless). Lossy: "bellows" (low rank),
-// "minicache" (merged layers), "kivi" (2/4-bit). nullopt for a family the engine does not know.
-std::optional<bool> KvCodecIsLossless(std::string_view spec);
 
 struct HiloLevelOptions {
   // How long a codec switch lets running sequences finish before preempting them.

@@ -31,11 +31,12 @@ Result<std::unique_ptr<Codec>> MakeKivi(std::string_view variant, const CodecCon
 
 const std::vector<CodecFamily>& CodecFamilies() {
   static const std::vector<CodecFamily> families = {
-      {"raw", "raw (= raw:f32), raw:f32, raw:bf16, raw:f16", MakeRaw},
-      {"zipfusion", "zipfusion (= zipfusion:bf16), zipfusion:f16", MakeZipFusion},
-      {"bellows", "bellows (with --bellows FILE)", bellows::MakeBellowsCodec},
-      {"minicache", "minicache, minicache:q4 (options q4, keepD, fromL)", minicache::MakeMiniCacheCodec},
-      {"kivi", "kivi (= kivi:2), kivi:4", MakeKivi},
+      {"raw", "raw (= raw:f32), raw:f32, raw:bf16, raw:f16", MakeRaw, /*lossless=*/true},
+      {"zipfusion", "zipfusion (= zipfusion:bf16), zipfusion:f16", MakeZipFusion, /*lossless=*/true},
+      {"bellows", "bellows (with --bellows FILE)", bellows::MakeBellowsCodec, /*lossless=*/false},
+      {"minicache", "minicache, minicache:q4 (options q4, keepD, fromL)", minicache::MakeMiniCacheCodec,
+       /*lossless=*/false},
+      {"kivi", "kivi (= kivi:2), kivi:4", MakeKivi, /*lossless=*/false},
   };
   return families;
 }
@@ -59,6 +60,14 @@ Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const KvShape& s
   CodecContext context;
   context.shape = shape;
   return MakeCodec(spec, context);
+}
+
+std::optional<bool> IsLosslessCodec(std::string_view spec) {
+  const std::string_view name = spec.substr(0, spec.find(':'));
+  for (const CodecFamily& family : CodecFamilies()) {
+    if (family.name == name) return family.lossless;
+  }
+  return std::nullopt;
 }
 
 std::string KnownCodecs() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,11 +21,18 @@ struct CodecFamily {
   std::string_view name;      // the spec's part before ':'
   std::string_view variants;  // for --help and errors, e.g. "raw (= raw:f32), raw:f32, raw:bf16, raw:f16"
   CodecFactory make;
+  // Stores K/V with no approximation beyond its 16- or 32-bit float dtype (raw; zipfusion, which
+  // is bit-identical to raw:bf16), as opposed to low rank, merged layers or few-bit quantisation.
+  // A HiLO level with engine.lossless = true may only name such a family.
+  bool lossless = false;
 };
 
 // Every registered family, in the order --help lists them.
 const std::vector<CodecFamily>& CodecFamilies();
 // One line naming every accepted spec, for --help and error messages.
 std::string KnownCodecs();
+// Whether spec's family is lossless (above); nullopt for a family that is not registered. The
+// variant is not checked: MakeCodec does that.
+std::optional<bool> IsLosslessCodec(std::string_view spec);
 
 }  // namespace keel::kv

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "keel/engine/engine.h"
+#include "keel/kv/registry.h"
 #include "keel/engine/openai_protocol.h"
 #include "keel/engine/server.h"
 #include "keel/hilo/catalog.h"
@@ -186,13 +187,13 @@ TEST(HiloLevelUnit, CutPromptFrontKeepsBosAndTheNewestTokens) {
 }
 
 TEST(HiloLevelUnit, LosslessClassification) {
-  EXPECT_EQ(KvCodecIsLossless("raw"), true);
-  EXPECT_EQ(KvCodecIsLossless("raw:bf16"), true);
-  EXPECT_EQ(KvCodecIsLossless("zipfusion:f16"), true);
-  EXPECT_EQ(KvCodecIsLossless("bellows"), false);
-  EXPECT_EQ(KvCodecIsLossless("kivi:4"), false);
-  EXPECT_EQ(KvCodecIsLossless("minicache:q4"), false);
-  EXPECT_EQ(KvCodecIsLossless("nosuchcodec"), std::nullopt);
+  EXPECT_EQ(kv::IsLosslessCodec("raw"), true);
+  EXPECT_EQ(kv::IsLosslessCodec("raw:bf16"), true);
+  EXPECT_EQ(kv::IsLosslessCodec("zipfusion:f16"), true);
+  EXPECT_EQ(kv::IsLosslessCodec("bellows"), false);
+  EXPECT_EQ(kv::IsLosslessCodec("kivi:4"), false);
+  EXPECT_EQ(kv::IsLosslessCodec("minicache:q4"), false);
+  EXPECT_EQ(kv::IsLosslessCodec("nosuchcodec"), std::nullopt);
 }
 
 TEST(HiloLevelUnit, RefusesLosslessLevelOnLossyCodecAndForeignLinks) {
