@@ -176,6 +176,8 @@ std::optional<ApiError> ParseCommon(const json& body, const std::string& model_n
       e->param = "stream_options.include_usage";
       return e;
     }
+    // As OpenAI answers: options for a stream on a request that is not one are a mistake.
+    if (!job->stream) return BadParam("stream_options", "'stream_options' is only allowed when 'stream' is true");
   }
   auto user = body.find("user");
   if (user != body.end() && !user->is_null() && !user->is_string()) {

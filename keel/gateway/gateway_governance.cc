@@ -79,6 +79,7 @@ void Governance::Store(const std::string& key_hash, KeyDecision decision, uint64
   e.expires = now + ttl;
   e.ack_generation = ack_generation;
   e.refreshing = false;
+  e.failed_at.reset();
 }
 
 Task<void> Governance::Refresh(std::string key_hash) {
@@ -91,7 +92,10 @@ Task<void> Governance::Refresh(std::string key_hash) {
   policy_unavailable_.WithLabels({"refresh"}).Inc();
   Log().warn("gateway: policy service unavailable during a background refresh: {}", fetched.status().ToString());
   std::lock_guard lock(mu_);
-  if (auto it = cache_.find(key_hash); it != cache_.end()) it->second.refreshing = false;
+  if (auto it = cache_.find(key_hash); it != cache_.end()) {
+    it->second.refreshing = false;
+    it->second.failed_at = std::chrono::steady_clock::now();
+  }
 }
 
 Task<Governance::Lookup> Governance::Resolve(const std::string& key_hash) {
@@ -114,6 +118,17 @@ Task<Governance::Lookup> Governance::Resolve(const std::string& key_hash) {
       }
       cached = e.decision;
       cached_generation = e.ack_generation;
+      if (e.failed_at && now - *e.failed_at < kStaleAfterFailure) {
+        // The service failed this key moments ago: answer from the stale decision now, and let
+        // one background refresh (not every request) find out whether it is back.
+        if (!e.refreshing) {
+          e.refreshing = true;
+          boost::asio::co_spawn(io_, Refresh(key_hash), boost::asio::detached);
+        }
+        cache_lookups_.WithLabels({"stale"}).Inc();
+        co_return Lookup{cached, Source::kStale, Status::Unavailable("policy service failed moments ago"),
+                         cached_generation};
+      }
     }
   }
   const uint64_t generation = AckGeneration();
@@ -126,6 +141,10 @@ Task<Governance::Lookup> Governance::Resolve(const std::string& key_hash) {
   }
   policy_unavailable_.WithLabels({"resolve"}).Inc();
   if (cached) {
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = cache_.find(key_hash); it != cache_.end()) it->second.failed_at = std::chrono::steady_clock::now();
+    }
     Log().warn("gateway: policy service unavailable ({}); serving a cached decision past its TTL",
                fetched.status().ToString());
     cache_lookups_.WithLabels({"stale"}).Inc();

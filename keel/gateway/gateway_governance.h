@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -79,7 +80,13 @@ class Governance {
     std::chrono::steady_clock::time_point expires;
     uint64_t ack_generation = 0;  // ack_generation_ when the decision was asked for
     bool refreshing = false;
+    // When a fetch for this key last failed (policy service down or hung); none after a success.
+    std::optional<std::chrono::steady_clock::time_point> failed_at;
   };
+  // After a failed fetch, requests for that key are served its stale decision at once for this
+  // long while one background refresh retries: a hung policy service must not add its whole
+  // timeout to every request.
+  static constexpr std::chrono::seconds kStaleAfterFailure{2};
   // Usage of one acknowledged batch for one budget: a decision asked for before the batch was
   // acknowledged does not include it yet.
   struct Acked {

@@ -230,6 +230,11 @@ TEST(OpenAiProtocol, ParseCommonSamplingAndModel) {
   e = ParseCommon(json::parse(R"({"model":"m","stream_options":{"include_usage":1}})"), "m", &other);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->param, "stream_options.include_usage");
+  e = ParseCommon(json::parse(R"({"model":"m","stream_options":{"include_usage":true}})"), "m", &other);
+  ASSERT_TRUE(e);  // without "stream": true, as OpenAI refuses it
+  EXPECT_EQ(e->param, "stream_options");
+  e = ParseCommon(json::parse(R"({"model":"m","stream":false,"stream_options":null})"), "m", &other);
+  EXPECT_FALSE(e);  // null is absent
   e = ParseCommon(json::parse(R"({"model":"m","stop":["a",""]})"), "m", &other);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->message, "stop sequences must not be empty");

@@ -1409,6 +1409,20 @@ TEST_F(GatewayE2E, ZPolicyServiceDownServesCachedKeysAndFailsClosedForUnknownOne
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 300 ms TTL
   auto known = Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_);
   EXPECT_EQ(known.status, 200) << known.body;
+  // After one failed fetch the key is served stale at once while a single background refresh
+  // retries: not one policy call per request (a hung service added its timeout to each).
+  auto resolve_failures = [] {
+    test::HttpTestClient http(gateway_port_);
+    const std::string body = http.Request("GET", "/metrics").body;
+    const std::string name = "keel_gateway_policy_unavailable_total{call=\"resolve\"} ";
+    const size_t at = body.find(name);
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + name.size()));
+  };
+  const double failures_before = resolve_failures();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_).status, 200);
+  }
+  EXPECT_EQ(resolve_failures(), failures_before) << "each request asked the failed policy service again";
   auto unknown = Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), "sk-keel-never-seen-before");
   EXPECT_EQ(unknown.status, 503) << unknown.body;
   test::HttpTestClient http(gateway_port_);

@@ -343,7 +343,7 @@ TEST(StreamEncoder, AnthropicEventShapesAndDeferredUsage) {
   auto frames = Frames(body);
   std::vector<std::string> names;
   for (auto& f : frames) names.push_back(f.event);
-  EXPECT_EQ(names, (std::vector<std::string>{"message_start", "ping", "content_block_start", "content_block_delta",
+  EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "ping", "content_block_delta",
                                              "content_block_stop", "content_block_start", "content_block_delta",
                                              "content_block_stop", "message_delta", "message_stop"}));
   Json start = Json::parse(frames[0].data)["message"];

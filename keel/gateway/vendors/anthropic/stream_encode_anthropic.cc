@@ -94,14 +94,18 @@ class AnthropicEncoder final : public StreamEncoder {
                 {"stop_sequence", nullptr},
                 {"usage", {{"input_tokens", std::max<int64_t>(usage_.input_tokens, 0)}, {"output_tokens", 0}}}};
     Event("message_start", Json{{"type", "message_start"}, {"message", std::move(msg)}}, out);
-    Event("ping", Json{{"type", "ping"}}, out);
   }
 
+  // Anthropic's own order: message_start, the first content_block_start, then ping.
   void OpenBlock(Json block, bool text, std::string* out) {
     open_block_ = next_block_++;
     open_is_text_ = text;
     Event("content_block_start",
           Json{{"type", "content_block_start"}, {"index", open_block_}, {"content_block", std::move(block)}}, out);
+    if (!ping_sent_) {
+      ping_sent_ = true;
+      Event("ping", Json{{"type", "ping"}}, out);
+    }
   }
 
   void CloseBlock(std::string* out) {
@@ -150,6 +154,7 @@ class AnthropicEncoder final : public StreamEncoder {
   const std::string model_;
   std::string id_;
   bool header_sent_ = false;
+  bool ping_sent_ = false;
   bool done_ = false;
   int open_block_ = -1;  // index of the open content block, -1 none
   bool open_is_text_ = false;
