@@ -51,6 +51,9 @@ class StateAgent {
   View Current(int64_t now_ms) const;
 
   int64_t version() const { return version_; }
+  // A different controller answers now (its epoch changed): its versions owe nothing to the old
+  // one's, so the next push is taken whatever its version. The heard time and state stay.
+  void ForgetVersion() { version_ = -1; }
 
  private:
   StateAgent(Catalog catalog, AgentOptions options) : catalog_(std::move(catalog)), opt_(options) {}

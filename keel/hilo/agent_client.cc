@@ -20,6 +20,7 @@ int64_t SystemNowMs() {
 struct StateReply {
   int64_t version = 0;
   std::string state;
+  std::string epoch;  // the controller instance; empty from a controller that sends none
 };
 
 // Reads the two members the agent needs from GET /v1/state's answer; the rest is for people.
@@ -40,6 +41,12 @@ Result<StateReply> ParseStateReply(std::string_view body) {
   }
   out.version = v->get<int64_t>();
   out.state = s->get<std::string>();
+  if (const auto e = doc.find("epoch"); e != doc.end() && !e->is_null()) {
+    if (!e->is_string() || e->get<std::string>().size() > 64) {
+      return Status::InvalidArgument("state reply: epoch: expected a string of at most 64 bytes");
+    }
+    out.epoch = e->get<std::string>();
+  }
   return out;
 }
 
@@ -117,6 +124,13 @@ Status AgentClient::PollOnce() {
   KEEL_ASSIGN_OR_RETURN(StateReply s, ParseStateReply(reply.body));
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!s.epoch.empty() && s.epoch != epoch_) {
+      // A restarted controller may number below the old one (its clock stepped back): without
+      // this its versions were ignored, and the service sat in its safe state until they passed.
+      if (!epoch_.empty()) Log().info("hilo agent: a new controller instance (epoch {}); taking its versions", s.epoch);
+      agent_.ForgetVersion();
+      epoch_ = s.epoch;
+    }
     auto taken = agent_.Push(s.version, s.state, opt_.clock());
     if (!taken.ok()) return taken.status();
     if (*taken) Log().info("hilo agent: state '{}' (version {})", s.state, s.version);

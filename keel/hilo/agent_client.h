@@ -107,8 +107,9 @@ class AgentClient {
   void Loop();
   Status PollOnce();
 
-  mutable std::mutex mu_;  // guards agent_, stopping_
+  mutable std::mutex mu_;  // guards agent_, epoch_, stopping_
   StateAgent agent_;
+  std::string epoch_;  // the controller instance last heard ("" before, or from one without epochs)
   ControllerCall call_;
   AgentClientOptions opt_;
   std::condition_variable stop_cv_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -145,6 +146,8 @@ Status ControllerServer::Start() {
     // Versions grow across restarts: a restarted controller starts above anything it pushed before
     // (unless the clock stepped back by more than the changes it made).
     version_ = Now();
+    std::random_device rd;
+    epoch_ = fmt::format("{:08x}{:08x}", rd(), rd());
     version_gauge_->Set(static_cast<double>(version_));
     svc_version_.fill(version_);
   }
@@ -399,6 +402,7 @@ std::string ControllerServer::StateBody() const {
   const int i = controller_->current();
   nlohmann::ordered_json j;
   j["version"] = version_;
+  j["epoch"] = epoch_;
   j["state"] = c.states[i].name;
   j["index"] = i;
   j["levels"] = nlohmann::ordered_json::parse(WriteLevels(c.states[i]));
@@ -412,6 +416,7 @@ std::string ControllerServer::ServiceStateBody(Service s) const {
   const int i = svc_index_[static_cast<int>(s)];
   nlohmann::ordered_json j;
   j["version"] = svc_version_[static_cast<int>(s)];
+  j["epoch"] = epoch_;
   j["state"] = c.states[i].name;
   j["index"] = i;
   j["levels"] = nlohmann::ordered_json::parse(WriteLevels(c.states[i]));

@@ -147,6 +147,7 @@ class ControllerServer {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   int64_t version_ = 0;
+  std::string epoch_;  // random per Start: agents tell a new controller instance by it
   std::string reason_;
   int waiters_ = 0;
   // The latest report of each instance (for GET /v1/services), keyed by (service, instance),

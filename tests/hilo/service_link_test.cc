@@ -367,6 +367,35 @@ TEST(ServiceLink, ConnectFailsClearly) {
   EXPECT_EQ(ServiceLink::Connect(missing, {}, DeadlineIn(kTimeoutMs)).status().code(), StatusCode::kUnavailable);
 }
 
+// A new controller instance (a new epoch) is followed even when it numbers below the old one
+// (its clock stepped back); the same instance going back is still ignored.
+TEST(ServiceLink, ANewControllerInstanceIsFollowedWhateverItsVersions) {
+  auto reply = std::make_shared<std::string>(R"({"version":2000,"epoch":"a","state":"full"})");
+  auto mu = std::make_shared<std::mutex>();
+  ControllerCall call = [reply, mu](std::string_view method, std::string_view, std::string_view, std::string_view,
+                                    Deadline) -> Result<ControllerReply> {
+    if (method != "GET") return ControllerReply{200, "{}"};  // a report
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::lock_guard<std::mutex> lock(*mu);
+    return ControllerReply{200, *reply};
+  };
+  auto set = [reply, mu](const std::string& body) {
+    std::lock_guard<std::mutex> lock(*mu);
+    *reply = body;
+  };
+  auto made = ServiceLink::Create(FreshCatalog(), call, FastOptions(Service::kEngine));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ServiceLink& link = **made;
+  ASSERT_TRUE(link.Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return link.Current().name == "full"; }));
+  set(R"({"version":1000,"epoch":"a","state":"small_model"})");  // same instance, older: ignored
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(link.Current().name, "full");
+  set(R"({"version":1000,"epoch":"b","state":"small_model"})");  // a new instance: followed
+  EXPECT_TRUE(WaitFor([&] { return link.Current().name == "small_model"; }));
+  link.Stop();
+}
+
 TEST(ServiceLink, LostControllerHoldsThenFallsBackToTheSafeState) {
   auto server = StartServer();
   ASSERT_TRUE(server);
