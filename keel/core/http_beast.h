@@ -3,8 +3,10 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 
@@ -42,10 +44,11 @@ inline int TransferCodingError(const boost::beast::http::request_header<>& heade
     *message = "Transfer-Encoding must end in chunked";
     return 400;
   }
-  std::string value(header[http::field::transfer_encoding]);
-  for (char& c : value) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  const auto field = header[http::field::transfer_encoding];
+  const std::string_view value(field.data(), field.size());
   const size_t b = value.find_first_not_of(" \t"), e = value.find_last_not_of(" \t");
-  if (fields > 1 || b == std::string::npos || value.substr(b, e - b + 1) != "chunked") {
+  const std::string_view coding = b == std::string_view::npos ? std::string_view() : value.substr(b, e - b + 1);
+  if (fields > 1 || !boost::beast::iequals(boost::beast::string_view(coding.data(), coding.size()), "chunked")) {
     *message = "only the chunked transfer coding is supported";
     return 501;
   }

@@ -22,8 +22,9 @@
 //                     (401 without it or when wrong, 403 when the server has no admin token).
 //
 // Long-polls are bounded: at most max_waiters wait at once (one handler thread each); one more is
-// answered at once with the current state (a heartbeat, never a 503). The HTTP pool has max_waiters + kSpareHandlers threads, so
-// reports and scrapes are still served while every waiter slot is taken.
+// answered at once with the current state (a heartbeat, never a 503). The HTTP pool has
+// max_waiters + kSpareHandlers threads, so reports and scrapes are still served while every
+// waiter slot is taken.
 //
 // Versions start at the start time in unix ms and each change sets max(version + 1, now_ms), so
 // they grow across restarts, as StateAgent requires.

@@ -29,6 +29,21 @@ Result<std::unique_ptr<Codec>> MakeKivi(std::string_view variant, const CodecCon
 
 }  // namespace
 
+const std::vector<CodecFamily>& CodecFamilies();
+
+namespace {
+
+// The registered family of spec ("name[:variant]"), or nullptr.
+const CodecFamily* FindFamily(std::string_view spec) {
+  const std::string_view name = spec.substr(0, spec.find(':'));
+  for (const CodecFamily& family : CodecFamilies()) {
+    if (family.name == name) return &family;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 const std::vector<CodecFamily>& CodecFamilies() {
   static const std::vector<CodecFamily> families = {
       {"raw", "raw (= raw:f32), raw:f32, raw:bf16, raw:f16", MakeRaw, /*lossless=*/true},
@@ -48,11 +63,8 @@ Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const CodecConte
     return Status::InvalidArgument("kv codec: invalid KV shape");
   }
   const size_t colon = spec.find(':');
-  const std::string_view name = spec.substr(0, colon);
   const std::string_view variant = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
-  for (const CodecFamily& family : CodecFamilies()) {
-    if (family.name == name) return family.make(variant, context);
-  }
+  if (const CodecFamily* family = FindFamily(spec)) return family->make(variant, context);
   return Status::InvalidArgument("unknown KV codec '" + std::string(spec) + "'; known codecs: " + KnownCodecs());
 }
 
@@ -63,11 +75,8 @@ Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const KvShape& s
 }
 
 std::optional<bool> IsLosslessCodec(std::string_view spec) {
-  const std::string_view name = spec.substr(0, spec.find(':'));
-  for (const CodecFamily& family : CodecFamilies()) {
-    if (family.name == name) return family.lossless;
-  }
-  return std::nullopt;
+  const CodecFamily* family = FindFamily(spec);
+  return family ? std::optional<bool>(family->lossless) : std::nullopt;
 }
 
 std::string KnownCodecs() {

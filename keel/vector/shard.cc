@@ -7,9 +7,9 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>

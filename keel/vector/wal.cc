@@ -91,7 +91,7 @@ Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const
     const bool whole = h.len <= left - kHeaderBytes;
     const bool last = whole && h.len == left - kHeaderBytes;
     std::string_view payload = whole ? std::string_view(data).substr(off + kHeaderBytes, h.len) : std::string_view();
-    auto corrupt = [&](const char* why) {
+    auto corrupt = [&](const std::string& why) {
       return Status::Corruption(path + ": bad WAL record at offset " + std::to_string(off) + " (" + why + "), " +
                                 std::to_string(left) + " bytes from there to the end");
     };
@@ -103,9 +103,8 @@ Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const
     if (!whole) {
       const size_t next = FindValidRecordAfter(data, off);
       if (next == std::string_view::npos) break;  // the crash cut this record short: torn tail
-      return Status::Corruption(path + ": bad WAL record at offset " + std::to_string(off) + " (length " +
-                                std::to_string(h.len) + " runs past the end of the file, but a valid record " +
-                                "follows at offset " + std::to_string(next) + ")");
+      return corrupt("length " + std::to_string(h.len) + " runs past the end of the file, but a valid record " +
+                     "follows at offset " + std::to_string(next));
     }
     if (RecordChecksum(h.tag, h.len, payload) != h.sum) {
       if (last) break;  // the last record's bytes never all reached the disk
