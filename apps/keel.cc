@@ -57,6 +57,13 @@ struct KvCodecArgs {
     if (!bellows.empty()) p["bellows"] = bellows;
     return p;
   }
+  // --bellows with another codec would be read by nothing, unless a HiLO state may switch the
+  // engine to bellows at run time (`switchable`).
+  Status CheckBellows(bool switchable) const {
+    if (bellows.empty() || switchable || codec == "bellows" || codec.starts_with("bellows:")) return Status::Ok();
+    return Status::InvalidArgument("--bellows is the calibration of --kv-codec bellows; with --kv-codec " + codec +
+                                   " nothing would read it");
+  }
 };
 
 void AddKvCodecFlags(CLI::App* cmd, KvCodecArgs& a) {
@@ -133,6 +140,7 @@ struct GenerateArgs {
 };
 
 int RunGenerate(const GenerateArgs& a) {
+  if (Status s = a.kv.CheckBellows(false); !s.ok()) return Fail(s);
   EngineOptions opt;
   if (Status s = ApplyMoeFlags(a.moe, opt); !s.ok()) return Fail(s);
   opt.model_path = a.model;
@@ -229,6 +237,7 @@ struct StopHiloLink {
 // ---- engine-hilo (end)
 
 int RunServe(const ServeArgs& a) {
+  if (Status s = a.kv.CheckBellows(!a.hilo.url.empty() || !a.hilo.catalog.empty()); !s.ok()) return Fail(s);
   EngineOptions opt;
   if (Status s = ApplyMoeFlags(a.moe, opt); !s.ok()) return Fail(s);
   opt.model_path = a.model;
@@ -403,6 +412,7 @@ struct BenchArgs {
 };
 
 int RunBench(const BenchArgs& a) {
+  if (Status s = a.kv.CheckBellows(false); !s.ok()) return Fail(s);
   auto m = LoadModel(a.model);
   if (!m.ok()) return Fail(m.status());
   ThroughputOptions o;
@@ -629,6 +639,13 @@ int RunHiloCheck(HiloArgs a) {
     std::printf("\n");
   }
   Status s = hilo::CheckUsable(*c, a.o.fingerprint, now, a.o.max_age_s);
+  // The hilo library knows no codecs; the binary that checks does.
+  for (size_t i = 0; i < c->states.size() && s.ok(); ++i) {
+    if (!kv::IsLosslessCodec(c->states[i].engine.kv_codec).has_value()) {
+      s = Status::InvalidArgument(fmt::format("state '{}': engine.kv_codec '{}' is not a KV codec (known: {})",
+                                              c->states[i].name, c->states[i].engine.kv_codec, kv::KnownCodecs()));
+    }
+  }
   std::printf("%s\n", s.ok() ? "usable" : s.message().c_str());
   return s.ok() ? 0 : 1;
 }

@@ -14,12 +14,30 @@
 
 namespace keel {
 
+// The origin form ("/v1/models?x=1") of a request target. RFC 9112 §3.2.2: a server must accept
+// the absolute form ("http://host:8080/v1/models?x=1") too, which proxies send; its scheme and
+// authority are dropped (an empty path is "/"). Other targets are returned as sent.
+inline std::string OriginForm(std::string_view target) {
+  const size_t colon = target.find("://");
+  if (colon == std::string_view::npos || target.starts_with('/')) return std::string(target);
+  const std::string_view scheme = target.substr(0, colon);
+  if (!boost::beast::iequals(boost::beast::string_view(scheme.data(), scheme.size()), "http") &&
+      !boost::beast::iequals(boost::beast::string_view(scheme.data(), scheme.size()), "https")) {
+    return std::string(target);
+  }
+  const std::string_view rest = target.substr(colon + 3);
+  const size_t end = rest.find_first_of("/?#");
+  if (end == std::string_view::npos) return "/";
+  if (rest[end] == '/') return std::string(rest.substr(end));
+  return "/" + std::string(rest.substr(end));
+}
+
 // Moves the body out of `msg`.
 inline HttpRequest ToHttpRequest(boost::beast::http::request<boost::beast::http::string_body>& msg,
                                  std::string remote) {
   HttpRequest req;
   req.method = std::string(msg.method_string());
-  req.target = std::string(msg.target());
+  req.target = OriginForm(std::string_view(msg.target().data(), msg.target().size()));
   const size_t q = req.target.find('?');
   req.path = req.target.substr(0, q);
   if (q != std::string::npos) req.query = req.target.substr(q + 1);

@@ -264,8 +264,9 @@ double Cap(double seconds, double cap) {
 // until a request is complete; Serve (a pool thread) runs the handler for it.
 class HttpSession final : public FrontSession {
  public:
-  HttpSession(const HttpServerOptions& options, const HttpHandler& handler, std::string remote)
-      : options_(options), handler_(handler), remote_(std::move(remote)) {}
+  HttpSession(const HttpServerOptions& options, const HttpHandler& handler, HttpServer::RefusalCounters& refusals,
+              std::string remote)
+      : options_(options), handler_(handler), refusals_(refusals), remote_(std::move(remote)) {}
 
   FrontStep OnReadable(int fd) override {
     size_t read = 0;
@@ -360,6 +361,7 @@ class HttpSession final : public FrontSession {
     if (parser_->is_header_done()) {
       std::string why;
       if (const int status = TransferCodingError(parser_->get().base(), parser_->chunked(), &why)) {
+        (status == 501 ? refusals_.coding_not_implemented : refusals_.malformed).fetch_add(1, std::memory_order_relaxed);
         *step = FrontStep::Close(ErrorBytes(options_, Version(), status, why), true);
         return true;
       }
@@ -378,24 +380,28 @@ class HttpSession final : public FrontSession {
     return false;
   }
 
-  FrontStep ErrorStep(const error_code& ec) const {
+  FrontStep ErrorStep(const error_code& ec) {
     const int version = Version();
     if (ec == http::error::body_limit) {
+      refusals_.body_too_large.fetch_add(1, std::memory_order_relaxed);
       return FrontStep::Close(ErrorBytes(options_, version, 413,
                                          fmt::format("request body exceeds {} bytes", options_.max_body_bytes)),
                               true);
     }
     if (ec == http::error::header_limit) {
+      refusals_.headers_too_large.fetch_add(1, std::memory_order_relaxed);
       return FrontStep::Close(ErrorBytes(options_, version, 431,
                                          fmt::format("request headers exceed {} bytes", options_.max_header_bytes)),
                               true);
     }
+    refusals_.malformed.fetch_add(1, std::memory_order_relaxed);
     return FrontStep::Close(ErrorBytes(options_, version, 400, fmt::format("malformed request: {}", ec.message())),
                             true);
   }
 
   const HttpServerOptions& options_;
   const HttpHandler& handler_;
+  HttpServer::RefusalCounters& refusals_;
   const std::string remote_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -529,7 +535,7 @@ Status HttpServer::Start() {
   auto front = std::make_unique<ConnectionFront>(
       fo,
       [this](const std::string& peer) -> std::unique_ptr<FrontSession> {
-        return std::make_unique<HttpSession>(options_, handler_, peer);
+        return std::make_unique<HttpSession>(options_, handler_, refusals_, peer);
       },
       ErrorBytes(options_, 11, 503, "too many connections"));
   KEEL_RETURN_IF_ERROR(front->Start(listening));
@@ -553,6 +559,12 @@ void HttpServer::Stop(double drain_seconds) {
   }
   if (front == nullptr) return;
   front->Stop(drain_seconds < 0 ? options_.drain_seconds : drain_seconds);
+}
+
+HttpRefusalStats HttpServer::refusal_stats() const {
+  return {refusals_.malformed.load(std::memory_order_relaxed), refusals_.body_too_large.load(std::memory_order_relaxed),
+          refusals_.headers_too_large.load(std::memory_order_relaxed),
+          refusals_.coding_not_implemented.load(std::memory_order_relaxed)};
 }
 
 int HttpServer::open_connections() const {

@@ -181,6 +181,14 @@ struct HttpServerOptions {
   HttpErrorBody error_body = DefaultHttpErrorBody;
 };
 
+// Requests the server refused itself, before any handler saw them (each answered and closed).
+struct HttpRefusalStats {
+  int64_t malformed = 0;               // 400: bad request line, header or chunking; bad Transfer-Encoding
+  int64_t body_too_large = 0;          // 413
+  int64_t headers_too_large = 0;       // 431
+  int64_t coding_not_implemented = 0;  // 501: a transfer coding other than chunked
+};
+
 class HttpServer {
  public:
   HttpServer(HttpServerOptions options, HttpHandler handler);
@@ -205,10 +213,18 @@ class HttpServer {
   int active_requests() const;
   // Connection counters: shed, rejected (503 at a cap), head/body/idle timeouts, the cap in force.
   ConnectionFrontStats connection_stats() const;
+  // Requests refused by the HTTP layer (never counted by a handler's metrics).
+  HttpRefusalStats refusal_stats() const;
+
+  // One counter per refusal kind; sessions add to it from the I/O thread.
+  struct RefusalCounters {
+    std::atomic<int64_t> malformed{0}, body_too_large{0}, headers_too_large{0}, coding_not_implemented{0};
+  };
 
  private:
   HttpServerOptions options_;
   HttpHandler handler_;
+  RefusalCounters refusals_;
   std::atomic<int> port_{0};
   std::unique_ptr<ConnectionFront> front_;
   mutable std::mutex mu_;  // guards front_ against Start racing the accessors

@@ -88,7 +88,10 @@ Result<Json> Parse(std::string_view text, const JsonLimits& limits, JsonReadErro
     // e.byte counts bytes read, so the offending byte is at e.byte - 1 (0 for empty text).
     return fail(JsonReadError::kMalformed,
                 fmt::format("malformed JSON at byte {}: {}", e.byte > 0 ? e.byte - 1 : 0, Reason(e.what())));
-  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range 406: a number overflows a double
+  } catch (const nlohmann::json::out_of_range&) {
+    // 406: the grammar allows any number of digits; the number is not echoed (it may be megabytes).
+    return fail(JsonReadError::kNumberOutOfRange, "JSON number out of range: it overflows a double");
+  } catch (const nlohmann::json::exception& e) {
     return fail(JsonReadError::kMalformed, fmt::format("malformed JSON: {}", Reason(e.what())));
   }
   if (limits.require_object && !j.is_object()) return fail(JsonReadError::kNotObject, "expected a JSON object");

@@ -32,7 +32,8 @@ struct JsonLimits {
 };
 
 // Which check refused the text; callers that must keep a wire format's own message use it.
-enum class JsonReadError { kNone, kTooDeep, kTooManyValues, kMalformed, kNotObject };
+// kNumberOutOfRange: well-formed JSON holding a number beyond a double's range (e.g. 1e999).
+enum class JsonReadError { kNone, kTooDeep, kTooManyValues, kMalformed, kNumberOutOfRange, kNotObject };
 
 // Parses `text` within `limits`. On success the parsed value; otherwise InvalidArgument whose
 // message names the check and, where it has one, the byte offset (0-based) where it failed:

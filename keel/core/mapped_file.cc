@@ -8,13 +8,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
-#include <sstream>
 
 namespace keel {
 
 Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the type check below.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     std::string msg = path + ": " + std::strerror(err);
@@ -28,8 +29,9 @@ Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
     return Status::IOError(msg);
   }
   if (!S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
     ::close(fd);
-    return Status::InvalidArgument(path + ": not a regular file");
+    return Status::InvalidArgument(path + (dir ? ": is a directory, not a file" : ": not a regular file"));
   }
   size_t size = static_cast<size_t>(st.st_size);
   const uint8_t* data = nullptr;
@@ -50,19 +52,12 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-Result<std::string> ReadFileToString(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (::access(path.c_str(), F_OK) != 0) return Status::NotFound(path + ": no such file");
-    return Status::IOError(path + ": cannot open");
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::IOError(path + ": read failed");
-  return ss.str();
+Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
+  return ReadSmallFile(path, max_bytes);
 }
 
 Result<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the type check below.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return Status::NotFound(path + ": no such file");
@@ -70,17 +65,24 @@ Result<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
     ::close(fd);
-    return Status::InvalidArgument(path + ": not a regular file");
+    return Status::InvalidArgument(path + (dir ? ": is a directory, not a file" : ": not a regular file"));
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     ::close(fd);
     return Status::InvalidArgument(path + ": " + std::to_string(st.st_size) + " bytes, larger than the limit of " +
                                    std::to_string(max_bytes));
   }
-  std::string out(max_bytes + 1, '\0');  // one more: a file that grew since fstat is caught too
+  // Sized by the file, not the limit; one byte more catches a file that grew since fstat, and
+  // it may grow on up to one byte past the limit.
+  std::string out(static_cast<size_t>(st.st_size) + 1, '\0');
   size_t got = 0;
-  while (got < out.size()) {
+  for (;;) {
+    if (got == out.size()) {
+      if (out.size() > max_bytes) break;
+      out.resize(std::min(max_bytes + 1, out.size() * 2));
+    }
     const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {

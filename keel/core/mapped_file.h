@@ -33,8 +33,10 @@ class MappedFile {
   size_t size_;
 };
 
-// Reads a whole (small) file into a string. NotFound / IOError on failure.
-Result<std::string> ReadFileToString(const std::string& path);
+// Reads a whole regular file of at most max_bytes into a string: ReadSmallFile with a limit
+// for files of any kind a program reads whole (tokenizers, configs, calibrations, traces).
+inline constexpr size_t kMaxWholeFileBytes = size_t{1} << 30;
+Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes = kMaxWholeFileBytes);
 // For small files that a user names (catalogs, keys, tokens): reads at most max_bytes, refusing
 // anything that is not a regular file (a FIFO would block, /dev/zero never end) and a file
 // larger than max_bytes (InvalidArgument naming both), without reading it whole first.

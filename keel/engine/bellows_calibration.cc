@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -18,8 +19,17 @@ namespace {
 // Windows of `window` tokens, each BOS + the next documents' tokens, until `total` tokens.
 Result<std::vector<std::vector<int>>> CalibrationWindows(const std::string& path, const Tokenizer& tok, int window,
                                                          int64_t total) {
+  // Read a line at a time, and only as far as `total` tokens: a text may be large. A FIFO or a
+  // device (/dev/zero: one endless line) is refused, and so is a line or paragraph past the bounds.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    if (!std::filesystem::exists(path, ec)) return Status::NotFound("calibration text " + path + ": no such file");
+    return Status::InvalidArgument("calibration text " + path + ": not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound("calibration text " + path + ": cannot open");
+  constexpr size_t kMaxLineBytes = size_t{1} << 20, kMaxParagraphBytes = size_t{64} << 20;
+  std::vector<char> buf(kMaxLineBytes + 1);
   std::vector<std::vector<int>> windows;
   std::vector<int> cur{Tokenizer::kBos};
   int64_t have = 0;
@@ -38,13 +48,22 @@ Result<std::vector<std::vector<int>>> CalibrationWindows(const std::string& path
       }
     }
   };
-  while (have < total && std::getline(in, line)) {
+  while (have < total && in.getline(buf.data(), static_cast<std::streamsize>(buf.size()))) {
+    line.assign(buf.data(), static_cast<size_t>(std::max<std::streamsize>(in.gcount() - (in.eof() ? 0 : 1), 0)));
     if (line.empty()) {
       flush();
       continue;
     }
     if (!doc.empty()) doc += '\n';
     doc += line;
+    if (doc.size() > kMaxParagraphBytes) {
+      return Status::InvalidArgument("calibration text " + path + ": a paragraph longer than " +
+                                     std::to_string(kMaxParagraphBytes) + " bytes (paragraphs end at a blank line)");
+    }
+  }
+  if (in.fail() && !in.eof()) {
+    return Status::InvalidArgument("calibration text " + path + ": a line longer than " +
+                                   std::to_string(kMaxLineBytes) + " bytes");
   }
   if (have < total) flush();
   if (windows.empty()) {

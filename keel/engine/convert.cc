@@ -105,13 +105,24 @@ int64_t InterleavedSource(int64_t r, int64_t head_dim) {
   return head * head_dim + (j < half ? 2 * j : 2 * (j - half) + 1);
 }
 
-void NarrowF32(DType t, const float* src, uint8_t* dst, size_t n) {
+std::string TorchDType(DType t) {
+  return t == DType::kF32 ? "float32" : t == DType::kF16 ? "float16" : "bfloat16";
+}
+
+// Returns how many finite values became infinite (beyond the narrow type's range).
+size_t NarrowF32(DType t, const float* src, uint8_t* dst, size_t n) {
   if (t == DType::kF32) {
     std::memcpy(dst, src, n * 4);
-    return;
+    return 0;
   }
   uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-  for (size_t i = 0; i < n; ++i) out[i] = t == DType::kF16 ? F32ToF16(src[i]) : F32ToBf16(src[i]);
+  size_t overflowed = 0;
+  const uint16_t exp_mask = t == DType::kF16 ? 0x7C00 : 0x7F80;  // all-ones exponent: inf or NaN
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = t == DType::kF16 ? F32ToF16(src[i]) : F32ToBf16(src[i]);
+    overflowed += (out[i] & exp_mask) == exp_mask && std::isfinite(src[i]);
+  }
+  return overflowed;
 }
 
 // Fills `n` consecutive rows starting at `row` (each shape.back() floats) of one tensor.
@@ -137,7 +148,11 @@ Status WriteStreaming(const std::string& path, const std::vector<HfTensor>& tens
       f32.resize(count);
       bytes.resize(count * DTypeSize(dtype));
       rows_of(r, n, f32.data());
-      NarrowF32(dtype, f32.data(), bytes.data(), count);
+      if (const size_t over = NarrowF32(dtype, f32.data(), bytes.data(), count); over > 0) {
+        return Status::InvalidArgument(fmt::format(
+            "{}: {} values beyond the range of {} (they would become infinite); convert with --dtype {}", t.name,
+            over, TorchDType(dtype), dtype == DType::kF16 ? "bf16 or f32" : "f32"));
+      }
       KEEL_RETURN_IF_ERROR(w->Write(bytes.data(), bytes.size()));
     }
   }
@@ -149,10 +164,6 @@ json ShortFloat(float f) {
   char buf[32];
   auto r = std::to_chars(buf, buf + sizeof(buf), f);
   return json::parse(std::string(buf, r.ptr));
-}
-
-std::string TorchDType(DType t) {
-  return t == DType::kF32 ? "float32" : t == DType::kF16 ? "float16" : "bfloat16";
 }
 
 // The transformers class of each arch Keel writes.
@@ -214,12 +225,20 @@ std::string HfConfigJson(const ModelConfig& c, bool tied, DType dtype) {
   return j.dump(2) + "\n";
 }
 
-Status EnsureDir(const std::string& dir) {
+// Creates `dir` for a new one-file model. A shard index left there by another model would win
+// over the new model.safetensors when loading, so it goes; config.json goes too and is written
+// last, so a write that fails leaves a directory that does not load rather than a mixed model.
+Status PrepareModelDir(const std::string& dir) {
   if (dir.empty()) return Status::InvalidArgument("output directory is empty");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) {
     return Status::IOError(dir + ": cannot create directory: " + ec.message());
+  }
+  for (const char* stale : {"model.safetensors.index.json", "config.json"}) {
+    const fs::path p = fs::path(dir) / stale;
+    if (!fs::exists(p, ec)) continue;
+    if (!fs::remove(p, ec) || ec) return Status::IOError(p.string() + ": cannot remove the old file: " + ec.message());
   }
   return Status::Ok();
 }
@@ -320,7 +339,7 @@ Status ConvertToSafetensors(const Model& model, const std::string& tokenizer_pat
   const bool tied = model.classifier.data == model.embedding.data;
   std::vector<HfTensor> tensors = HfTensors(c, &model, tied);
   KEEL_RETURN_IF_ERROR(CheckModelViews(model, tensors));
-  KEEL_RETURN_IF_ERROR(EnsureDir(out_dir));
+  KEEL_RETURN_IF_ERROR(PrepareModelDir(out_dir));
 
   const int64_t head_dim = c.head_dim();
   auto fill = [&](const HfTensor& t) -> RowFill {
@@ -430,7 +449,7 @@ Result<ModelConfig> RandomModelConfig(const RandomModelOptions& o) {
 Status MakeRandomModel(const RandomModelOptions& o) {
   KEEL_ASSIGN_OR_RETURN(ModelConfig c, RandomModelConfig(o));
   if (o.out_dir.empty()) return Status::InvalidArgument("random model: out_dir is empty");
-  KEEL_RETURN_IF_ERROR(EnsureDir(o.out_dir));
+  KEEL_RETURN_IF_ERROR(PrepareModelDir(o.out_dir));
   std::vector<HfTensor> tensors = HfTensors(c, nullptr, c.tied_embeddings);
   // One generator drawn in file order: the bytes depend only on the options, not on chunking.
   NormalSource normal(o.seed);

@@ -30,6 +30,11 @@ Result<std::unique_ptr<HiloLevels>> HiloLevels::Create(hilo::ServiceLink& link, 
     const hilo::State& st = catalog.states[i];
     const std::string& name = st.engine.kv_codec;
     const std::string where = "hilo catalog state '" + st.name + "': engine.kv_codec '" + name + "'";
+    // A misspelt codec is the catalog's error; a known one this engine cannot build (bellows
+    // without a calibration) falls back at run time, below.
+    if (!kv::IsLosslessCodec(name).has_value()) {
+      return Status::InvalidArgument(where + " is not a KV codec (known: " + kv::KnownCodecs() + ")");
+    }
     if (st.engine.lossless && kv::IsLosslessCodec(name) == false) {
       return Status::InvalidArgument(where + " is a lossy codec but engine.lossless is true");
     }

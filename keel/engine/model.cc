@@ -2,7 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <string>
+
+#include "keel/kv/attention_readers.h"
 
 namespace keel::engine {
 namespace {
@@ -87,7 +92,15 @@ Status ModelConfig::Validate() const {
       max_seq_len > (1 << 22) || n_heads > 1024) {
     return bad("sizes beyond supported bounds");
   }
-  if (!(rms_eps > 0.0f) || !(rope_theta > 0.0f)) return bad("rms_eps and rope_theta must be positive");
+  // The forward pass keeps one head's rotation and scores in fixed stack buffers (kv::kMaxHeadDim).
+  if (head_dim() > kv::kMaxHeadDim) {
+    return bad("head_dim " + std::to_string(head_dim()) + " (dim / n_heads) is above the supported " +
+               std::to_string(kv::kMaxHeadDim));
+  }
+  if (!(rms_eps > 0.0f) || !(rope_theta > 0.0f) || !std::isfinite(rms_eps) || !std::isfinite(rope_theta)) {
+    return bad("rms_eps and rope_theta must be positive and finite (rms_eps=" + std::to_string(rms_eps) +
+               " rope_theta=" + std::to_string(rope_theta) + ")");
+  }
   return ValidateMoe(*this);
 }
 
@@ -116,7 +129,11 @@ const float* Model::OwnF32(const TensorView& v) {
 
 Result<Model> LoadModel(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return Status::NotFound(path + ": no such file or directory");
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;  // e.g. ELOOP for a symlink loop, EACCES
+    if (err == ENOENT) return Status::NotFound(path + ": no such file or directory");
+    return Status::IOError(path + ": " + std::strerror(err));
+  }
   if (S_ISDIR(st.st_mode)) return LoadSafetensors(path);
   auto ends_with = [&](const char* suffix) {
     size_t n = std::strlen(suffix);
@@ -124,7 +141,19 @@ Result<Model> LoadModel(const std::string& path) {
   };
   if (ends_with(".safetensors") || ends_with("config.json")) {
     size_t slash = path.find_last_of('/');
-    return LoadSafetensors(slash == std::string::npos ? "." : path.substr(0, slash));
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+    // A safetensors model is its directory (config.json + model.safetensors or an index of
+    // shards). Naming one file of it is a shorthand for the directory; naming any other file
+    // would load model.safetensors in its place.
+    struct stat index {};
+    const bool sharded = ::stat((dir + "/model.safetensors.index.json").c_str(), &index) == 0;
+    if (name != "config.json" && name != "model.safetensors" && !sharded) {
+      return Status::InvalidArgument(path + ": a safetensors model loads from its directory (config.json with "
+                                            "model.safetensors or model.safetensors.index.json); this file is "
+                                            "neither: pass the directory");
+    }
+    return LoadSafetensors(dir);
   }
   return LoadLlama2c(path);
 }

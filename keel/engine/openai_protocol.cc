@@ -229,9 +229,17 @@ std::optional<ApiError> ParseMessages(const json& body, const Tokenizer& tok, st
       return BadParam(where + ".role", where + ".role must be a string");
     }
     const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "developer") {
+    if (r != "system" && r != "user" && r != "assistant" && r != "developer" && r != "tool") {
       return BadParam(where + ".role",
-                      fmt::format("{}.role '{}' is not supported (system, developer, user, assistant)", where, r));
+                      fmt::format("{}.role '{}' is not supported (system, developer, user, assistant, tool)", where, r));
+    }
+    // A tool result replays a conversation held with another model (this server offers no tools);
+    // its content is text like any other turn. OpenAI requires the id of the call it answers.
+    if (r == "tool") {
+      auto id = msg.find("tool_call_id");
+      if (id == msg.end() || !id->is_string()) {
+        return BadParam(where + ".tool_call_id", fmt::format("Missing required parameter: '{}.tool_call_id'", where));
+      }
     }
     auto content = msg.find("content");
     if (content == msg.end()) return BadParam(where + ".content", where + ".content is required");
@@ -366,6 +374,7 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool 
       return ApiError{400, "We could not parse the JSON body of your request: it is not valid JSON",
                       "invalid_request_error", std::nullopt, std::nullopt};
     case JsonReadError::kNotObject: return BadParam("", "the request body must be a JSON object");
+    case JsonReadError::kNumberOutOfRange: return BadParam("", "a number in the request is too large");
     default: return BadParam("", "request " + parsed.status().message());
   }
   json body = std::move(parsed).value();

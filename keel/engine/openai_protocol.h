@@ -99,8 +99,8 @@ std::optional<ApiError> ParsePrompt(const nlohmann::json& body, const Tokenizer&
                                     std::vector<int>* out);
 
 // The messages of /v1/chat/completions into *out: a non-empty array of {role, content}, role
-// one of system, developer, user, assistant; content a string, text parts (concatenated), or
-// null for an assistant. Rendered with RenderChat and encoded with BOS. Errors name the field,
+// one of system, developer, user, assistant, tool (which needs a string tool_call_id); content a
+// string, text parts (concatenated), or null for an assistant. Rendered with RenderChat and encoded with BOS. Errors name the field,
 // e.g. "messages[1].role".
 std::optional<ApiError> ParseMessages(const nlohmann::json& body, const Tokenizer& tok, std::vector<int>* out);
 

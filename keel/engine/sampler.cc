@@ -10,7 +10,8 @@ namespace keel::engine {
 
 int Argmax(const float* x, int n) {
   int best = 0;
-  for (int i = 1; i < n; ++i)
+  while (best + 1 < n && std::isnan(x[best])) ++best;  // NaN never compares greater: skip it
+  for (int i = best + 1; i < n; ++i)
     if (x[i] > x[best]) best = i;
   return best;
 }
@@ -66,12 +67,14 @@ Sampler::Sampler(const SamplingOptions& options) : opt_(options), rng_(options.s
 int Sampler::Sample(float* logits, int vocab) {
   if (opt_.temperature <= 0.0f) return Argmax(logits, vocab);
   const float inv_t = 1.0f / opt_.temperature;
-  float mx = logits[0];
-  for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < vocab; ++i) mx = logits[i] > mx ? logits[i] : mx;  // NaN is passed over
   // Unnormalised probabilities, in place.
   double total = 0.0;
   for (int i = 0; i < vocab; ++i) {
-    logits[i] = std::exp((logits[i] - mx) * inv_t);
+    // NaN (a corrupt model's logits) weighs nothing: the sorts below need a strict weak order.
+    const float p = std::exp((logits[i] - mx) * inv_t);
+    logits[i] = std::isnan(p) ? 0.0f : p;
     total += logits[i];
   }
   const bool top_k = opt_.top_k > 0 && opt_.top_k < vocab;
@@ -98,6 +101,10 @@ int Sampler::Sample(float* logits, int vocab) {
     const double cutoff = (1.0 - opt_.top_p) / (vocab - 1) * total;
     for (int i = 0; i < vocab; ++i)
       if (logits[i] >= cutoff) cand_.emplace_back(logits[i], i);
+    // The cut can pass nothing: with equal logits and top_p < 1/vocab it lies above every token,
+    // and NaN logits (a corrupt model) compare false. The most likely token is always in the
+    // nucleus.
+    if (cand_.empty()) return Argmax(logits, vocab);
   } else {
     for (int i = 0; i < vocab; ++i) cand_.emplace_back(logits[i], i);
   }
@@ -130,7 +137,7 @@ int Sampler::Sample(float* logits, int vocab) {
     cum += cand_[i].first;
     if (r < cum) return cand_[i].second;
   }
-  return cand_[keep - 1].second;
+  return keep > 0 ? cand_[keep - 1].second : Argmax(logits, vocab);
 }
 
 }  // namespace keel::engine

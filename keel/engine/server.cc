@@ -86,6 +86,10 @@ EngineMetrics::EngineMetrics()
                                                "Connections or requests answered 503 because all were busy.").Get()),
       request_timeouts(registry.AddCounter("keel_http_request_timeouts_total",
                                            "Requests whose head or body missed its deadline (408).").Get()),
+      requests_refused(registry.AddCounter("keel_http_requests_refused_total",
+                                           "Requests the HTTP layer refused before routing (malformed 400, "
+                                           "body 413, headers 431, transfer coding 501).",
+                                           {"code"})),
       time_to_first_token(registry.AddHistogram("keel_time_to_first_token_seconds",
                                                 "Time from submission to the first generated token.",
                                                 LatencyBuckets()).Get()),
@@ -95,6 +99,15 @@ EngineMetrics::EngineMetrics()
       request_duration(registry.AddHistogram("keel_request_duration_seconds",
                                              "Generation requests, from receipt to the last byte.",
                                              LatencyBuckets()).Get()) {}
+
+namespace {
+// keel_http_requests_refused_total's code label -> HttpRefusalStats field.
+constexpr std::pair<const char*, int64_t HttpRefusalStats::*> kRefusalCodes[] = {
+    {"400", &HttpRefusalStats::malformed},
+    {"413", &HttpRefusalStats::body_too_large},
+    {"431", &HttpRefusalStats::headers_too_large},
+    {"501", &HttpRefusalStats::coding_not_implemented}};
+}  // namespace
 
 std::shared_ptr<EngineMetrics> MakeEngineMetrics() { return std::make_shared<EngineMetrics>(); }
 
@@ -193,6 +206,10 @@ Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, ServerOptions o
     const ConnectionFrontStats st = hs->connection_stats();
     return static_cast<double>(st.head_timeouts + st.body_timeouts);
   });
+  for (const auto& [code, field] : kRefusalCodes) {
+    metrics_->requests_refused.WithLabels({code}).SetCallback(
+        [hs, field] { return static_cast<double>(hs->refusal_stats().*field); });
+  }
 }
 
 Server::~Server() {
@@ -213,6 +230,7 @@ Server::~Server() {
   metrics_->connections_shed.SetCallback(nullptr);
   metrics_->connections_rejected.SetCallback(nullptr);
   metrics_->request_timeouts.SetCallback(nullptr);
+  for (const auto& [code, field] : kRefusalCodes) metrics_->requests_refused.WithLabels({code}).SetCallback(nullptr);
 }
 
 Status Server::Start() {

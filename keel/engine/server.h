@@ -72,6 +72,7 @@ struct EngineMetrics {
   Counter& connections_shed;         // keel_http_connections_shed_total (idle/half-sent, at a cap)
   Counter& connections_rejected;     // keel_http_connections_rejected_total (503: all busy)
   Counter& request_timeouts;         // keel_http_request_timeouts_total (head or body deadline)
+  CounterFamily& requests_refused;   // keel_http_requests_refused_total{code}: 400/413/431/501 before routing
   Histogram& time_to_first_token;    // keel_time_to_first_token_seconds
   Histogram& inter_token_latency;    // keel_inter_token_latency_seconds
   Histogram& request_duration;       // keel_request_duration_seconds (generation requests)

@@ -46,6 +46,13 @@ Result<Tokenizer> Tokenizer::Load(const std::string& path, int vocab_size) {
     t.scores_.push_back(score);
     off += len;
   }
+  // More entries than the model's vocabulary: a tokenizer of another model (it would encode to
+  // ids the model never learned, and decode its ids as the wrong pieces).
+  if (off != size) {
+    return Status::InvalidArgument(path + ": " + std::to_string(size - off) + " bytes after the " +
+                                   std::to_string(vocab_size) +
+                                   " tokens of the model's vocabulary: a tokenizer for a larger vocabulary");
+  }
   for (int id = 0; id < vocab_size; ++id) t.ids_.emplace(t.pieces_[id], id);  // first wins
   return t;
 }

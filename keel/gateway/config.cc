@@ -1,13 +1,12 @@
 // The gateway's JSON config (documented in docs/gateway.md).
 #include <cstdlib>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "keel/core/http_client.h"
 #include "keel/core/json_reader.h"
+#include "keel/core/mapped_file.h"
 #include "keel/gateway/gateway.h"
 #include "keel/gateway/vendor.h"
 
@@ -235,11 +234,11 @@ Result<GatewayConfig> ParseGatewayConfig(std::string_view text) {
 }
 
 Result<GatewayConfig> LoadGatewayConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError("gateway config: cannot open " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  auto c = ParseGatewayConfig(ss.str());
+  constexpr size_t kMaxConfigBytes = 16 << 20;
+  // A config is a few KiB; a FIFO, /dev/zero or a huge file is refused, not read forever.
+  Result<std::string> text = ReadSmallFile(path, kMaxConfigBytes);
+  if (!text.ok()) return Status(text.status().code(), "gateway config: " + text.status().message());
+  auto c = ParseGatewayConfig(*text);
   if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
   return c;
 }

@@ -145,7 +145,8 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
   JsonReadError why = JsonReadError::kNone;
   Result<json> parsed = ParseUntrustedJson(x.http.body, JsonLimits{.require_object = true}, &why);
   if (!parsed.ok()) {
-    const bool limit = why == JsonReadError::kTooDeep || why == JsonReadError::kTooManyValues;
+    const bool limit = why == JsonReadError::kTooDeep || why == JsonReadError::kTooManyValues ||
+                       why == JsonReadError::kNumberOutOfRange;
     const GatewayError e{400, ErrorKind::kInvalidRequest,
                          limit ? "request body: " + parsed.status().message() : "request body is not a JSON object"};
     co_await Fail(x, e);

@@ -1,4 +1,5 @@
 #include "keel/core/http_server.h"
+#include "keel/core/http_beast.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -347,6 +348,28 @@ TEST_F(HttpServerTest, TransferCodingsOtherThanChunkedAreRefusedNotSmuggled) {
   HttpTestResponse r;
   ASSERT_TRUE(c.ReadResponse(&r));
   EXPECT_EQ(r.status, 200) << r.body;  // plain chunked still works
+}
+
+// RFC 9112 §3.2.2: a server must accept the absolute form a proxy sends.
+TEST_F(HttpServerTest, AbsoluteFormTargetsAreServedAsTheirPath) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  HttpTestResponse r = c.Request("GET", "http://127.0.0.1:" + std::to_string(server_->port()) + "/hello?q=1");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "hello q=1");
+  r = c.Request("POST", "HTTPS://example.test/echo", "{}");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(nlohmann::json::parse(r.body)["path"], "/echo");
+}
+
+TEST(HttpTargetTest, OriginFormDropsSchemeAndAuthorityOnly) {
+  EXPECT_EQ(OriginForm("/v1/models?x=1"), "/v1/models?x=1");
+  EXPECT_EQ(OriginForm("http://h:8080/v1/models?x=1"), "/v1/models?x=1");
+  EXPECT_EQ(OriginForm("http://h:8080"), "/");
+  EXPECT_EQ(OriginForm("http://h?x=1"), "/?x=1");
+  EXPECT_EQ(OriginForm("/a?u=http://b/c"), "/a?u=http://b/c");  // origin form with a URL in its query
+  EXPECT_EQ(OriginForm("ftp://h/x"), "ftp://h/x");                // not HTTP: left for the router to refuse
+  EXPECT_EQ(OriginForm("*"), "*");
 }
 
 // A HEAD answer is its header alone, whatever the handler sent: a body after it is read by a

@@ -186,7 +186,13 @@ TEST(JsonReader, MalformedAndNonObjectTextSaySoWithoutThrowing) {
   EXPECT_FALSE(Contains(r.status().message(), "json.exception")) << r.status().message();
   r = ParseUntrustedJson("[1e999]", object, &kind);  // overflows a double: nlohmann throws out_of_range
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(kind, JsonReadError::kMalformed);
+  EXPECT_EQ(kind, JsonReadError::kNumberOutOfRange);
+  EXPECT_EQ(r.status().message(), "JSON number out of range: it overflows a double");
+  const std::string digits = "{\"max_tokens\":" + std::string(5000, '9') + "}";  // valid JSON, not echoed back
+  r = ParseUntrustedJson(digits, object, &kind);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(kind, JsonReadError::kNumberOutOfRange);
+  EXPECT_FALSE(Contains(r.status().message(), "99999")) << r.status().message();
   r = ParseUntrustedJson("[1]", object, &kind);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(kind, JsonReadError::kNotObject);

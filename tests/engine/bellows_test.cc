@@ -311,6 +311,17 @@ TEST_F(BellowsTest, ClearErrors) {
   bad.rank = 0;
   bad.text_path = dir_->file("does-not-exist.txt");
   EXPECT_FALSE(CalibrateBellows(*model_, *tok_, bad).ok());
+  // Text that never ends a line (/dev/zero) or one line past the bound: refused, not read whole.
+  bad.text_path = "/dev/zero";
+  auto device = CalibrateBellows(*model_, *tok_, bad);
+  ASSERT_FALSE(device.ok());
+  EXPECT_NE(device.status().message().find("not a regular file"), std::string::npos) << device.status().message();
+  bad.text_path = dir_->file("one-line.txt");
+  std::ofstream(bad.text_path) << std::string((1 << 20) + 10, 'a') << "\n";
+  auto long_line = CalibrateBellows(*model_, *tok_, bad);
+  ASSERT_FALSE(long_line.ok());
+  EXPECT_NE(long_line.status().message().find("a line longer than"), std::string::npos)
+      << long_line.status().message();
 }
 
 }  // namespace

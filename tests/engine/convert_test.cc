@@ -285,6 +285,55 @@ TEST(ConvertTest, ReconvertingSafetensorsKeepsBytes) {
   EXPECT_FALSE(std::filesystem::exists(d2.file("tokenizer.bin")));
 }
 
+// A directory that held a sharded model: its index would win over the new model.safetensors.
+TEST(ConvertTest, ConvertingOverAShardedModelDropsItsIndex) {
+  auto src = LoadLlama2c(Aidreams());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  test::TempDir dir("keel-conv");
+  {
+    std::ofstream(dir.file("model.safetensors.index.json")) << R"({"weight_map":{"lm_head.weight":"old-1.safetensors"}})";
+    std::ofstream(dir.file("old-1.safetensors")) << "stale";
+  }
+  ASSERT_TRUE(ConvertToSafetensors(*src, AidreamsTok(), dir.path(), DType::kF32).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir.file("model.safetensors.index.json")));
+  auto dst = LoadModel(dir.path());
+  ASSERT_TRUE(dst.ok()) << dst.status().ToString();
+  EXPECT_EQ(dst->config.vocab_size, src->config.vocab_size);
+}
+
+// float16 tops out at 65504: a larger weight became inf and the model answered <unk>.
+TEST(ConvertTest, WeightsBeyondFloat16AreRefusedNotMadeInfinite) {
+  auto bytes = ReadFileToString(Aidreams());
+  ASSERT_TRUE(bytes.ok());
+  const float big = 1e5f;
+  std::memcpy(bytes->data() + 28, &big, 4);  // the first weight after the 7-int header: embeddings[0][0]
+  test::TempDir dir("keel-conv");
+  ASSERT_TRUE(WriteFileAtomic(dir.file("big.bin"), *bytes).ok());
+  auto src = LoadLlama2c(dir.file("big.bin"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Status f16 = ConvertToSafetensors(*src, "", dir.file("f16"), DType::kF16);
+  ASSERT_FALSE(f16.ok());
+  EXPECT_NE(f16.message().find("model.embed_tokens.weight: 1 values beyond the range of float16"), std::string::npos)
+      << f16.message();
+  EXPECT_FALSE(LoadModel(dir.file("f16")).ok());  // nothing loadable was left behind
+  EXPECT_TRUE(ConvertToSafetensors(*src, "", dir.file("bf16"), DType::kBF16).ok());
+}
+
+// A path naming one .safetensors file stands for its directory only when it is that directory's
+// weight file; any other name used to load model.safetensors in its place.
+TEST(ConvertTest, LoadModelRefusesASafetensorsFileThatIsNotTheDirectorysModel) {
+  auto src = LoadLlama2c(Aidreams());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  test::TempDir dir("keel-conv");
+  ASSERT_TRUE(ConvertToSafetensors(*src, "", dir.path(), DType::kF32).ok());
+  EXPECT_TRUE(LoadModel(dir.file("model.safetensors")).ok());
+  EXPECT_TRUE(LoadModel(dir.file("config.json")).ok());
+  std::filesystem::copy_file(dir.file("model.safetensors"), dir.file("other.safetensors"));
+  auto other = LoadModel(dir.file("other.safetensors"));
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("pass the directory"), std::string::npos) << other.status().message();
+}
+
 TEST(ConvertTest, DescribeModelListsTensors) {
   auto src = LoadLlama2c(Aidreams());
   ASSERT_TRUE(src.ok()) << src.status().ToString();

@@ -66,7 +66,7 @@ hilo::Catalog TestCatalog() {
   c.states.push_back(MakeState("full", "raw", true, 1 << 20, 256));          // 0
   c.states.push_back(MakeState("zip", "zipfusion", true, 1024, 256));        // 1
   c.states.push_back(MakeState("short", "raw", true, 8, 5));                 // 2
-  c.states.push_back(MakeState("odd", "nosuchcodec", true, 1024, 7));        // 3: a codec the engine lacks
+  c.states.push_back(MakeState("odd", "raw:f8", true, 1024, 7));             // 3: a codec the engine lacks
   c.states.push_back(MakeState("kivi", "kivi", false, 1024, 256));           // 4: lossy
   c.safe_state = "short";
   c.max_quality_drop = 1;
@@ -210,6 +210,16 @@ TEST(HiloLevelUnit, RefusesLosslessLevelOnLossyCodecAndForeignLinks) {
   EXPECT_EQ(levels.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(levels.status().message().find("'zip'"), std::string::npos) << levels.status().message();
   EXPECT_NE(levels.status().message().find("lossy"), std::string::npos) << levels.status().message();
+
+  // A name no codec family has is the catalog's mistake, refused at start (not a fallback later).
+  c = TestCatalog();
+  c.states[3].engine.kv_codec = "nosuchcodec";
+  auto misspelt_link = hilo::ServiceLink::Pinned(c, "full", lo);
+  ASSERT_TRUE(misspelt_link.ok()) << misspelt_link.status().ToString();
+  auto misspelt = HiloLevels::Create(**misspelt_link, **e);
+  ASSERT_FALSE(misspelt.ok());
+  EXPECT_NE(misspelt.status().message().find("'nosuchcodec' is not a KV codec"), std::string::npos)
+      << misspelt.status().message();
 
   lo.service = hilo::Service::kVector;
   auto vlink = hilo::ServiceLink::Pinned(TestCatalog(), "full", lo);
@@ -521,7 +531,7 @@ TEST_F(HiloLevelTest, UnknownCodecKeepsTheCurrentOneButAppliesTheOtherKnobs) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(engine_->scheduler().codec_spec(), "zipfusion:bf16");
 
-  ASSERT_TRUE(link_->Pin("odd").ok());  // "nosuchcodec", max_new_tokens 7
+  ASSERT_TRUE(link_->Pin("odd").ok());  // "raw:f8", max_new_tokens 7
   r = Complete(kPrompt, 20);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("x-keel-hilo-state"), "odd");

@@ -104,6 +104,16 @@ TEST_F(CorruptModel, HostileHeaderIsRejectedBeforeAnyAllocation) {
   int32_t heads = 3;
   std::memcpy(odd.data() + 12, &heads, 4);  // 64 % 3 != 0
   EXPECT_FALSE(LoadLlama2c(Write("odd.bin", odd)).ok());
+
+  // One head of 1024: the forward pass's per-head buffers hold 512 (it overflowed the stack).
+  std::string wide = bytes_;
+  const int32_t dim = 1024, one = 1;
+  std::memcpy(wide.data(), &dim, 4);
+  std::memcpy(wide.data() + 12, &one, 4);
+  std::memcpy(wide.data() + 16, &one, 4);
+  auto w = LoadLlama2c(Write("wide.bin", wide));
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("head_dim 1024"), std::string::npos) << w.status().ToString();
 }
 
 TEST_F(CorruptModel, MissingFileIsNotFound) {

@@ -192,11 +192,22 @@ TEST(OpenAiProtocol, ParseMessagesRendersWithTemplate) {
   EXPECT_FALSE(ParseMessages(body, tok, &out));
   EXPECT_EQ(out, tok.Encode("A\nBC\n", /*bos=*/true));
 
+  // A conversation replayed from a model with tools: the call and its result are turns of text.
+  body = json::parse(R"({"messages":[{"role":"user","content":"x"},
+                                     {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+                                       "function":{"name":"f","arguments":"{}"}}]},
+                                     {"role":"tool","tool_call_id":"c1","content":[{"type":"text","text":"y"}]}]})");
+  EXPECT_FALSE(ParseMessages(body, tok, &out));
+  EXPECT_EQ(out, tok.Encode("x\n\ny", /*bos=*/true));
   auto e = ParseMessages(json::parse(R"({"messages":[{"role":"user","content":"x"},{"role":"tool","content":"y"}]})"),
                          tok, &out);
   ASSERT_TRUE(e);
-  EXPECT_EQ(e->param, "messages[1].role");
-  EXPECT_EQ(e->message, "messages[1].role 'tool' is not supported (system, developer, user, assistant)");
+  EXPECT_EQ(e->param, "messages[1].tool_call_id");
+  EXPECT_EQ(e->message, "Missing required parameter: 'messages[1].tool_call_id'");
+  e = ParseMessages(json::parse(R"({"messages":[{"role":"function","content":"y","name":"f"}]})"), tok, &out);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages[0].role");
+  EXPECT_EQ(e->message, "messages[0].role 'function' is not supported (system, developer, user, assistant, tool)");
   e = ParseMessages(json::parse(R"({"messages":[{"role":"user","content":null}]})"), tok, &out);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->param, "messages[0].content");

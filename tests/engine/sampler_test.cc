@@ -62,6 +62,42 @@ TEST(Sampler, TopPKeepsSmallestNucleus) {
   EXPECT_EQ(seen, (std::set<int>{0, 1}));
 }
 
+// Equal logits with top_p below 1/vocab used to leave the candidate list empty, and the draw read
+// before its start (a crash of `keel serve` from one request).
+TEST(Sampler, TopPBelowOneOverVocabOnEqualLogitsIsTheFirstToken) {
+  Sampler s({1.0f, 0, 0.001f, 5});
+  for (int i = 0; i < 16; ++i) {
+    std::vector<float> l(512, 0.25f);
+    EXPECT_EQ(s.Sample(l.data(), 512), 0);
+  }
+}
+
+// A corrupt model's NaN or infinite logits: every path still returns a token id, never crashes.
+TEST(Sampler, NonFiniteLogitsStillGiveATokenInRange) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<std::vector<float>> cases = {
+      std::vector<float>(64, nan), {nan, 1.0f, 2.0f, nan, 0.5f}, {1.0f, inf, 2.0f}, {inf, inf, -inf}, {nan, inf}};
+  for (const SamplingOptions& opt : {SamplingOptions{0.0f, 0, 1.0f, 1}, SamplingOptions{1.0f, 0, 1.0f, 1},
+                                     SamplingOptions{1.0f, 2, 1.0f, 1}, SamplingOptions{1.0f, 0, 0.5f, 1},
+                                     SamplingOptions{1.0f, 3, 0.9f, 1}}) {
+    Sampler s(opt);
+    for (const auto& c : cases) {
+      for (int i = 0; i < 8; ++i) {
+        auto l = c;
+        const int id = s.Sample(l.data(), static_cast<int>(l.size()));
+        EXPECT_GE(id, 0);
+        EXPECT_LT(id, static_cast<int>(c.size()));
+      }
+    }
+  }
+  // A finite token beside NaNs keeps its weight: with top_p the NaNs are never drawn.
+  Sampler s({1.0f, 0, 0.5f, 1});
+  for (int i = 0; i < 32; ++i) {
+    std::vector<float> l = {nan, 1.0f, nan};
+    EXPECT_EQ(s.Sample(l.data(), 3), 1);
+  }
+}
+
 }  // namespace
 }  // namespace keel::engine
 

@@ -663,6 +663,25 @@ TEST_F(ServerTest, MetricsExposeEngineCounters) {
   EXPECT_EQ(MetricValue(R"(keel_requests_total{route="other",code="404"})"), 1);
 }
 
+// What the HTTP layer refuses never reaches a handler, so keel_requests_total cannot see it.
+TEST_F(ServerTest, MetricsCountRequestsTheHttpLayerRefused) {
+  Start();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"GARBAGE\r\n\r\n", "400"},
+      {"POST /v1/completions HTTP/1.1\r\nContent-Length: " + std::to_string(size_t{64} << 20) + "\r\n\r\n", "413"},
+      {"GET /healthz HTTP/1.1\r\nX-Big: " + std::string(64 << 10, 'a') + "\r\n\r\n", "431"},
+      {"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "501"}};
+  for (const auto& [raw, code] : cases) {
+    HttpTestClient c(port_);
+    ASSERT_TRUE(c.SendRaw(raw));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r)) << code;
+    EXPECT_EQ(std::to_string(r.status), code) << r.body;
+    EXPECT_EQ(MetricValue(R"(keel_http_requests_refused_total{code=")" + code + R"("})"), 1) << code;
+  }
+  EXPECT_EQ(MetricValue(R"(keel_requests_total{route="other",code="400"})"), -1);  // -1: absent
+}
+
 TEST_F(ServerTest, ThirtyTwoConcurrentStreamsAllComplete) {
   Start();
   constexpr int kClients = 32;

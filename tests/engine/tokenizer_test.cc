@@ -180,6 +180,16 @@ TEST(Tokenizer, HostileLengthIsRejected) {
   EXPECT_NE(t.status().message().find("offset 8"), std::string::npos) << t.status().ToString();
 }
 
+// A tokenizer with more pieces than the model's vocabulary belongs to another model: its extra
+// pieces used to be ignored and the text encoded to ids the model never learned.
+TEST(Tokenizer, MorePiecesThanTheVocabularyIsRefused) {
+  auto t = Tokenizer::Load(test::ModelsDir() + "/aidreams_tok512.bin", 354);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("bytes after the 354 tokens"), std::string::npos) << t.status().message();
+  EXPECT_TRUE(Tokenizer::Load(test::ModelsDir() + "/aidreams_tok512.bin", 512).ok());
+}
+
 TEST(Tokenizer, WriteThenLoadRoundTrips) {
   test::TempDir dir;
   std::vector<std::string> pieces = {"<unk>", "\n<s>\n", "\n</s>\n", "a", "b", "ab"};

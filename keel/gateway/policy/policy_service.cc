@@ -7,15 +7,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "keel/core/http_metrics.h"
 #include "keel/core/log.h"
+#include "keel/core/mapped_file.h"
 
 namespace keel::gateway {
 
@@ -139,11 +138,9 @@ json BudgetJson(const BudgetState& b) {
 Result<std::string> LoadAdminKey(const std::string& file) {
   std::string key;
   if (!file.empty()) {
-    std::ifstream in(file);
-    if (!in) return Status::IOError(fmt::format("{}: cannot read the admin key file", file));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    key = ss.str();
+    Result<std::string> text = ReadSmallFile(file, 64 << 10);  // a key, not a device or a FIFO
+    if (!text.ok()) return Status(text.status().code(), "admin key file: " + text.status().message());
+    key = std::move(text).value();
   } else if (const char* env = std::getenv("KEEL_GATEWAY_ADMIN_KEY"); env != nullptr) {
     key = env;
   }
