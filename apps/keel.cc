@@ -4,6 +4,9 @@
 
 #include <unistd.h>
 
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <chrono>  // hilo
 #include <cstdio>
 #include <iostream>
@@ -307,9 +310,11 @@ int RunKvstore(KvstoreArgs a) {
   auto service = kvstore::Service::Start(a.service);
   if (!service.ok()) return Fail(service.status());
   const auto& st = a.service.store;
-  Log().info("kvstore on {}:{} (DRAM {} MiB{}{}), metrics on http://{}:{}/metrics", a.service.server.host,
-             (*service)->port(), a.dram_mb, st.ssd_dir.empty() ? "" : ", SSD " + st.ssd_dir,
-             st.redis_url.empty() ? "" : ", Redis " + st.redis_url, a.service.http_host, (*service)->http_port());
+  Log().info("kvstore on {}:{} (DRAM {} MiB{}{}), {}", a.service.server.host, (*service)->port(), a.dram_mb,
+             st.ssd_dir.empty() ? "" : ", SSD " + st.ssd_dir, st.redis_url.empty() ? "" : ", Redis " + st.redis_url,
+             (*service)->http_port() < 0
+                 ? std::string("no HTTP side port")
+                 : fmt::format("metrics on http://{}:{}/metrics", a.service.http_host, (*service)->http_port()));
   auto sig = WaitForTerminationSignal();
   if (!sig.ok()) return Fail(sig.status());
   Log().info("received {}; stopping", SignalName(*sig));
@@ -906,12 +911,34 @@ int RunHiloReplay(HiloReplayArgs a) {
 
 }  // namespace
 
+// CLI11's Range and NonNegativeNumber compare, and NaN fails no comparison; 1e309 becomes inf.
+// Every floating-point option of every subcommand must be a finite number.
+void RequireFiniteFloats(CLI::App* app) {
+  const CLI::Validator finite(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return {};  // not a number: the option's own parser says so
+        return std::isfinite(v) ? std::string() : "must be a finite number, not " + text;
+      },
+      "FINITE");
+  for (CLI::Option* opt : app->get_options()) {
+    if (opt->get_type_name() == "FLOAT") opt->check(finite);
+  }
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; })) RequireFiniteFloats(sub);
+}
+
 int main(int argc, char** argv) {
+  // A peer that closed its socket must be an EPIPE error where the write happens, not the
+  // process's death: Keel's own sockets send with MSG_NOSIGNAL, but libraries (hiredis) write().
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"keel: LLM and retrieval services under tight resources"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level may follow the subcommand too
   std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   std::string cpu_isa = "auto";
   app.add_option("--cpu-isa", cpu_isa,
                  "kernel level: auto (best this CPU has), avx2 or avx512 (KEEL_CPU_ISA sets the same; results may "
@@ -968,8 +995,10 @@ int main(int argc, char** argv) {
   kvs->add_option("--ssd-dir", kv.service.store.ssd_dir, "directory for the SSD tier's segment files (default: no SSD tier)");
   kvs->add_option("--ssd-mb", kv.ssd_mb, "SSD tier capacity in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 30));
   kvs->add_option("--redis", kv.service.store.redis_url, "Redis tier: host:port, redis://host:port or redis+cluster://host:port");
-  kvs->add_option("--ttl-ms", kv.service.store.default_ttl_ms, "default TTL of stored chunks (0 = none)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  kvs->add_option("--max-value-mb", kv.max_value_mb, "largest value accepted, MiB")->capture_default_str()->check(CLI::Range(1, 4095));
+  kvs->add_option("--ttl-ms", kv.service.store.default_ttl_ms, "default TTL of stored chunks (0 = none; at most 100 years)")->capture_default_str()->check(CLI::Range(int64_t{0}, kvstore::Store::kMaxTtlMs));
+  // At most the server's bound on value bytes being received at once (1 GiB): a larger value
+  // could never be taken.
+  kvs->add_option("--max-value-mb", kv.max_value_mb, "largest value accepted, MiB (at most 1024)")->capture_default_str()->check(CLI::Range(1, 1024));
   kvs->add_option("--max-connections", kv.service.server.max_connections, "open client connections")->capture_default_str()->check(CLI::Range(1, 100000));
 
   VectorArgs vec;
@@ -1067,12 +1096,12 @@ int main(int argc, char** argv) {
   fvs->add_option("--kind", fv_kind, "openai, anthropic or gemini")->capture_default_str()->check(CLI::IsMember({"openai", "anthropic", "gemini"}));
   fvs->add_option("--host", fvo.host, "address to bind")->capture_default_str();
   fvs->add_option("--port", fvo.port, "port to bind (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
-  fvs->add_option("--ttft-ms", fvo.ttft_ms, "delay before the first token")->capture_default_str()->check(CLI::NonNegativeNumber);
+  fvs->add_option("--ttft-ms", fvo.ttft_ms, "delay before the first token (at most an hour)")->capture_default_str()->check(CLI::Range(0.0, 3.6e6));
   fvs->add_option("--tokens-per-second", fvo.tokens_per_second, "pacing of later tokens (0 = no pacing)")->capture_default_str()->check(CLI::NonNegativeNumber);
   fvs->add_option("--reply-tokens", fvo.reply_tokens, "words in a full answer")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   fvs->add_option("--api-key", fvo.api_key, "the only key accepted (default: any non-empty key)");
   fvs->add_option("--embedding-dims", fvo.embedding_dims, "OpenAI embedding size without \"dimensions\"")->capture_default_str()->check(CLI::Range(1, 65536));
-  fvs->add_option("--slow-ms", fvo.slow_ms, "wait of models named *slow*")->capture_default_str()->check(CLI::NonNegativeNumber);
+  fvs->add_option("--slow-ms", fvo.slow_ms, "wait of models named *slow* (at most an hour)")->capture_default_str()->check(CLI::Range(0.0, 3.6e6));
   fvs->add_option("--max-connections", fvo.max_connections, "open connections (idle ones hold no thread; at the cap the oldest idle one is closed)")->capture_default_str()->check(CLI::Range(1, 100000));
   // ---- fake-vendor (end)
 
@@ -1272,6 +1301,7 @@ int main(int argc, char** argv) {
   ans_index->add_option("--batch", aidx.batch, "vectors per upsert request")->capture_default_str()->check(CLI::Range(1, 100000));
   // ---- answer-index (end)
 
+  RequireFiniteFloats(&app);
   CLI11_PARSE(app, argc, argv);
   SetLogLevel(log_level);
   if (cpu_isa != "auto" || app.count("--cpu-isa") > 0) {

@@ -42,6 +42,12 @@ int PollFd(int fd, short events, int timeout_ms, short* revents) {
 
 Result<ListeningSocket> ListenTcp(const std::string& host, int port, int backlog) {
   if (port < 0 || port > 65535) return Status::InvalidArgument(fmt::format("bad port {}", port));
+  // An empty host would mean every interface (getaddrinfo's passive wildcard); an unset shell
+  // variable must not expose a service, so that takes an explicit 0.0.0.0 or ::.
+  if (host.empty()) {
+    return Status::InvalidArgument("empty host: name the address to listen on (127.0.0.1 for this machine only, "
+                                   "0.0.0.0 or :: for every interface)");
+  }
   const std::string where = fmt::format("{}:{}", host, port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -49,7 +55,7 @@ Result<ListeningSocket> ListenTcp(const std::string& host, int port, int backlog
   hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
   const std::string port_str = std::to_string(port);
-  int gai = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &res);
+  int gai = ::getaddrinfo(host.c_str(), port_str.c_str(), &hints, &res);
   if (gai != 0) return Status::IOError(fmt::format("cannot resolve {}: {}", where, gai_strerror(gai)));
   int fd = -1;
   std::string last_error = "no address";

@@ -94,16 +94,10 @@ class Server::Session final : public FrontSession {
         Status st = server_.CheckFrame(header_, req_, keys_);
         if (!st.ok()) return FrontStep::Close(server_.RejectBytes(req_, st, remote_), true);
         checked_ = true;
-        if (req_.op == Op::kPut && req_.value_bytes > 0) {
-          const int64_t n = req_.value_bytes;
-          if (server_.inflight_bytes_.fetch_add(n) + n > server_.options_.max_inflight_bytes) {
-            server_.inflight_bytes_.fetch_sub(n);
-            refused_ = true;  // drained below, then answered ResourceExhausted
-          } else {
-            reserved_ = n;
-            value_ = Blob::Allocate(req_.value_bytes);
-          }
-        }
+        // The value counts against max_inflight_bytes as its bytes arrive, not as declared: 16
+        // headers declaring 64 MiB each and sending nothing used to refuse every other PUT.
+        // (The allocation is address space until written.)
+        if (req_.op == Op::kPut && req_.value_bytes > 0) value_ = Blob::Allocate(req_.value_bytes);
         continue;
       } else if (value_have_ < req_.value_bytes) {
         want = req_.value_bytes - value_have_;
@@ -136,8 +130,23 @@ class Server::Session final : public FrontSession {
         keys_have_ += static_cast<size_t>(n);
       } else {
         value_have_ += static_cast<size_t>(n);
+        if (value_ && !Reserve(n)) {
+          value_.reset();   // the rest is drained into scratch_, then answered ResourceExhausted
+          refused_ = true;
+          Release();
+        }
       }
     }
+  }
+
+  // Counts n more received value bytes against the server's bound; false when it is full.
+  bool Reserve(int64_t n) {
+    if (server_.inflight_bytes_.fetch_add(n) + n > server_.options_.max_inflight_bytes) {
+      server_.inflight_bytes_.fetch_sub(n);
+      return false;
+    }
+    reserved_ += n;
+    return true;
   }
 
   std::string OnTimeout(FrontStep::Kind) override { return {}; }

@@ -205,7 +205,10 @@ Store::WriteDownResult Store::WriteDown(const Pending& p) {
       Log().warn("kvstore: SSD write-behind failed: {}", s.ToString());
     }
   }
-  if (p.to_redis) {
+  if (p.to_redis && skip_redis_.load(std::memory_order_relaxed)) {
+    written = false;
+    redis_writes_skipped_.fetch_add(1, std::memory_order_relaxed);
+  } else if (p.to_redis) {
     Status s = redis_->Put(p.key, p.entry);
     if (!s.ok()) {
       written = false;
@@ -248,6 +251,17 @@ void Store::WriteBehindLoop() {
 void Store::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
   space_cv_.wait(lock, [&] { return stop_ || (queue_.empty() && in_flight_ == 0); });
+}
+
+int64_t Store::FlushForShutdown(std::chrono::milliseconds redis_limit) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool drained = space_cv_.wait_for(lock, redis_limit, [&] { return stop_ || (queue_.empty() && in_flight_ == 0); });
+    if (drained) return redis_writes_skipped_.load();
+  }
+  skip_redis_.store(true);
+  Flush();  // the SSD parts, and the one Redis write in flight (bounded by its timeout)
+  return redis_writes_skipped_.load();
 }
 
 void Store::PauseWriteBehindForTesting(bool paused) {

@@ -28,6 +28,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -95,6 +96,10 @@ class Store {
   Status Delete(std::string_view key);
   // Waits until the write-behind queue is empty (tests, shutdown).
   void Flush();
+  // Flush for shutdown: waits for the queue to drain, but past `redis_limit` the writes still
+  // queued skip Redis (their SSD part is still written): a Redis that stopped answering would
+  // otherwise hold the exit for 500 ms per queued write. Returns the writes that skipped Redis.
+  int64_t FlushForShutdown(std::chrono::milliseconds redis_limit);
   // Holds (true) or releases (false) the write-behind writer before its next entry, so tests
   // can interleave writes with a queue that is not draining. Flush waits while it is held.
   void PauseWriteBehindForTesting(bool paused);
@@ -172,6 +177,8 @@ class Store {
   std::atomic<uint64_t> last_seq_{0};
 
   std::atomic<int64_t> promotions_{0}, demotions_{0}, skipped_{0}, stale_{0}, lower_errors_{0};
+  std::atomic<bool> skip_redis_{false};        // set by FlushForShutdown past its limit
+  std::atomic<int64_t> redis_writes_skipped_{0};
 };
 
 }  // namespace keel::kvstore

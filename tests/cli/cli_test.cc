@@ -4,6 +4,8 @@
 
 #include <sys/wait.h>
 
+#include <csignal>
+
 #include <array>
 #include <cstdlib>
 #include <cstdio>
@@ -12,6 +14,8 @@
 #include <string>
 
 #include "../engine/test_util.h"
+#include "keel/core/socket.h"
+#include "tests/common/keel_process.h"
 
 namespace {
 
@@ -119,6 +123,55 @@ TEST(Cli, BadInputFailsWithAClearMessage) {
   CmdResult vocab = Keel("make-model --vocab 10 --out " + dir.file("y"), true);
   EXPECT_NE(vocab.code, 0);
   EXPECT_NE(vocab.out.find("259"), std::string::npos) << vocab.out;
+}
+
+// Found from outside: NaN passed every range check, a bogus log level was taken for info, an
+// empty host listened on every interface, and a kvstore whose start failed crashed (SIGSEGV)
+// on its way out instead of saying why.
+TEST(Cli, NonsenseOptionsAndFailedStartsGiveAClearMessage) {
+  CmdResult nan = Keel("serve --drain-seconds nan --model " + Aidreams(), true);
+  EXPECT_NE(nan.code, 0);
+  EXPECT_NE(nan.out.find("must be a finite number, not nan"), std::string::npos) << nan.out;
+  CmdResult huge = Keel("fake-vendor --port 0 --ttft-ms 1e309", true);  // overflows to inf
+  EXPECT_NE(huge.code, 0);
+  EXPECT_NE(huge.out.find("--ttft-ms"), std::string::npos) << huge.out;
+  CmdResult level = Keel("--log-level bogus inspect " + Aidreams(), true);
+  EXPECT_NE(level.code, 0);
+  EXPECT_NE(level.out.find("--log-level"), std::string::npos) << level.out;
+  CmdResult ttl = Keel("kvstore --ttl-ms 9223372036854775807", true);
+  EXPECT_NE(ttl.code, 0);
+  EXPECT_NE(ttl.out.find("--ttl-ms"), std::string::npos) << ttl.out;
+
+  auto taken = keel::ListenTcp("127.0.0.1", 0, 4);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  const std::string port = std::to_string(taken->port);
+  CmdResult busy = Keel("kvstore --http-port -1 --port " + port, true);
+  EXPECT_EQ(busy.code, 1) << busy.out;  // 139 was the crash
+  EXPECT_NE(busy.out.find(port), std::string::npos) << busy.out;
+  CmdResult wildcard = Keel("kvstore --http-port -1 --port 0 --host ''", true);
+  EXPECT_EQ(wildcard.code, 2) << wildcard.out;
+  EXPECT_NE(wildcard.out.find("empty host"), std::string::npos) << wildcard.out;
+}
+
+// A Redis that went away made hiredis write() to a reset socket, and SIGPIPE killed the kvstore
+// without a word. Every subcommand ignores it (checked on a running server's signal mask).
+TEST(Cli, ServersIgnoreSigpipe) {
+  keel::test::TempDir dir;
+  keel::test::KeelProcess kv;
+  kv.Start("kvstore --port 0 --http-port -1", dir.file("kv.log"));
+  std::string sigign;
+  ASSERT_TRUE(keel::test::WaitFor([&] {
+    std::ifstream status("/proc/" + std::to_string(kv.pid()) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("SigIgn:", 0) == 0) sigign = line.substr(7);
+    }
+    std::ifstream log(dir.file("kv.log"));
+    const std::string text((std::istreambuf_iterator<char>(log)), {});
+    return text.find("listening") != std::string::npos && !sigign.empty();
+  }));
+  const unsigned long long mask = std::stoull(sigign, nullptr, 16);
+  EXPECT_TRUE(mask & (1ull << (SIGPIPE - 1))) << "SigIgn:" << sigign;
+  kv.Terminate();
 }
 
 TEST(Cli, BellowsCalibrateInspectGenerate) {

@@ -36,6 +36,7 @@ class KeelProcess {
       ::_exit(127);
     }
   }
+  pid_t pid() const { return pid_; }
   void Kill() { Stop(SIGKILL); }
   void Terminate() { Stop(SIGTERM); }
 

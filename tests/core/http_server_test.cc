@@ -191,6 +191,16 @@ class HttpServerTest : public ::testing::Test {
   }
 };
 
+// An empty --host (an unset shell variable) used to listen on every interface.
+TEST(HttpServerBind, AnEmptyHostIsRefusedNotTheWildcard) {
+  HttpServerOptions o;
+  o.host = "";
+  HttpServer server(o, [](const HttpRequest&, HttpResponder& r) { r.Send(200, "text/plain", "x"); });
+  Status s = server.Start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("empty host"), std::string::npos) << s.ToString();
+}
+
 TEST_F(HttpServerTest, GetAndPost) {
   StartServer();
   HttpTestClient c(server_->port());

@@ -623,6 +623,29 @@ TEST(KvstoreServer, IncomingValueMemoryIsBoundedAndTheConnectionStaysUsable) {
   EXPECT_EQ(c->Get("big").status().code(), StatusCode::kNotFound);
 }
 
+// Declared sizes reserve nothing: headers that promise 512 KiB values and send none used to hold
+// the whole bound, and every other client's PUT was refused until they timed out.
+TEST(KvstoreServer, HeadersThatPromiseValuesAndSendNothingDoNotBlockOtherPuts) {
+  ServiceOptions o = Options();
+  o.server.max_inflight_bytes = 1 << 20;
+  auto svc = StartService(o);
+  ASSERT_TRUE(svc);
+  const std::string promised = Frame(Op::kPut, "never", RandomBytes(512 << 10, 3));
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 8; ++i) {
+    idle.push_back(std::make_unique<RawConn>(svc->port()));
+    ASSERT_TRUE(idle.back()->Send(std::string_view(promised).substr(0, kHeaderBytes + 5)));  // header + key
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto c = ConnectTo(svc->port());
+  const std::string value = RandomBytes(600 << 10, 4);
+  Status st = c->Put("real", value);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto got = c->Get("real");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ((*got)->view(), value);
+}
+
 TEST(KvstoreServer, ValuesOverTheStoreLimitAreRefused) {
   ServiceOptions o = Options();
   o.store.max_value_bytes = 1000;

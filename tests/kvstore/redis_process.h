@@ -79,6 +79,7 @@ class RedisProcess {
   const std::string& host() const { return host_; }
   int port() const { return port_; }
   bool owned() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }  // a private server's (-1 for the shared one)
   // Kills a private server (to test "Redis went away"); no-op for the shared one.
   void Stop() {
     if (pid_ > 0) {

@@ -254,6 +254,26 @@ TEST(StoreOrder, AWriteBehindThatFailedHidesTheOlderLowerTierCopy) {
   EXPECT_EQ(ReadVersion(*s, "k"), 3) << "a newer write that reached Redis un-hides the key";
 }
 
+// A Redis that stops answering (paused, partitioned) held SIGTERM until it came back: every
+// queued write waited out its timeout. Past the limit the rest skip Redis and are counted.
+TEST(StoreOrder, ShutdownFlushGivesUpOnARedisThatStoppedAnswering) {
+  test::RedisProcess redis("", /*force_private=*/true);
+  ASSERT_TRUE(redis.ok());
+  StoreOptions o;
+  o.redis_url = redis.host() + ":" + std::to_string(redis.port());
+  auto s = MustOpen(o);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(PutValue(*s, "first", 1, false).ok());
+  s->Flush();
+  ASSERT_EQ(::kill(redis.pid(), SIGSTOP), 0);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(PutValue(*s, "k" + std::to_string(i), i, false).ok());
+  const int64_t skipped = s->FlushForShutdown(std::chrono::milliseconds(300));
+  EXPECT_GT(skipped, 30) << "40 writes at 500 ms each cannot have reached a paused Redis";
+  EXPECT_LE(skipped, 40);
+  ::kill(redis.pid(), SIGCONT);
+  EXPECT_EQ(ReadVersion(*s, "k39"), 39);  // still served from DRAM
+}
+
 TEST(StoreOrder, RestartContinuesSequenceNumbersAboveWhatSsdHolds) {
   test::TempDir dir("keel-order");
   uint64_t before = 0;
