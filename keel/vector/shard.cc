@@ -287,8 +287,12 @@ Status Shard::Impl::Commit(std::string_view record, const std::function<Status()
       Log().error("vector shard {}: {}", options.dir, trained.ToString());
     }
   }
-  const Status rebuilt = MaybeRebuild();
-  return applied.ok() ? rebuilt : applied;
+  // Like training: the write is durable and applied, so a failed rebuild (its vectors could not
+  // all be read back) does not make it fail; the next write retries.
+  if (const Status rebuilt = MaybeRebuild(); !rebuilt.ok()) {
+    Log().error("vector shard {}: index rebuild: {}", options.dir, rebuilt.ToString());
+  }
+  return applied;
 }
 
 Status Shard::Impl::Upsert(std::span<const Item> items, std::optional<uint64_t> version, WriteOutcome* outcome) {
@@ -311,8 +315,7 @@ Status Shard::Impl::Delete(std::span<const uint64_t> ids, std::optional<uint64_t
   bool apply = false;
   KEEL_RETURN_IF_ERROR(CheckVersion(version, outcome, &apply));
   if (!apply) return Status::Ok();
-  // A delete's only failure is a tier that could not drop bytes after the items were gone for
-  // every query: the write happened, so it stays logged.
+  // Once logged, a delete has happened (a tier that cannot drop the bytes only leaks them).
   Status s = Commit(record, [&] { return ApplyDelete(ids); }, /*rollback=*/false);
   outcome->version = version_.load(std::memory_order_relaxed);
   return s;
@@ -405,7 +408,8 @@ Status Shard::Impl::ApplyUpsert(std::span<const Item> items) {
     }
     return s;
   }
-  Status first;
+  // From here the write is applied: a failure that only leaks bytes is logged, not returned
+  // (Commit would roll back the log of a write that queries already see).
   std::vector<float> text;
   text.reserve(items.size() * options.text_dim);
   int64_t label = index_->size();
@@ -415,20 +419,20 @@ Status Shard::Impl::ApplyUpsert(std::span<const Item> items) {
       index_->Tombstone(old->second.label);
       label_ids_[old->second.label] = kNoItem;
       if (old->second.has_image && it.image.empty()) {
-        Status s = store->Remove(VectorKey(it.id, Modality::kImage));
-        if (first.ok()) first = s;
+        if (Status s = store->Remove(VectorKey(it.id, Modality::kImage)); !s.ok()) {
+          Log().warn("vector shard {}: item {}'s old image vector was not dropped (its bytes leak): {}", options.dir,
+                     it.id, s.ToString());
+        }
       }
     }
     text.insert(text.end(), it.text.begin(), it.text.end());
     items_[it.id] = Meta{label++, !it.image.empty(), it.attributes};
     label_ids_.push_back(it.id);
   }
-  KEEL_RETURN_IF_ERROR(index_->Add(text.data(), static_cast<int64_t>(items.size()), /*defer_training=*/true));
-  return first;
+  return index_->Add(text.data(), static_cast<int64_t>(items.size()), /*defer_training=*/true);
 }
 
 Status Shard::Impl::ApplyDelete(std::span<const uint64_t> ids) {
-  Status first;
   for (uint64_t id : ids) {
     auto it = items_.find(id);
     if (it == items_.end()) continue;
@@ -440,9 +444,9 @@ Status Shard::Impl::ApplyDelete(std::span<const uint64_t> ids) {
     // leaks them (reported, never served).
     Status s = store->Remove(VectorKey(id, Modality::kText));
     if (s.ok() && has_image) s = store->Remove(VectorKey(id, Modality::kImage));
-    if (first.ok()) first = s;
+    if (!s.ok()) Log().warn("vector shard {}: deleted item {}'s vectors were not dropped (their bytes leak): {}", options.dir, id, s.ToString());
   }
-  return first;
+  return Status::Ok();  // deleted for every query, and logged: the client must hear so
 }
 
 Status Shard::Impl::FetchAll(const std::vector<uint64_t>& keys, std::vector<std::vector<float>>* out) {

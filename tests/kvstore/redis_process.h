@@ -98,6 +98,26 @@ class RedisProcess {
   std::string dir_;
 };
 
+// Sends one inline command to a Redis server and returns its first reply line.
+inline std::string RedisCommand(int port, const std::string& command) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::string reply;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string line = command + "\r\n";
+    if (::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size())) {
+      char buf[256];
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n > 0) reply.assign(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return reply;
+}
+
 // A key prefix no other test process uses.
 inline std::string UniquePrefix(const std::string& tag) {
   std::random_device rd;

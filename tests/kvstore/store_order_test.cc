@@ -207,26 +207,6 @@ TEST(StoreOrder, AWriteThatCouldNotBeQueuedHidesOlderLowerTierCopies) {
   EXPECT_EQ(ReadVersion(*s, "k"), 3) << "a newer write that reached SSD un-hides the key";
 }
 
-// Sends one inline command to a Redis server and returns its first reply line.
-std::string RedisCommand(int port, const std::string& command) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  std::string reply;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string line = command + "\r\n";
-    if (::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size())) {
-      char buf[256];
-      const ssize_t n = ::read(fd, buf, sizeof(buf));
-      if (n > 0) reply.assign(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  return reply;
-}
-
 // A write-behind that Redis refused (here: out of memory, so writes fail and reads work) left
 // Redis holding the older value; once the newer one left DRAM, GET served the older one.
 TEST(StoreOrder, AWriteBehindThatFailedHidesTheOlderLowerTierCopy) {
@@ -239,13 +219,13 @@ TEST(StoreOrder, AWriteBehindThatFailedHidesTheOlderLowerTierCopy) {
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(PutValue(*s, "k", 1, false).ok());
   s->Flush();  // Redis holds version 1
-  ASSERT_EQ(RedisCommand(redis.port(), "CONFIG SET maxmemory-policy noeviction").substr(0, 3), "+OK");
-  ASSERT_EQ(RedisCommand(redis.port(), "CONFIG SET maxmemory 1").substr(0, 3), "+OK");
+  ASSERT_EQ(test::RedisCommand(redis.port(), "CONFIG SET maxmemory-policy noeviction").substr(0, 3), "+OK");
+  ASSERT_EQ(test::RedisCommand(redis.port(), "CONFIG SET maxmemory 1").substr(0, 3), "+OK");
   const int64_t errors_before = s->Stats().lower_tier_errors;
   ASSERT_TRUE(PutValue(*s, "k", 2, false).ok());  // acknowledged; its write-behind is refused
   s->Flush();
   EXPECT_GT(s->Stats().lower_tier_errors, errors_before);
-  ASSERT_EQ(RedisCommand(redis.port(), "CONFIG SET maxmemory 0").substr(0, 3), "+OK");
+  ASSERT_EQ(test::RedisCommand(redis.port(), "CONFIG SET maxmemory 0").substr(0, 3), "+OK");
   FillDram(*s, "other");  // version 2 leaves DRAM, and there is no SSD to take it
   EXPECT_NE(ReadVersion(*s, "k"), std::optional<int>(1)) << "the overwritten version came back from Redis";
   ASSERT_TRUE(PutValue(*s, "k", 3, false).ok());

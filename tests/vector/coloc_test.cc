@@ -605,5 +605,27 @@ TEST(ColocRedis, FourTiersRoundTripMoveAndMeasure) {
   EXPECT_EQ(s.Fetch(std::vector<uint64_t>{0}, &out).code(), StatusCode::kNotFound);
 }
 
+// A Redis restarted without persistence forgets what the store put there. A vector the store
+// placed in Redis and never moved is lost data (500), not an unknown key (404).
+TEST(ColocRedis, AVectorTheRemoteTierLostIsCorruptionNotNotFound) {
+  test::RedisProcess redis("", /*force_private=*/true);
+  ASSERT_TRUE(redis.ok());
+  TempDir dir("coloc-redis-lost");
+  TieredStoreOptions o = TwoTiers(dir, 1, 1);
+  o.redis_url = redis.host() + ":" + std::to_string(redis.port());
+  o.redis_prefix = test::UniquePrefix("coloc-lost");
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  TieredStore& s = **store;
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(s.Put(k, VectorFor(k, kDim)).ok());
+  ASSERT_EQ(s.TierOf(3), s.TierPosition(kRemote));
+  ASSERT_EQ(test::RedisCommand(redis.port(), "FLUSHALL").substr(0, 3), "+OK");
+  std::vector<std::vector<float>> out;
+  const Status lost = s.Fetch(std::vector<uint64_t>{0, 3}, &out);
+  EXPECT_EQ(lost.code(), StatusCode::kCorruption) << lost.ToString();
+  EXPECT_NE(lost.message().find("lost"), std::string::npos) << lost.ToString();
+  ASSERT_TRUE(s.Fetch(std::vector<uint64_t>{0}, &out).ok());  // what the local tiers hold still reads
+}
+
 }  // namespace
 }  // namespace keel::vector::coloc

@@ -163,6 +163,13 @@ class TieredStore::Impl {
           retry->push_back(i);
           continue;
         }
+        if (got[j].status().code() == StatusCode::kNotFound) {
+          // The store put it there and no Move took it: the tier lost it (a Redis restarted
+          // without persistence, or evicting under maxmemory). A server fault, not a 404.
+          return Status::Corruption("tiered store: " + slot.name + ": " + DescribeKey(keys[i]) +
+                                    " is missing from the tier that held it (" + got[j].status().message() +
+                                    "): the tier lost data");
+        }
         return Status(got[j].status().code(),
                       "tiered store: " + slot.name + ": " + DescribeKey(keys[i]) + ": " + got[j].status().message());
       }
