@@ -2,6 +2,7 @@
 #include "keel/engine/openai_protocol.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -131,8 +132,17 @@ std::optional<ApiError> ParseCommon(const json& body, const std::string& model_n
   s.temperature = static_cast<float>(temperature);
   double top_p = 1.0;
   if (auto e = GetNumber(body, "top_p", &top_p, &present)) return e;
-  if (!(top_p > 0 && top_p <= 1)) return BadParam("top_p", "'top_p' must be in (0, 1]");
+  // 0 is OpenAI's too (with temperature 0, a common way to ask for determinism): the nucleus is
+  // then the most likely token alone.
+  if (!(top_p >= 0 && top_p <= 1)) return BadParam("top_p", "'top_p' must be between 0 and 1");
   s.top_p = static_cast<float>(top_p);
+  for (const auto& [name, field] : {std::pair{"presence_penalty", &SamplingOptions::presence_penalty},
+                                    std::pair{"frequency_penalty", &SamplingOptions::frequency_penalty}}) {
+    double penalty = 0.0;
+    if (auto e = GetNumber(body, name, &penalty, &present)) return e;
+    if (!(penalty >= -2 && penalty <= 2)) return BadParam(name, fmt::format("'{}' must be between -2 and 2", name));
+    s.*field = static_cast<float>(penalty);
+  }
   int64_t top_k = 0;
   if (auto e = GetInt(body, "top_k", &top_k, &present)) return e;
   if (top_k < 0) return BadParam("top_k", "'top_k' must be >= 0");
@@ -253,6 +263,15 @@ std::optional<ApiError> ParseMessages(const json& body, const Tokenizer& tok, st
       for (const auto& part : *content) {
         auto type = part.is_object() ? part.find("type") : part.end();
         auto t = part.is_object() ? part.find("text") : part.end();
+        // An assistant's refusal part (replayed history) is its text under another name.
+        if (r == "assistant" && part.is_object() && type != part.end() && *type == "refusal") {
+          auto refusal = part.find("refusal");
+          if (refusal == part.end() || !refusal->is_string()) {
+            return BadParam(where + ".content", where + ".content refusal parts must be {\"type\":\"refusal\",\"refusal\":...}");
+          }
+          text += refusal->get<std::string>();
+          continue;
+        }
         if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() || !t->is_string()) {
           return BadParam(where + ".content", where + ".content parts must be {\"type\":\"text\",\"text\":...}");
         }
@@ -282,9 +301,13 @@ std::optional<ApiError> ParseMaxTokens(const json& body, bool chat, int prompt_l
     if (auto e = GetInt(body, "max_tokens", &value, &present)) return e;
   }
   if (prompt_len >= context) {
-    return BadParam(chat ? "messages" : "prompt",
-                    fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens",
-                                context, prompt_len));
+    // OpenAI's code for it: clients that trim history and retry look for it.
+    ApiError e = BadParam(chat ? "messages" : "prompt",
+                           fmt::format("This model's maximum context length is {} tokens. However, your {} resulted "
+                                       "in {} tokens. Please reduce the length of the {}.",
+                                       context, chat ? "messages" : "prompt", prompt_len, chat ? "messages" : "prompt"));
+    e.code = "context_length_exceeded";
+    return e;
   }
   if (!present) {
     const int64_t left = context - prompt_len;
@@ -293,9 +316,13 @@ std::optional<ApiError> ParseMaxTokens(const json& body, bool chat, int prompt_l
   }
   if (value < 1) return BadParam(name, fmt::format("'{}' must be at least 1", name));
   if (value > static_cast<int64_t>(context - prompt_len)) {  // no overflow for huge values
-    return BadParam(name, fmt::format("This model's maximum context length is {} tokens. However, you "
-                                      "requested {} tokens ({} in the prompt, {} for the completion)",
-                                      context, static_cast<double>(prompt_len) + static_cast<double>(value), prompt_len, value));
+    ApiError e = BadParam(name, fmt::format("This model's maximum context length is {} tokens. However, you "
+                                             "requested {} tokens ({} in the prompt, {} for the completion). Please "
+                                             "reduce the length of the prompt or completion.",
+                                             context, static_cast<double>(prompt_len) + static_cast<double>(value),
+                                             prompt_len, value));
+    e.code = "context_length_exceeded";
+    return e;
   }
   params->max_tokens = static_cast<int>(value);
   return std::nullopt;
@@ -342,10 +369,50 @@ std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
       return BadParam("suffix", "suffix is not supported");
     }
   } else {
+    // Agent frameworks send their tools on every turn; with tool_choice "none" none may be
+    // called, which this server can honour. Any other choice needs tool calling.
     auto tools = body.find("tools");
     if (tools != body.end() && !tools->is_null() && !(tools->is_array() && tools->empty())) {
-      return BadParam("tools", "tools are not supported");
+      if (!tools->is_array()) return BadParam("tools", "'tools' must be an array");
+      auto choice = body.find("tool_choice");
+      if (choice == body.end() || !choice->is_string() || choice->get<std::string>() != "none") {
+        return BadParam("tools", "tools are not supported (only with tool_choice \"none\")");
+      }
     }
+    auto format = body.find("response_format");
+    if (format != body.end() && !format->is_null()) {
+      auto type = format->is_object() ? format->find("type") : format->end();
+      if (type == format->end() || !type->is_string()) {
+        return BadParam("response_format", "'response_format' must be an object with a string 'type'");
+      }
+      // Structured output needs constrained decoding, which this server lacks: refusing beats a
+      // 200 whose text a client's JSON parse then fails on.
+      if (type->get<std::string>() != "text") {
+        return BadParam("response_format.type",
+                        fmt::format("response_format type '{}' is not supported (only 'text')", type->get<std::string>()));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// logit_bias: {"token id": bias in [-100, 100]}, as OpenAI takes it (ids as JSON object keys).
+std::optional<ApiError> ParseLogitBias(const json& body, int vocab, SamplingOptions* s) {
+  auto lb = body.find("logit_bias");
+  if (lb == body.end() || lb->is_null()) return std::nullopt;
+  if (!lb->is_object()) return BadParam("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  if (lb->size() > 1024) return BadParam("logit_bias", "'logit_bias' holds at most 1024 tokens");
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    const auto r = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || r.ec != std::errc() || r.ptr != key.data() + key.size() || id < 0 || id >= vocab) {
+      return BadParam("logit_bias", fmt::format("logit_bias key '{}' is not a token id (0..{})", key, vocab - 1));
+    }
+    if (!it->is_number() || !(it->get<double>() >= -100 && it->get<double>() <= 100)) {
+      return BadParam("logit_bias", fmt::format("logit_bias['{}'] must be a number between -100 and 100", key));
+    }
+    s->logit_bias.emplace_back(static_cast<int>(id), static_cast<float>(it->get<double>()));
   }
   return std::nullopt;
 }
@@ -380,6 +447,7 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool 
   json body = std::move(parsed).value();
   std::optional<ApiError> err = ParseCommon(body, model_name, job);
   if (!err) err = ParseLogprobs(body, chat, &job->params);
+  if (!err) err = ParseLogitBias(body, vocab, &job->params.sampling);
   if (!err) err = RejectUnsupported(body, chat);
   if (!err) {
     err = chat ? ParseMessages(body, tok, &job->prompt) : ParsePrompt(body, tok, vocab, &job->prompt);

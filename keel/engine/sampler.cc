@@ -65,6 +65,26 @@ void TopLogprobs(const float* logits, int vocab, int k, double log_norm,
 Sampler::Sampler(const SamplingOptions& options) : opt_(options), rng_(options.seed) {}
 
 int Sampler::Sample(float* logits, int vocab) {
+  for (const auto& [id, bias] : opt_.logit_bias) {
+    if (id >= 0 && id < vocab) logits[id] += bias;
+  }
+  const bool penalised = opt_.presence_penalty != 0.0f || opt_.frequency_penalty != 0.0f;
+  if (penalised) {
+    for (const auto& [id, times] : drawn_) {
+      if (id < vocab) logits[id] -= opt_.presence_penalty + opt_.frequency_penalty * static_cast<float>(times);
+    }
+  }
+  const int token = Pick(logits, vocab);
+  if (penalised) {
+    // A completion draws few distinct tokens: a short list beats a vocab-sized table.
+    auto it = std::find_if(drawn_.begin(), drawn_.end(), [token](const auto& d) { return d.first == token; });
+    if (it == drawn_.end()) drawn_.emplace_back(token, 1);
+    else ++it->second;
+  }
+  return token;
+}
+
+int Sampler::Pick(float* logits, int vocab) {
   if (opt_.temperature <= 0.0f) return Argmax(logits, vocab);
   const float inv_t = 1.0f / opt_.temperature;
   float mx = -std::numeric_limits<float>::infinity();

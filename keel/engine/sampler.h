@@ -13,18 +13,26 @@ namespace keel::engine {
 struct SamplingOptions {
   float temperature = 1.0f;  // 0 = greedy
   int top_k = 0;             // 0 = off
-  float top_p = 1.0f;        // 1 = off
+  float top_p = 1.0f;        // 1 = off (0 keeps only the most likely token)
   uint64_t seed = 0;
+  // OpenAI's penalties over the tokens this sampler has drawn (the completion so far): each
+  // token's logit less presence_penalty once it has appeared and frequency_penalty per time.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<int, float>> logit_bias;  // (token id, added to its logit)
 };
 
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);
-  // Picks a token from `logits` (vocab floats); may modify `logits` in place.
+  // Picks a token from `logits` (vocab floats), after logit_bias and the penalties; may modify
+  // `logits` in place. Greedy picks are penalised and biased too, as OpenAI's are.
   int Sample(float* logits, int vocab);
 
  private:
+  int Pick(float* logits, int vocab);
   SamplingOptions opt_;
+  std::vector<std::pair<int, int>> drawn_;  // (token, times drawn), for the penalties
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int>> cand_;
 };

@@ -86,7 +86,7 @@ Status Scheduler::Submit(std::shared_ptr<Request> request) {
   if (!(p.sampling.temperature >= 0.0f) || p.sampling.temperature > 100.0f) {
     return Status::InvalidArgument("temperature must be between 0 and 100");
   }
-  if (!(p.sampling.top_p > 0.0f && p.sampling.top_p <= 1.0f)) return Status::InvalidArgument("top_p must be in (0, 1]");
+  if (!(p.sampling.top_p >= 0.0f && p.sampling.top_p <= 1.0f)) return Status::InvalidArgument("top_p must be in [0, 1]");
   if (p.sampling.top_k < 0) return Status::InvalidArgument("top_k must be >= 0");
   if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
     return Status::InvalidArgument("logprobs must be -1 (off) or 0.." + std::to_string(kMaxTopLogprobs));

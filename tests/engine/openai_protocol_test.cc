@@ -111,7 +111,8 @@ TEST(OpenAiProtocol, ParseMaxTokensBounds) {
   EXPECT_EQ(e->param, "max_tokens");
   EXPECT_EQ(e->message,
             "This model's maximum context length is 512 tokens. However, you requested 513 tokens "
-            "(10 in the prompt, 503 for the completion)");
+            "(10 in the prompt, 503 for the completion). Please reduce the length of the prompt or completion.");
+  EXPECT_EQ(e->code, "context_length_exceeded");
   e = ParseMaxTokens({{"max_tokens", 0}}, false, 10, 512, &p);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->message, "'max_tokens' must be at least 1");
@@ -134,7 +135,10 @@ TEST(OpenAiProtocol, ParseMaxTokensBounds) {
   e = ParseMaxTokens(json::object(), false, 512, 512, &p);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->param, "prompt");
-  EXPECT_EQ(e->message, "This model's maximum context length is 512 tokens, but the prompt has 512 tokens");
+  EXPECT_EQ(e->message,
+            "This model's maximum context length is 512 tokens. However, your prompt resulted in 512 tokens. Please "
+            "reduce the length of the prompt.");
+  EXPECT_EQ(e->code, "context_length_exceeded");  // what clients that trim history look for
   e = ParseMaxTokens(json::object(), true, 600, 512, &p);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->param, "messages");

@@ -62,6 +62,54 @@ TEST(Sampler, TopPKeepsSmallestNucleus) {
   EXPECT_EQ(seen, (std::set<int>{0, 1}));
 }
 
+TEST(Sampler, LogitBiasMovesTheGreedyPick) {
+  SamplingOptions o{0.0f, 0, 1.0f, 1};
+  o.logit_bias = {{1, -100.0f}, {99, 5.0f}};  // 99 is outside this vocabulary: ignored
+  Sampler s(o);
+  auto l = Logits();
+  EXPECT_EQ(s.Sample(l.data(), 6), 4);  // 1 banned: the next best, 1.9
+  o.logit_bias = {{3, 10.0f}};
+  Sampler t(o);
+  l = Logits();
+  EXPECT_EQ(t.Sample(l.data(), 6), 3);
+}
+
+// OpenAI's penalties count what this sampler drew: presence once per token, frequency per draw.
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountTheTokensDrawn) {
+  const std::vector<float> base = {1.0f, 0.9f, 0.0f};
+  SamplingOptions presence{0.0f, 0, 1.0f, 1};
+  presence.presence_penalty = 0.5f;
+  Sampler p(presence);
+  std::vector<int> got;
+  for (int i = 0; i < 3; ++i) {
+    auto l = base;
+    got.push_back(p.Sample(l.data(), 3));
+  }
+  EXPECT_EQ(got, (std::vector<int>{0, 1, 0}));  // 1.0 | 0.5 < 0.9 | 0.5 > 0.4: each drawn token loses 0.5 once
+  SamplingOptions frequency{0.0f, 0, 1.0f, 1};
+  frequency.frequency_penalty = 0.06f;
+  Sampler f(frequency);
+  got.clear();
+  for (int i = 0; i < 3; ++i) {
+    auto l = base;
+    got.push_back(f.Sample(l.data(), 3));
+  }
+  EXPECT_EQ(got, (std::vector<int>{0, 0, 1}));  // 1.0, then 0.94 > 0.9, then 0.88 < 0.9
+  Sampler plain({0.0f, 0, 1.0f, 1});
+  for (int i = 0; i < 3; ++i) {
+    auto l = base;
+    EXPECT_EQ(plain.Sample(l.data(), 3), 0);
+  }
+}
+
+TEST(Sampler, TopPZeroIsGreedy) {
+  Sampler s({1.0f, 0, 0.0f, 11});
+  for (int i = 0; i < 32; ++i) {
+    auto l = Logits();
+    EXPECT_EQ(s.Sample(l.data(), 6), 1);
+  }
+}
+
 // Equal logits with top_p below 1/vocab used to leave the candidate list empty, and the draw read
 // before its start (a crash of `keel serve` from one request).
 TEST(Sampler, TopPBelowOneOverVocabOnEqualLogitsIsTheFirstToken) {

@@ -482,6 +482,48 @@ TEST_F(ServerTest, ChatDefaultMaxTokensFillsTheContext) {
   }
 }
 
+// What OpenAI SDK users send and OpenAI honours: logit_bias and the penalties change the text
+// (they used to be accepted and ignored), top_p 0 is greedy, tools with tool_choice "none" and a
+// replayed refusal are accepted.
+TEST_F(ServerTest, SamplingControlsOpenAiHonoursAreHonoured) {
+  Start();
+  auto text = [&](const std::string& extra) {
+    HttpTestResponse r = Post("/v1/chat/completions",
+                              R"({"model":"aidreams","messages":[{"role":"user","content":"Once upon a time"}],)"
+                              R"("max_tokens":24,"temperature":0)" + extra + "}");
+    EXPECT_EQ(r.status, 200) << extra << " -> " << r.body;
+    return json::parse(r.body)["choices"][0]["message"]["content"].get<std::string>();
+  };
+  const std::string plain = text("");
+  ASSERT_FALSE(plain.empty());
+  EXPECT_NE(text(R"(,"presence_penalty":2)"), plain);
+  EXPECT_NE(text(R"(,"frequency_penalty":2)"), plain);
+  EXPECT_EQ(text(R"(,"presence_penalty":0,"frequency_penalty":0)"), plain);
+  // Ban the greedy first token: the answer must start differently.
+  HttpTestResponse first = Post("/v1/completions", R"({"model":"aidreams","prompt":"Once upon a time","max_tokens":1,"temperature":0,"logprobs":0})");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const json lp = json::parse(first.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 1u);
+  std::vector<int> ids = tokenizer_->Encode("Once upon a time", true);
+  // Every id whose piece is that text (the greedy one among them), found by decoding each id.
+  std::string bias;
+  for (int id = 0; id < model_->config.vocab_size; ++id) {
+    if (tokenizer_->Decode(ids.back(), id) != lp["tokens"][0].get<std::string>()) continue;
+    bias += (bias.empty() ? "" : ",") + std::string("\"") + std::to_string(id) + "\":-100";
+  }
+  ASSERT_FALSE(bias.empty());
+  const std::string banned = text(R"(,"logit_bias":{)" + bias + "}");
+  EXPECT_NE(banned.substr(0, 4), plain.substr(0, 4)) << banned << " vs " << plain;
+  EXPECT_EQ(text(R"(,"temperature":1,"top_p":0,"seed":3)"), plain);
+  EXPECT_EQ(text(R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"none")"),
+            plain);
+  HttpTestResponse refusal = Post("/v1/chat/completions",
+                                  R"({"model":"aidreams","max_tokens":4,"messages":[{"role":"user","content":"x"},)"
+                                  R"({"role":"assistant","content":[{"type":"refusal","refusal":"no"}]},)"
+                                  R"({"role":"user","content":"y"}]})");
+  EXPECT_EQ(refusal.status, 200) << refusal.body;
+}
+
 TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   Start();
   struct Case {
@@ -514,7 +556,14 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
       {"/v1/completions", R"({"model":"aidreams","prompt":")" + long_prompt + R"("})", 400, "prompt"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","temperature":"hot"})", 400, "temperature"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","temperature":2.5})", 400, "temperature"},
-      {"/v1/completions", R"({"model":"aidreams","prompt":"","top_p":0})", 400, "top_p"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","top_p":-0.1})", 400, "top_p"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","presence_penalty":2.5})", 400, "presence_penalty"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","logit_bias":{"9999":5}})", 400, "logit_bias"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","logit_bias":{"5":101}})", 400, "logit_bias"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       400, "response_format.type"},
+      {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]})",
+       400, "tools"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","top_k":-1})", 400, "top_k"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","seed":"x"})", 400, "seed"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","stop":[1]})", 400, "stop"},
