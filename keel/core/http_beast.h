@@ -32,6 +32,32 @@ inline std::string OriginForm(std::string_view target) {
   return "/" + std::string(rest.substr(end));
 }
 
+// The path with its percent-escapes decoded (RFC 3986 §2.1), so routes match what clients mean:
+// SDKs escape '/' inside a path segment (models.retrieve("org/model") sends org%2Fmodel). A path
+// with a broken escape, or one that decodes to a NUL byte, is returned as sent.
+inline std::string DecodePath(std::string_view path) {
+  if (path.find('%') == std::string_view::npos) return std::string(path);
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(path.size());
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path[i] != '%') {
+      out += path[i];
+      continue;
+    }
+    const int hi = i + 2 < path.size() ? hex(path[i + 1]) : -1, lo = i + 2 < path.size() ? hex(path[i + 2]) : -1;
+    if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) return std::string(path);
+    out += static_cast<char>(hi * 16 + lo);
+    i += 2;
+  }
+  return out;
+}
+
 // Moves the body out of `msg`.
 inline HttpRequest ToHttpRequest(boost::beast::http::request<boost::beast::http::string_body>& msg,
                                  std::string remote) {
@@ -39,7 +65,7 @@ inline HttpRequest ToHttpRequest(boost::beast::http::request<boost::beast::http:
   req.method = std::string(msg.method_string());
   req.target = OriginForm(std::string_view(msg.target().data(), msg.target().size()));
   const size_t q = req.target.find('?');
-  req.path = req.target.substr(0, q);
+  req.path = DecodePath(std::string_view(req.target).substr(0, q));
   if (q != std::string::npos) req.query = req.target.substr(q + 1);
   req.version = msg.version();
   for (const auto& f : msg) req.headers.Add(std::string(f.name_string()), std::string(f.value()));

@@ -65,7 +65,7 @@ class HttpHeaders {
 struct HttpRequest {
   std::string method;   // "GET", "POST", ... as sent
   std::string target;   // path plus query, as sent ("/v1/models?x=1")
-  std::string path;     // target up to '?'
+  std::string path;     // target up to '?', percent-escapes decoded ("/v1/models/a%2Fb" -> "/v1/models/a/b")
   std::string query;    // after '?', without it ("" when none)
   int version = 11;     // 10 or 11
   HttpHeaders headers;

@@ -109,9 +109,10 @@ std::optional<ApiError> ParseCommon(const json& body, const std::string& model_n
   if (model == body.end() || model->is_null()) return BadParam("model", "'model' is required");
   if (!model->is_string()) return BadParam("model", "'model' must be a string");
   if (model->get<std::string>() != model_name) {
+    // param null, as OpenAI sends it for an unknown model.
     ApiError e{404, fmt::format("The model `{}` does not exist; this server serves `{}`",
                                 model->get<std::string>(), model_name),
-               "invalid_request_error", "model", "model_not_found"};
+               "invalid_request_error", std::nullopt, "model_not_found"};
     return e;
   }
 
@@ -548,7 +549,8 @@ json CompletionBody(const ServerJob& job, const std::string& model, const std::s
                     const char* finish, const GenerationEvent& ev, const json& logprobs) {
   json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}};
   if (job.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    // refusal and annotations as OpenAI sends them: SDK code reads message.refusal === null.
+    choice["message"] = {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}, {"annotations", json::array()}};
   } else {
     choice["text"] = text;
   }

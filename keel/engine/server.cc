@@ -310,7 +310,7 @@ void Server::HandleModels(const HttpRequest&, HttpResponder& res) {
 void Server::HandleModel(HttpResponder& res, std::string_view id) {
   if (id != options_.model_name) {
     SendError(res, ApiError{404, "The model '" + std::string(id) + "' does not exist", "invalid_request_error",
-                            std::string("model"), std::string("model_not_found")});
+                            std::nullopt, std::string("model_not_found")});
     return;
   }
   json model = {{"id", options_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "keel"}};

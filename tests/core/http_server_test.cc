@@ -372,6 +372,23 @@ TEST_F(HttpServerTest, AbsoluteFormTargetsAreServedAsTheirPath) {
   EXPECT_EQ(nlohmann::json::parse(r.body)["path"], "/echo");
 }
 
+TEST(HttpTargetTest, PathEscapesAreDecodedUnlessBroken) {
+  EXPECT_EQ(DecodePath("/v1/models/org%2Fmodel"), "/v1/models/org/model");
+  EXPECT_EQ(DecodePath("/a%3ab%20c"), "/a:b c");
+  EXPECT_EQ(DecodePath("/plain"), "/plain");
+  EXPECT_EQ(DecodePath("/bad%2"), "/bad%2");
+  EXPECT_EQ(DecodePath("/bad%zz"), "/bad%zz");
+  EXPECT_EQ(DecodePath("/nul%00x"), "/nul%00x");
+}
+
+TEST_F(HttpServerTest, EscapedPathsRouteByTheirDecodedForm) {
+  StartServer();
+  HttpTestClient c(server_->port());
+  HttpTestResponse r = c.Request("GET", "/hell%6F?x=%2F");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "hello x=%2F");  // the query is the handler's to decode
+}
+
 TEST(HttpTargetTest, OriginFormDropsSchemeAndAuthorityOnly) {
   EXPECT_EQ(OriginForm("/v1/models?x=1"), "/v1/models?x=1");
   EXPECT_EQ(OriginForm("http://h:8080/v1/models?x=1"), "/v1/models?x=1");

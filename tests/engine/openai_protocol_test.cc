@@ -438,7 +438,7 @@ TEST(OpenAiProtocol, ResponseShapes) {
 
   json chat = CompletionBody(job, "m", "hi", "length", ev);
   EXPECT_EQ(chat["object"], "chat.completion");
-  EXPECT_EQ(chat["choices"][0]["message"], (json{{"role", "assistant"}, {"content", "hi"}}));
+  EXPECT_EQ(chat["choices"][0]["message"], (json{{"role", "assistant"}, {"content", "hi"}, {"refusal", nullptr}, {"annotations", json::array()}}));
   EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(chat["usage"]["total_tokens"], 7);
 

@@ -447,6 +447,8 @@ TEST_F(ServerTest, ChatCompletionNonStreamAndStream) {
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(j["choices"][0]["message"]["refusal"].is_null()) << j.dump();
+  EXPECT_EQ(j["choices"][0]["message"]["annotations"], json::array());
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   const std::string want = j["choices"][0]["message"]["content"];
   // The documented template: contents joined by "\n", encoded with BOS.
@@ -603,7 +605,7 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(r.status, 404);
   json e = ErrorBody(r);
   EXPECT_EQ(e["code"], "model_not_found");
-  EXPECT_EQ(e["param"], "model");
+  EXPECT_TRUE(e["param"].is_null()) << r.body;  // as OpenAI answers it
   // Unknown path and wrong method.
   r = Get("/v1/nothing");
   EXPECT_EQ(r.status, 404);
