@@ -129,6 +129,9 @@ struct GatewayError {
   int status = 500;
   ErrorKind kind = ErrorKind::kApi;
   std::string message;
+  // An upstream's Retry-After (seconds, as it sent them; "" for none), passed on so SDKs wait as
+  // long as the vendor asked instead of their own short backoff.
+  std::string retry_after;
 };
 
 }  // namespace keel::gateway

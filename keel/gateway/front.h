@@ -32,6 +32,8 @@ class ClientFront {
   virtual std::unique_ptr<StreamEncoder> MakeEncoder(const ChatRequest& request,
                                                      const std::string& client_model) const = 0;
   virtual std::string ErrorBody(const GatewayError& error) const = 0;
+  // The HTTP status of `error` in this format (Anthropic says 529 for overloaded).
+  virtual int ErrorStatus(const GatewayError& error) const { return error.status; }
   virtual const char* StreamContentType() const { return "text/event-stream"; }
   // The format's name for `reason` (translate.h: never null; kNone may be "").
   virtual const char* FinishReasonName(FinishReason reason) const = 0;

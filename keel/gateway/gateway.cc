@@ -164,11 +164,13 @@ void Gateway::Impl::RegisterMetrics() {
 }
 
 Task<void> Gateway::Impl::Fail(Exchange& x, const GatewayError& error, const HttpHeaderList& extra) {
-  requests->WithLabels({x.route, std::to_string(error.status)}).Inc();
   HttpHeaderList headers = x.headers;
   headers.insert(headers.end(), extra.begin(), extra.end());
+  if (!error.retry_after.empty()) headers.emplace_back("retry-after", error.retry_after);
   std::string body = x.front.ErrorBody(error);
-  co_await x.resp.Send(error.status, "application/json", std::move(body), headers);
+  const int status = x.front.ErrorStatus(error);
+  requests->WithLabels({x.route, std::to_string(status)}).Inc();
+  co_await x.resp.Send(status, "application/json", std::move(body), headers);
 }
 
 void Gateway::Impl::Settle(Exchange& x, const RouteTarget& target, int64_t in, int64_t out) {

@@ -79,8 +79,14 @@ bool Retryable(int http_status) { return http_status == 429 || http_status == 40
 
 // An upstream's error as the client should see it. The vendor rejecting the gateway's own
 // credentials is the gateway's problem, not the client's: 502, not the vendor's 401/403.
-GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body) {
+GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body, const HttpHeaders& headers) {
   GatewayError e = up.vendor->ParseError(status, body);
+  // Delay-seconds only (an HTTP date would need the upstream's clock), and bounded: it is an
+  // upstream's word passed to the client's retry loop.
+  const std::string_view ra = headers.Get("retry-after");
+  if (!ra.empty() && ra.size() <= 6 && ra.find_first_not_of("0123456789") == std::string_view::npos) {
+    e.retry_after = std::string(ra);
+  }
   if (status == 401 || status == 403) {
     return {502, ErrorKind::kBadGateway, "upstream " + up.config.name + " rejected the gateway's credentials (" +
                                              std::to_string(status) + "): " + e.message};
@@ -278,7 +284,7 @@ Task<Attempt> Gateway::Impl::RelayWhole(Exchange& x, const RouteTarget& target, 
   upstream_seconds->WithLabels({up.config.name}).Observe(SecondsSince(sent));
   if (r->status != 200) {
     upstream_requests->WithLabels({up.config.name, std::to_string(r->status)}).Inc();
-    *last_error = ClientFacingError(up, r->status, r->body);
+    *last_error = ClientFacingError(up, r->status, r->body, r->headers);
     co_return Retryable(r->status) ? Attempt::kNextTarget : Attempt::kGiveUp;
   }
   auto answer = up.vendor->ParseChat(r->body);
@@ -326,7 +332,7 @@ Task<Attempt> Gateway::Impl::RelayStream(Exchange& x, const RouteTarget& target,
       if (!(co_await stream->Read(&err)).ok() || err.size() == before) break;
     }
     upstream_requests->WithLabels({up.config.name, std::to_string(stream->status())}).Inc();
-    *last_error = ClientFacingError(up, stream->status(), err);
+    *last_error = ClientFacingError(up, stream->status(), err, stream->headers());
     co_return Retryable(stream->status()) ? Attempt::kNextTarget : Attempt::kGiveUp;
   }
   auto decoder = up.vendor->MakeDecoder();

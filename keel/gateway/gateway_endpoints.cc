@@ -201,7 +201,7 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
       continue;
     }
     if (got->status != 200) {
-      last_error = ClientFacingError(up, got->status, got->body);
+      last_error = ClientFacingError(up, got->status, got->body, got->headers);
       if (Retryable(got->status)) continue;
       break;
     }

@@ -163,7 +163,7 @@ HttpHeaderList BudgetDenialHeaders(const Governance::Denial& denial);
 bool Retryable(int http_status);
 // An upstream's error as the client should see it (the vendor refusing the gateway's own
 // credentials is a 502, not the vendor's 401/403).
-GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body);
+GatewayError ClientFacingError(const Upstream& up, int status, std::string_view body, const HttpHeaders& headers);
 double SecondsSince(Clock::time_point t);
 
 }  // namespace keel::gateway

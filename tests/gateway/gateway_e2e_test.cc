@@ -899,6 +899,7 @@ TEST_F(GatewayE2E, StreamedRequestGetsTheUpstreamErrorInTheClientsFormat) {
   auto r = Post("/v1/chat/completions", Chat("m-429", "hi", true).dump(), key_a_);
   EXPECT_EQ(r.status, 429) << r.body;
   EXPECT_FALSE(r.chunked);
+  EXPECT_EQ(r.Header("retry-after"), "1");  // the vendor's, so SDKs wait as long as it asked
   json j = json::parse(r.body, nullptr, false);
   ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
   EXPECT_EQ(j["error"].value("type", ""), "rate_limit_error") << r.body;
@@ -954,7 +955,7 @@ TEST_F(GatewayE2E, InStreamVendorErrorBeforeAnyByteFallsBackOrReachesTheClient) 
   EXPECT_NE(j["error"].value("message", "").find("Overloaded"), std::string::npos) << r.body;
 
   r = Post("/v1/messages", Anthropic("m-stream-error-only", "hi", true).dump(), key_a_, true);
-  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.status, 529) << r.body;  // Anthropic's own status for overloaded_error
   j = json::parse(r.body, nullptr, false);
   ASSERT_TRUE(j.is_object()) << r.body;
   EXPECT_EQ(j.value("type", ""), "error") << r.body;

@@ -63,6 +63,10 @@ class AnthropicFront final : public ClientFront {
     return MakeAnthropicStreamEncoder(client_model);
   }
   std::string ErrorBody(const GatewayError& error) const override { return BuildAnthropicErrorBody(error); }
+  // Anthropic's overloaded_error is 529; other formats' clients get the 503 they know.
+  int ErrorStatus(const GatewayError& error) const override {
+    return error.kind == ErrorKind::kOverloaded && error.status == 503 ? 529 : error.status;
+  }
   const char* FinishReasonName(FinishReason reason) const override { return AnthropicFinishReasonName(reason); }
 };
 
