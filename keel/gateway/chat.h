@@ -35,6 +35,7 @@ struct Tool {
   std::string name;
   std::string description;
   std::string parameters_json;  // JSON Schema object text ("{}" when none)
+  std::optional<bool> strict;   // OpenAI: arguments must follow the schema exactly
 };
 
 // Structured output: OpenAI response_format / Responses text.format, Gemini
@@ -69,6 +70,7 @@ struct ChatRequest {
   bool stream = false;
   bool stream_include_usage = false;  // OpenAI stream_options.include_usage
   std::string user;                   // OpenAI "user" / Anthropic metadata.user_id
+  std::string reasoning_effort;       // OpenAI reasoning_effort / Responses reasoning.effort; "" = absent
 };
 
 enum class FinishReason { kNone, kStop, kLength, kToolCalls, kContentFilter };

@@ -105,6 +105,9 @@ Status ReadNumberInRange(const json& obj, const char* key, const std::string& pa
                          std::optional<double>* out);
 Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out);
 Status ReadBool(const json& obj, const char* key, const std::string& path, std::optional<bool>* out);
+// OpenAI's reasoning effort ("minimal", "low", "medium", "high", ...): a short word, passed on to
+// OpenAI upstreams as it came (its list grows), refused by the others.
+Status ReadReasoningEffort(const json& obj, const char* key, std::string* out);
 // A string or an array of strings (OpenAI "stop"); Anthropic's stop_sequences passes
 // `allow_single_string` = false.
 Status ReadStop(const json& obj, const char* key, const std::string& path, bool allow_single_string,

@@ -318,6 +318,39 @@ TEST(TranslateRequest, OpenAIToOpenAIRoundTrip) {
   EXPECT_EQ(J(back.tools[0].parameters_json), J(r.tools[0].parameters_json));
 }
 
+// OpenAI-only fields that change the answer reach an OpenAI upstream, and are refused by the
+// others rather than dropped with a 200 (both used to be dropped).
+TEST(TranslateRequest, StrictToolsAndReasoningEffortReachOpenAIAndAreRefusedElsewhere) {
+  json body = OpenAIToolConversation();
+  body["tools"][0]["function"]["strict"] = true;
+  body["reasoning_effort"] = "high";
+  ChatRequest r = MustParse(kOpenAI, body);
+  EXPECT_EQ(r.tools[0].strict, true);
+  EXPECT_EQ(r.reasoning_effort, "high");
+  json up = J(Up(kOpenAI, r, "o3"));
+  EXPECT_EQ(up["tools"][0]["function"]["strict"], true);
+  EXPECT_EQ(up["reasoning_effort"], "high");
+  for (WireFormat other : {kAnthropic, kGemini}) {
+    auto built = BuildUpstreamRequest(other, r, "m", 4096);
+    ASSERT_FALSE(built.ok());
+    EXPECT_NE(built.status().message().find("reasoning_effort"), std::string::npos) << built.status().ToString();
+  }
+  r.reasoning_effort.clear();
+  auto strict = BuildUpstreamRequest(kAnthropic, r, "m", 4096);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("strict"), std::string::npos) << strict.status().ToString();
+  // The fast reader hands a request with reasoning_effort to the full one, which keeps it.
+  json plain = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"reasoning_effort", "low"}};
+  EXPECT_EQ(MustParse(kOpenAI, plain).reasoning_effort, "low");
+  plain["reasoning_effort"] = "HIGH!";
+  EXPECT_FALSE(ParseClientRequest(kOpenAI, plain.dump()).ok());
+  // Responses: reasoning.effort.
+  json resp = {{"model", "m"}, {"input", "hi"}, {"reasoning", {{"effort", "medium"}, {"summary", "auto"}}}};
+  auto rr = ParseClientRequest(WireFormat::kOpenAIResponses, resp.dump());
+  ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+  EXPECT_EQ(rr->reasoning_effort, "medium");
+}
+
 TEST(TranslateRequest, OpenAIToAnthropicAlternatesAndMergesToolResults) {
   ChatRequest r = MustParse(kOpenAI, OpenAIToolConversation());
   r.max_tokens.reset();

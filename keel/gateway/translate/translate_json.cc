@@ -118,6 +118,14 @@ Status ReadNumberInRange(const json& obj, const char* key, const std::string& pa
   return Status::Ok();
 }
 
+Status ReadReasoningEffort(const json& obj, const char* key, std::string* out) {
+  KEEL_RETURN_IF_ERROR(ReadString(obj, key, key, out));
+  if (out->size() > 16 || out->find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos) {
+    return Status::InvalidArgument(std::string(key) + ": expected an effort such as \"low\", \"medium\" or \"high\"");
+  }
+  return Status::Ok();
+}
+
 Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out) {
   const json* v = Field(obj, key);
   if (!v) return Status::Ok();
@@ -169,6 +177,7 @@ Status ReadObjectText(const json& obj, const char* key, const std::string& path,
 Status ReadFunctionTool(const json& fn, const std::string& path, Tool* tool) {
   KEEL_RETURN_IF_ERROR(ReadRequiredString(fn, "name", path + ".name", &tool->name));
   KEEL_RETURN_IF_ERROR(ReadString(fn, "description", path + ".description", &tool->description));
+  KEEL_RETURN_IF_ERROR(ReadBool(fn, "strict", path + ".strict", &tool->strict));
   return ReadObjectText(fn, "parameters", path + ".parameters", &tool->parameters_json);
 }
 

@@ -216,6 +216,11 @@ Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std:
   if (request.presence_penalty.value_or(0) != 0) return Unsupported("presence_penalty", kSelf);
   if (request.frequency_penalty.value_or(0) != 0) return Unsupported("frequency_penalty", kSelf);
   if (!request.logit_bias_json.empty()) return Unsupported("logit_bias", kSelf);
+  // OpenAI's reasoning and strict tools ask for what an Anthropic request here cannot promise.
+  if (!request.reasoning_effort.empty()) return Unsupported("reasoning_effort", kSelf);
+  for (const Tool& t : request.tools) {
+    if (t.strict.value_or(false)) return Unsupported("tools[].function.strict", kSelf);
+  }
   // JSON without a schema: Anthropic only constrains output to a given schema.
   if (request.response_format && request.response_format->kind == ResponseFormat::Kind::kJsonObject)
     return Status::InvalidArgument(

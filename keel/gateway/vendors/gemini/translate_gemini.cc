@@ -66,6 +66,10 @@ int64_t CountOr(const json& obj, const char* key) {
 
 Result<std::string> BuildGeminiRequest(const ChatRequest& request) {
   if (!request.logit_bias_json.empty()) return Unsupported("logit_bias", WireFormat::kGemini);
+  if (!request.reasoning_effort.empty()) return Unsupported("reasoning_effort", WireFormat::kGemini);
+  for (const Tool& t : request.tools) {
+    if (t.strict.value_or(false)) return Unsupported("tools[].function.strict", WireFormat::kGemini);
+  }
   // Gemini has no switch for parallel function calls; true (the default) asks for nothing.
   const bool calls_possible = !request.tools.empty() && request.tool_choice != "none";
   if (calls_possible && request.parallel_tool_calls && !*request.parallel_tool_calls)

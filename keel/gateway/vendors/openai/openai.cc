@@ -37,9 +37,9 @@ Status Unsupported(const char* field, std::string_view vendor) {
 }
 
 // OpenAI's chat/completions, and every server that copies it. `keel serve` ("keel") speaks the
-// same wire format with a different set of sampling fields: it has top_k, and no penalties,
-// logit_bias or structured output (it would ignore them, so they are refused here); OpenAI has
-// no top_k (it would answer 400).
+// same wire format with a different set of sampling fields: it has top_k, the penalties and
+// logit_bias, and no structured output or reasoning effort (refused here); OpenAI has no top_k
+// (it would answer 400).
 class OpenAIVendor final : public VendorAdapter {
  public:
   explicit OpenAIVendor(bool keel) : keel_(keel) {}
@@ -47,9 +47,7 @@ class OpenAIVendor final : public VendorAdapter {
   Result<ClientRequest> BuildChat(const UpstreamConfig& up, const ChatRequest& request, const std::string& model,
                                   int64_t) const override {
     if (keel_) {
-      if (request.presence_penalty.value_or(0) != 0) return Unsupported("presence_penalty", "keel");
-      if (request.frequency_penalty.value_or(0) != 0) return Unsupported("frequency_penalty", "keel");
-      if (!request.logit_bias_json.empty() && request.logit_bias_json != "{}") return Unsupported("logit_bias", "keel");
+      if (!request.reasoning_effort.empty()) return Unsupported("reasoning_effort", "keel");
       if (request.response_format && request.response_format->kind != ResponseFormat::Kind::kText) {
         return Unsupported("response_format", "keel");
       }

@@ -288,6 +288,7 @@ Result<ChatRequest> internal::ParseOpenAIChatRequestDom(std::string_view text) {
   KEEL_RETURN_IF_ERROR(
       ReadBool(body, "parallel_tool_calls", "parallel_tool_calls", &req.parallel_tool_calls));
   KEEL_RETURN_IF_ERROR(ReadResponseFormat(body, &req));
+  KEEL_RETURN_IF_ERROR(ReadReasoningEffort(body, "reasoning_effort", &req.reasoning_effort));
   return req;
 }
 
@@ -348,6 +349,7 @@ Result<std::string> BuildOpenAIChatRequest(const ChatRequest& request, const std
       AppendJsonString(t.name, tools);
       *tools += ",\"parameters\":";
       *tools += Dump(SchemaObject(t.parameters_json));
+      if (t.strict) *tools += *t.strict ? ",\"strict\":true" : ",\"strict\":false";
       *tools += "},\"type\":\"function\"}";
     }
     *tools += ']';
@@ -366,6 +368,7 @@ Result<std::string> BuildOpenAIChatRequest(const ChatRequest& request, const std
   if (request.response_format) *body.Add("response_format") += Dump(ResponseFormatJson(*request.response_format));
   // max_completion_tokens: OpenAI's reasoning models reject max_tokens; keel serve reads both.
   if (request.max_tokens) AppendJsonNumber(*request.max_tokens, body.Add("max_completion_tokens"));
+  if (!request.reasoning_effort.empty()) AppendJsonString(request.reasoning_effort, body.Add("reasoning_effort"));
   WriteCommon(request, &body);
   std::string out;
   out.reserve(body.value_bytes() + 256);

@@ -208,6 +208,12 @@ Result<ChatRequest> ParseResponsesRequest(std::string_view text) {
   req.client_format = WireFormat::kOpenAIResponses;
   KEEL_RETURN_IF_ERROR(ReadRequiredString(body, "model", "model", &req.model));
   KEEL_RETURN_IF_ERROR(ReadRefusedAndAccepted(body));
+  // reasoning.effort is OpenAI's reasoning_effort; its summary asks for reasoning items the gateway
+  // never returns, so it goes with the other accepted fields.
+  if (auto r = body.find("reasoning"); r != body.end() && !r->is_null()) {
+    if (!r->is_object()) return Status::InvalidArgument("reasoning: expected an object");
+    KEEL_RETURN_IF_ERROR(ReadReasoningEffort(*r, "effort", &req.reasoning_effort));
+  }
   std::vector<std::string> system;
   std::string instructions;
   KEEL_RETURN_IF_ERROR(ReadString(body, "instructions", "instructions", &instructions));
