@@ -29,6 +29,7 @@ struct Message {
   std::vector<ToolCall> tool_calls; // assistant turns that called tools
   std::string tool_call_id;         // role "tool": which call this result answers
   std::string name;                 // role "tool": the function's name, when known
+  bool tool_error = false;          // role "tool": Anthropic tool_result.is_error (the call failed)
 };
 
 struct Tool {

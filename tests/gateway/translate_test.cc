@@ -522,6 +522,23 @@ TEST(TranslateRequest, AnthropicToAnthropicRoundTrip) {
   }
   EXPECT_EQ(back.stop, r.stop);
   EXPECT_EQ(back.temperature, r.temperature);
+
+  // A failed tool call stays failed: is_error used to be dropped, so the model took "boom" for a result.
+  json failed = AnthropicConversation();
+  for (auto& m : failed["messages"]) {
+    if (!m["content"].is_array()) continue;
+    for (auto& b : m["content"]) {
+      if (b["type"] == "tool_result") b["is_error"] = true;
+    }
+  }
+  json again = J(Up(kAnthropic, MustParse(kAnthropic, failed), "claude-real"));
+  int errors = 0;
+  for (const auto& m : again["messages"]) {
+    if (!m["content"].is_array()) continue;
+    for (const auto& b : m["content"]) errors += b.value("type", "") == "tool_result" && b.value("is_error", false);
+  }
+  EXPECT_EQ(errors, 1) << again.dump();
+  EXPECT_EQ(up.dump().find("is_error"), std::string::npos);  // absent unless the client said so
 }
 
 TEST(TranslateRequest, InvalidToolArgumentsAreKeptOrWrapped) {

@@ -77,6 +77,7 @@ Status ReadMessage(const json& m, const std::string& path, std::vector<Message>*
       Message tool;
       tool.role = "tool";
       KEEL_RETURN_IF_ERROR(ReadRequiredString(b, "tool_use_id", bp + ".tool_use_id", &tool.tool_call_id));
+      KEEL_RETURN_IF_ERROR(ReadBool(b, "is_error", bp + ".is_error", &tool.tool_error));
       if (auto c = b.find("content"); c != b.end() && !c->is_null())
         KEEL_RETURN_IF_ERROR(ReadTextBlocks(*c, bp + ".content", &tool.content));
       out->push_back(std::move(tool));
@@ -239,6 +240,7 @@ Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std:
       AppendTurn(&messages, "assistant", std::move(blocks));
     } else if (m.role == "tool") {
       blocks.push_back({{"type", "tool_result"}, {"tool_use_id", m.tool_call_id}, {"content", m.content}});
+      if (m.tool_error) blocks.back()["is_error"] = true;  // the model is told the call failed
       AppendTurn(&messages, "user", std::move(blocks));
     } else {
       AppendTurn(&messages, "user", std::move(blocks));
