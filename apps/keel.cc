@@ -63,7 +63,7 @@ struct KvCodecArgs {
   // --bellows with another codec would be read by nothing, unless a HiLO state may switch the
   // engine to bellows at run time (`switchable`).
   Status CheckBellows(bool switchable) const {
-    if (bellows.empty() || switchable || codec == "bellows" || codec.starts_with("bellows:")) return Status::Ok();
+    if (bellows.empty() || switchable || kv::CodecFamilyName(codec) == "bellows") return Status::Ok();
     return Status::InvalidArgument("--bellows is the calibration of --kv-codec bellows; with --kv-codec " + codec +
                                    " nothing would read it");
   }

@@ -17,46 +17,12 @@ namespace keel {
 // The origin form ("/v1/models?x=1") of a request target. RFC 9112 §3.2.2: a server must accept
 // the absolute form ("http://host:8080/v1/models?x=1") too, which proxies send; its scheme and
 // authority are dropped (an empty path is "/"). Other targets are returned as sent.
-inline std::string OriginForm(std::string_view target) {
-  const size_t colon = target.find("://");
-  if (colon == std::string_view::npos || target.starts_with('/')) return std::string(target);
-  const std::string_view scheme = target.substr(0, colon);
-  if (!boost::beast::iequals(boost::beast::string_view(scheme.data(), scheme.size()), "http") &&
-      !boost::beast::iequals(boost::beast::string_view(scheme.data(), scheme.size()), "https")) {
-    return std::string(target);
-  }
-  const std::string_view rest = target.substr(colon + 3);
-  const size_t end = rest.find_first_of("/?#");
-  if (end == std::string_view::npos) return "/";
-  if (rest[end] == '/') return std::string(rest.substr(end));
-  return "/" + std::string(rest.substr(end));
-}
+std::string OriginForm(std::string_view target);
 
 // The path with its percent-escapes decoded (RFC 3986 §2.1), so routes match what clients mean:
 // SDKs escape '/' inside a path segment (models.retrieve("org/model") sends org%2Fmodel). A path
 // with a broken escape, or one that decodes to a NUL byte, is returned as sent.
-inline std::string DecodePath(std::string_view path) {
-  if (path.find('%') == std::string_view::npos) return std::string(path);
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  out.reserve(path.size());
-  for (size_t i = 0; i < path.size(); ++i) {
-    if (path[i] != '%') {
-      out += path[i];
-      continue;
-    }
-    const int hi = i + 2 < path.size() ? hex(path[i + 1]) : -1, lo = i + 2 < path.size() ? hex(path[i + 2]) : -1;
-    if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) return std::string(path);
-    out += static_cast<char>(hi * 16 + lo);
-    i += 2;
-  }
-  return out;
-}
+std::string DecodePath(std::string_view path);
 
 // Moves the body out of `msg`.
 inline HttpRequest ToHttpRequest(boost::beast::http::request<boost::beast::http::string_body>& msg,

@@ -157,7 +157,7 @@ int Sampler::Pick(float* logits, int vocab) {
     cum += cand_[i].first;
     if (r < cum) return cand_[i].second;
   }
-  return keep > 0 ? cand_[keep - 1].second : Argmax(logits, vocab);
+  return cand_[keep - 1].second;  // r rounded up to kept
 }
 
 }  // namespace keel::engine

@@ -35,7 +35,7 @@ namespace {
 
 // The registered family of spec ("name[:variant]"), or nullptr.
 const CodecFamily* FindFamily(std::string_view spec) {
-  const std::string_view name = spec.substr(0, spec.find(':'));
+  const std::string_view name = CodecFamilyName(spec);
   for (const CodecFamily& family : CodecFamilies()) {
     if (family.name == name) return &family;
   }
@@ -73,6 +73,8 @@ Result<std::unique_ptr<Codec>> MakeCodec(std::string_view spec, const KvShape& s
   context.shape = shape;
   return MakeCodec(spec, context);
 }
+
+std::string_view CodecFamilyName(std::string_view spec) { return spec.substr(0, spec.find(':')); }
 
 std::optional<bool> IsLosslessCodec(std::string_view spec) {
   const CodecFamily* family = FindFamily(spec);

@@ -31,6 +31,9 @@ struct CodecFamily {
 const std::vector<CodecFamily>& CodecFamilies();
 // One line naming every accepted spec, for --help and error messages.
 std::string KnownCodecs();
+// The family part of a spec: "bellows" for "bellows" and "bellows:x". Not checked against the
+// registry.
+std::string_view CodecFamilyName(std::string_view spec);
 // Whether spec's family is lossless (above); nullopt for a family that is not registered. The
 // variant is not checked: MakeCodec does that.
 std::optional<bool> IsLosslessCodec(std::string_view spec);

@@ -1,7 +1,6 @@
 #include "keel/kvstore/ssd_tier.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -354,11 +353,9 @@ struct SsdTier::Segment {
   std::vector<std::string> keys;  // keys put here, so eviction drops exactly its entries
 };
 
-SsdTier::SsdTier(SsdOptions options, int lock_fd) : options_(std::move(options)), lock_fd_(lock_fd) {}
+SsdTier::SsdTier(SsdOptions options, DirLock lock) : options_(std::move(options)), lock_(std::move(lock)) {}
 
-SsdTier::~SsdTier() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
-}
+SsdTier::~SsdTier() = default;
 
 Result<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdOptions& options) {
   if (options.dir.empty()) return Status::InvalidArgument("ssd: no directory given");
@@ -373,17 +370,9 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdOptions& options) {
   std::filesystem::create_directories(options.dir, ec);
   if (ec) return Status::IOError(options.dir + ": create directory: " + ec.message());
 
-  // Two tiers appending to one directory would interleave records; the flock keeps it to one.
-  const std::string lock_path = options.dir + "/LOCK";
-  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd < 0) return Status::IOError(lock_path + ": open: " + Errno(errno));
-  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(lock_fd);
-    if (err == EWOULDBLOCK) return Status::Unavailable(options.dir + ": in use by another SsdTier");
-    return Status::IOError(lock_path + ": flock: " + Errno(err));
-  }
-  std::unique_ptr<SsdTier> tier(new SsdTier(std::move(opts), lock_fd));
+  // Two tiers appending to one directory would interleave records.
+  KEEL_ASSIGN_OR_RETURN(DirLock lock, DirLock::Acquire(options.dir, "LOCK", "SSD tier"));
+  std::unique_ptr<SsdTier> tier(new SsdTier(std::move(opts), std::move(lock)));
   tier->use_io_uring_ = options.use_io_uring && ThreadHasIoUring();
   KEEL_RETURN_IF_ERROR(tier->Recover());
   Log().info("ssd: opened {}: {} segments, {} entries, {} bytes on disk, reads via {}", options.dir,
@@ -402,6 +391,16 @@ Status SsdTier::Recover() {
   }
   if (ec) return Status::IOError(options_.dir + ": list: " + ec.message());
   std::sort(ids.begin(), ids.end());
+  // Eviction only ever removes the oldest segment, so ids run without gaps. A missing one took
+  // newer versions and tombstones of some keys with it: older ones in earlier segments would
+  // resurface, so that is damage like an unreadable region.
+  for (size_t i = 1; i < ids.size(); ++i) {
+    if (ids[i] != ids[i - 1] + 1) {
+      Log().warn("ssd: {}: segments {} to {} are missing between {} and {}", options_.dir, ids[i - 1] + 1,
+                 ids[i] - 1, SegmentFileName(ids[i - 1]), SegmentFileName(ids[i]));
+      recovery_.damaged_regions++;
+    }
+  }
 
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::string path = options_.dir + "/" + SegmentFileName(ids[i]);
@@ -684,10 +683,13 @@ Status SsdTier::RollLocked() {
     // The sync is what keeps torn tails confined to the last segment, so it is not optional.
     return Status::IOError(active_->path + ": fdatasync: " + Errno(errno));
   }
-  const uint64_t id = next_segment_id_++;
+  // Segment ids on disk have no gaps (Recover reads a gap as a lost segment): an id is used up
+  // only by a file that exists.
+  const uint64_t id = next_segment_id_;
   const std::string path = options_.dir + "/" + SegmentFileName(id);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Status::IOError(path + ": create: " + Errno(errno));
+  next_segment_id_++;
   auto seg = std::make_shared<Segment>(id, path, fd);
   if (options_.uncached_reads) NoReadahead(fd);
   uint8_t header[kSegmentHeaderBytes];
@@ -696,7 +698,7 @@ Status SsdTier::RollLocked() {
   Status s = WriteFully(fd, path, 0, &iov, 1);
   if (s.ok()) s = SyncDir(options_.dir);  // the new name must survive a crash with its records
   if (!s.ok()) {
-    ::unlink(path.c_str());
+    if (::unlink(path.c_str()) == 0) next_segment_id_--;  // left in place, it still holds its id
     return s;
   }
   seg->size = kSegmentHeaderBytes;

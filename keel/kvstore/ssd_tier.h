@@ -33,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keel/core/dir_lock.h"
 #include "keel/core/status.h"
 #include "keel/kvstore/tier.h"
 #include "keel/kvstore/uring_batch.h"
@@ -133,7 +134,7 @@ class SsdTier : public Tier {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
 
-  SsdTier(SsdOptions options, int lock_fd);
+  SsdTier(SsdOptions options, DirLock lock);
   Status Recover();
   Status ScanSegment(Segment& seg, bool is_last);
   Status DropAfterDamageLocked();
@@ -157,7 +158,7 @@ class SsdTier : public Tier {
   void DropIfUnchanged(std::string_view key, const Location& loc);
 
   const SsdOptions options_;
-  const int lock_fd_;  // flock on dir/LOCK: one SsdTier per directory
+  DirLock lock_;  // dir/LOCK: one SsdTier per directory
   bool use_io_uring_ = false;
   SsdRecovery recovery_;
 

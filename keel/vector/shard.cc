@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "keel/core/dir_lock.h"
 #include "keel/core/log.h"
 #include "keel/vector/index.h"
 #include "keel/vector/records.h"
@@ -120,6 +121,7 @@ class Shard::Impl {
   Status ReadLog(uint64_t after, size_t max_bytes, LogRead* out) const;
   Status ApplyLog(std::string_view stream, LogApplied* out);
 
+  DirLock dir_lock;  // first in, last out: held while anything below may write to the directory
   ShardOptions options;
   std::unique_ptr<coloc::TieredStore> store;
   coloc::QueryLog log;
@@ -131,6 +133,8 @@ class Shard::Impl {
   Status ValidateRequest(const SearchRequest& r) const;
   Status LoadSnapshot();
   Status ApplyRecord(std::string_view payload);
+  void RollBackVectors(std::span<const Item> stored, const std::vector<uint64_t>& old_keys,
+                       const std::vector<std::vector<float>>& old_vectors, bool can_restore);
   // Caller holds write_mu_. Whether a write carrying `version` applies now: OK (outcome->version
   // set) with *apply true, or duplicate (OK, *apply false), or gap (Unavailable).
   Status CheckVersion(std::optional<uint64_t> version, WriteOutcome* outcome, bool* apply) const;
@@ -173,8 +177,17 @@ Status Shard::Impl::Open() {
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
   if (ec) return Status::IOError(options.dir + ": cannot create: " + ec.message());
+  // Two shards writing one directory each overwrite the other's log and snapshot.
+  KEEL_ASSIGN_OR_RETURN(dir_lock, DirLock::Acquire(options.dir, "shard.lock", "vector shard"));
   KEEL_ASSIGN_OR_RETURN(store, coloc::TieredStore::Open(options.tiers));
   if (std::filesystem::exists(SnapshotPath())) {
+    // Every snapshot leaves a log beside it (emptied, then appended to): without one, the writes
+    // acknowledged since the snapshot are gone, and starting would hide that.
+    if (!std::filesystem::exists(WalPath())) {
+      return Status::Corruption(WalPath() + " is missing beside " + SnapshotPath() +
+                                ": the writes acknowledged after the snapshot would be lost. To start from the "
+                                "snapshot alone, create an empty " + WalPath());
+    }
     KEEL_RETURN_IF_ERROR(LoadSnapshot());
   } else {
     KEEL_ASSIGN_OR_RETURN(index_, TextIndex::Create(options.index, options.text_dim));
@@ -227,7 +240,16 @@ Status Shard::Impl::LoadSnapshot() {
 
 Status Shard::Impl::ApplyRecord(std::string_view payload) {
   KEEL_ASSIGN_OR_RETURN(auto rec, DecodeRecord(payload));
-  if (rec.type == RecordType::kUpsert) return ApplyUpsert(rec.items);
+  if (rec.type == RecordType::kUpsert) {
+    // Checked as a request is: a log written under other dims (a restart with another
+    // --text-dim) would otherwise put vectors of the wrong length in the index.
+    const Status valid = ValidateItems(rec.items);
+    if (!valid.ok()) {
+      return Status::Corruption("a logged upsert does not fit this shard (" + valid.message() +
+                                "); was the directory written with other dims?");
+    }
+    return ApplyUpsert(rec.items);
+  }
   return ApplyDelete(rec.ids);
 }
 
@@ -392,20 +414,74 @@ Status Shard::Impl::ApplyLog(std::string_view stream, LogApplied* out) {
   return Status::Ok();
 }
 
+// Undoes the vectors a refused upsert stored: new ids' are removed, replaced ids' get their old
+// vectors back (old_keys[i] held old_vectors[i]), and an image the batch added to an item that had
+// none is removed.
+void Shard::Impl::RollBackVectors(std::span<const Item> stored, const std::vector<uint64_t>& old_keys,
+                                  const std::vector<std::vector<float>>& old_vectors, bool can_restore) {
+  auto old_vector = [&](uint64_t key) -> const std::vector<float>* {
+    if (!can_restore) return nullptr;
+    for (size_t k = 0; k < old_keys.size(); ++k) {
+      if (old_keys[k] == key) return &old_vectors[k];
+    }
+    return nullptr;
+  };
+  for (const Item& it : stored) {
+    auto meta = items_.find(it.id);
+    if (meta == items_.end()) {  // a new id: nothing to keep (absent keys are fine to remove)
+      (void)store->Remove(VectorKey(it.id, Modality::kText));
+      (void)store->Remove(VectorKey(it.id, Modality::kImage));
+      continue;
+    }
+    for (Modality m : {Modality::kText, Modality::kImage}) {
+      const bool had = m == Modality::kText || meta->second.has_image;
+      const bool wrote = m == Modality::kText || !it.image.empty();
+      const uint64_t key = VectorKey(it.id, m);
+      Status s;
+      if (!had) {
+        if (wrote) s = store->Remove(key);  // an image this batch added to an item that had none
+      } else if (const std::vector<float>* v = old_vector(key)) {
+        if (wrote) s = store->Put(key, *v);
+      } else if (wrote) {
+        s = Status::Unavailable("its old bytes were unreadable before the write");
+      }
+      if (!s.ok()) {
+        Log().error("vector shard {}: item {}'s old {} vector could not be restored after a refused write ({}); "
+                    "the tier holds the refused write's bytes",
+                    options.dir, it.id, m == Modality::kText ? "text" : "image", s.ToString());
+      }
+    }
+  }
+}
+
 Status Shard::Impl::ApplyUpsert(std::span<const Item> items) {
   // Vectors first: a tier that refuses one leaves the index and the label map untouched, so
-  // labels stay aligned with the index whatever fails.
+  // labels stay aligned with the index whatever fails. The vectors of items this batch replaces
+  // are read first, so a refused batch can put them back: the index still holds the old vector,
+  // and search results, reranking and restarts must all see the old bytes.
+  std::vector<uint64_t> old_keys;
+  for (const Item& it : items) {
+    auto old = items_.find(it.id);
+    if (old == items_.end()) continue;
+    old_keys.push_back(VectorKey(it.id, Modality::kText));
+    if (old->second.has_image) old_keys.push_back(VectorKey(it.id, Modality::kImage));
+  }
+  std::vector<std::vector<float>> old_vectors;
+  bool can_restore = true;
+  if (!old_keys.empty()) {
+    if (Status s = FetchAll(old_keys, &old_vectors); !s.ok()) {
+      // A tier that lost an old vector must not block the write that replaces it.
+      can_restore = false;
+      Log().warn("vector shard {}: replaced items' old vectors unreadable ({}); a refused batch cannot restore them",
+                 options.dir, s.ToString());
+    }
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     Status s = store->Put(VectorKey(it.id, Modality::kText), it.text);
     if (s.ok() && !it.image.empty()) s = store->Put(VectorKey(it.id, Modality::kImage), it.image);
     if (s.ok()) continue;
-    // Drop what this batch stored for new ids (a replaced item keeps its new bytes: a gap).
-    for (size_t j = 0; j <= i; ++j) {
-      if (items_.count(items[j].id) != 0) continue;
-      (void)store->Remove(VectorKey(items[j].id, Modality::kText));
-      (void)store->Remove(VectorKey(items[j].id, Modality::kImage));
-    }
+    RollBackVectors(items.first(i + 1), old_keys, old_vectors, can_restore);
     return s;
   }
   // From here the write is applied: a failure that only leaks bytes is logged, not returned

@@ -110,11 +110,20 @@ Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const
       if (last) break;  // the last record's bytes never all reached the disk
       return corrupt("checksum mismatch");
     }
-    if (h.tag != epoch) {
+    if (h.tag > epoch) {
+      // Written after a snapshot newer than the one this log is opened with: that snapshot is
+      // missing or was replaced by an older copy, and skipping would drop acknowledged writes.
+      return corrupt("record of epoch " + std::to_string(h.tag) + ", newer than the snapshot's epoch " +
+                     std::to_string(epoch) + ": the snapshot it belongs to is missing or older than the log");
+    }
+    if (h.tag < epoch) {
       if (r.records > 0) return corrupt("record of an earlier epoch after current ones");
       ++r.stale;  // held by the snapshot that started this epoch
     } else {
-      KEEL_RETURN_IF_ERROR(apply(payload));
+      const Status applied = apply(payload);
+      if (!applied.ok()) {
+        return Status(applied.code(), path + ": record at offset " + std::to_string(off) + ": " + applied.message());
+      }
       r.offsets.push_back(static_cast<int64_t>(off));
       ++r.records;
     }

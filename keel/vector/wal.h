@@ -9,10 +9,11 @@
 //   * a checksum mismatch is a torn tail when it is the file's last record (the crash left the
 //     length written but not all the bytes), and Corruption naming the file and the record's
 //     offset when more data follows (the log was damaged, and skipping would lose writes);
-//   * records tagged with another epoch than the one the log is opened with, before the first
+//   * records tagged with an earlier epoch than the one the log is opened with, before the first
 //     record of that epoch, are stale: the owner reset the log to a new epoch (after a snapshot
 //     that holds them) but a crash kept the truncation from reaching the disk. They are skipped
-//     and counted. A stale record after one of the current epoch is Corruption.
+//     and counted. A stale record after one of the current epoch is Corruption, and so is a
+//     record of a later epoch (the snapshot that started it is missing or older than the log).
 // Logs written before epochs existed carry tag 0, which is the default epoch.
 //
 // Thread-safe: Append, Truncate, Reset and Read serialise on an internal mutex.
@@ -44,7 +45,7 @@ class Wal {
   using Apply = std::function<Status(std::string_view payload)>;
 
   // Opens (creating) the log at `path`, replays every whole record through `apply` (the first
-  // error it returns stops the replay and is returned), cuts a torn tail, and leaves the log
+  // error it returns stops the replay and is returned, with the file and offset), cuts a torn tail, and leaves the log
   // open for appending at its end. `replay` (optional) receives what happened. `epoch` is the tag
   // of current records (appends carry it).
   static Result<std::unique_ptr<Wal>> Open(const std::string& path, bool sync, const Apply& apply,

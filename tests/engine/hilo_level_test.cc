@@ -194,6 +194,10 @@ TEST(HiloLevelUnit, LosslessClassification) {
   EXPECT_EQ(kv::IsLosslessCodec("kivi:4"), false);
   EXPECT_EQ(kv::IsLosslessCodec("minicache:q4"), false);
   EXPECT_EQ(kv::IsLosslessCodec("nosuchcodec"), std::nullopt);
+  EXPECT_EQ(kv::CodecFamilyName("bellows"), "bellows");
+  EXPECT_EQ(kv::CodecFamilyName("bellows:x"), "bellows");
+  EXPECT_EQ(kv::CodecFamilyName("bellowsx"), "bellowsx");
+  EXPECT_EQ(kv::CodecFamilyName(""), "");
 }
 
 TEST(HiloLevelUnit, RefusesLosslessLevelOnLossyCodecAndForeignLinks) {

@@ -782,6 +782,29 @@ TEST_F(SsdTierTest, DamageInANewerSegmentNeverBringsBackAnOlderValueOrADeletedKe
   }
 }
 
+TEST_F(SsdTierTest, AMissingMiddleSegmentNeverBringsBackAnOlderValueOrADeletedKey) {
+  SsdOptions o = Options();
+  o.segment_bytes = 8 << 10;
+  {
+    auto t = MustOpen(o);
+    ASSERT_NE(t, nullptr);
+    ASSERT_TRUE(t->Put("k", MakeEntry(MakeValue(3000, 1))).ok());
+    ASSERT_TRUE(t->Put("d", MakeEntry(MakeValue(3000, 2))).ok());
+    ASSERT_TRUE(t->Put("k", MakeEntry(MakeValue(3000, 3))).ok());  // the second segment
+    ASSERT_TRUE(t->Delete("d").ok());
+    ASSERT_TRUE(t->Put("g", MakeEntry(MakeValue(6000, 5))).ok());  // the third
+  }
+  const auto files = SegmentFiles(o.dir);
+  ASSERT_EQ(files.size(), 3u);
+  fs::remove(files[1]);  // the newer "k" and the tombstone of "d" with it
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->recovery().damaged_regions, 1);
+  ExpectNotFound(*t, "k");  // not the older value from the first segment
+  ExpectNotFound(*t, "d");  // not brought back
+  EXPECT_EQ(t->Stats().items, 0);
+}
+
 TEST_F(SsdTierTest, InvalidOptions) {
   SsdOptions o = Options();
   o.dir = "";

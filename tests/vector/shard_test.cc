@@ -423,6 +423,102 @@ TEST(ShardTest, AFullTierRejectsTheBatchAndTheShardStillReopens) {
   EXPECT_EQ(shard->Stats().items, 3);
 }
 
+TEST(ShardTest, ARefusedBatchLeavesReplacedItemsVectorsAsTheyWere) {
+  TempDir dir("keel-shard");
+  ShardOptions o = Options(dir.path());
+  o.tiers.dram_bytes = 4096;  // four items of 128+128 floats
+  auto shard = OpenShard(o);
+  Load(*shard, 0, 3, 3);
+  // Item 0 replaced with new vectors and an image-less item 1, then a new item that does not fit:
+  // the batch is refused, so items 0 and 1 must keep their old bytes.
+  std::vector<Item> batch = {MakeItem(100), MakeItem(101), MakeItem(3), MakeItem(4), MakeItem(5)};
+  batch[0].id = 0;
+  batch[1].id = 1;
+  batch[1].image.clear();
+  Status s = shard->Upsert(batch);
+  ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  for (uint64_t id : {0, 1}) {
+    SearchRequest look;
+    look.kind = QueryKind::kImage;
+    look.ids = {id};
+    look.include_vectors = true;
+    auto r = shard->Search(look);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->hits.size(), 1u);
+    EXPECT_EQ(r->hits[0].image, MakeItem(static_cast<int64_t>(id)).image) << id;
+    // A text search finds the item by its old vector at distance 0 (rerank reads the tier).
+    SearchRequest by_text;
+    by_text.text_query = MakeItem(static_cast<int64_t>(id)).text;
+    by_text.k = 1;
+    by_text.include_vectors = true;
+    auto t = shard->Search(by_text);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_EQ(t->hits.size(), 1u);
+    EXPECT_EQ(t->hits[0].id, id);
+    EXPECT_EQ(t->hits[0].text_distance, 0.0f);
+    EXPECT_EQ(t->hits[0].text, MakeItem(static_cast<int64_t>(id)).text) << id;
+  }
+}
+
+TEST(ShardTest, ALogWithoutItsSnapshotOrWithOtherDimsIsRefusedNotReplayedWrong) {
+  TempDir dir("keel-shard");
+  ShardOptions o = Options(dir.path());
+  {
+    auto shard = OpenShard(o);
+    Load(*shard, 0, 100, 50);
+    ASSERT_TRUE(shard->Snapshot().ok());
+    Load(*shard, 100, 130, 10);  // logged under the snapshot's epoch
+  }
+  const std::string snap = o.dir + "/shard.snap", wal = o.dir + "/wal.log";
+  // Snapshot gone: the log's records are of a newer epoch than "no snapshot" (they were
+  // skipped as stale, and the next snapshot emptied the log: 30 acknowledged writes lost).
+  std::filesystem::rename(snap, snap + ".away");
+  auto no_snap = Shard::Open(o);
+  ASSERT_FALSE(no_snap.ok());
+  EXPECT_EQ(no_snap.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(no_snap.status().message().find("newer than the snapshot"), std::string::npos)
+      << no_snap.status().message();
+  std::filesystem::rename(snap + ".away", snap);
+  // Log gone beside the snapshot: refused with the way out named.
+  std::filesystem::rename(wal, wal + ".away");
+  auto no_log = Shard::Open(o);
+  ASSERT_FALSE(no_log.ok());
+  EXPECT_NE(no_log.status().message().find("create an empty"), std::string::npos) << no_log.status().message();
+  std::filesystem::rename(wal + ".away", wal);
+  {
+    auto shard = OpenShard(o);
+    ASSERT_TRUE(shard);
+    EXPECT_EQ(shard->Stats().items, 130);
+  }
+  // A log with no snapshot yet, reopened with another text dim: the 128-float records would be
+  // read as 256-float vectors.
+  TempDir dir2("keel-shard");
+  ShardOptions o2 = Options(dir2.path());
+  {
+    auto shard = OpenShard(o2);
+    Load(*shard, 0, 10, 10);
+  }
+  o2.text_dim = 256;
+  auto wide = Shard::Open(o2);
+  ASSERT_FALSE(wide.ok());
+  EXPECT_EQ(wide.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(wide.status().message().find("wal.log"), std::string::npos) << wide.status().message();
+  EXPECT_NE(wide.status().message().find("text"), std::string::npos) << wide.status().message();
+}
+
+TEST(ShardTest, ASecondShardOnTheSameDirectoryIsRefused) {
+  TempDir dir("keel-shard");
+  ShardOptions o = Options(dir.path());
+  auto first = OpenShard(o);
+  ASSERT_TRUE(first);
+  auto second = Shard::Open(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos) << second.status().message();
+  first.reset();  // the lock goes with its owner
+  EXPECT_TRUE(OpenShard(o));
+}
+
 TEST(ShardTest, PlacerRoundsNeverChangeResults) {
   TempDir dir("keel-shard");
   ShardOptions o = Options(dir.path());

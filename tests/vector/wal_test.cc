@@ -168,7 +168,8 @@ TEST(WalTest, ApplyErrorStopsReplay) {
     return ++n == 2 ? Status::Internal("boom") : Status::Ok();
   });
   ASSERT_FALSE(wal.ok());
-  EXPECT_EQ(wal.status().message(), "boom");
+  EXPECT_NE(wal.status().message().find("boom"), std::string::npos) << wal.status().message();
+  EXPECT_NE(wal.status().message().find("wal.log: record at offset"), std::string::npos) << wal.status().message();
 }
 
 TEST(WalTest, TruncateEmptiesTheLog) {
@@ -219,24 +220,38 @@ TEST(WalTest, RecordsOfAnEarlierEpochAtTheHeadAreSkippedAndCounted) {
 
 TEST(WalTest, AStaleRecordAfterACurrentOneIsCorruption) {
   TempDir dir("keel-wal");
-  const std::string path = dir.file("wal.log");
-  {
-    auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 3);
+  const std::string current = dir.file("current.log"), stale = dir.file("stale.log"), path = dir.file("wal.log");
+  for (auto [file, epoch] : {std::pair{current, 4u}, std::pair{stale, 3u}}) {
+    auto wal = Wal::Open(file, true, [](std::string_view) { return Status::Ok(); }, nullptr, epoch);
     ASSERT_TRUE(wal.ok());
-    ASSERT_TRUE((*wal)->Append("epoch 3").ok());
-    ASSERT_TRUE((*wal)->Reset(4).ok());
-    EXPECT_EQ((*wal)->bytes(), 0);
-    ASSERT_TRUE((*wal)->Append("epoch 4").ok());
+    ASSERT_TRUE((*wal)->Append("epoch " + std::to_string(epoch)).ok());
   }
   {
-    auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 3);
-    ASSERT_TRUE(wal.ok());  // "epoch 4" is stale for epoch 3: skipped
-    ASSERT_TRUE((*wal)->Append("epoch 3 again").ok());
+    std::ofstream out(path, std::ios::binary);
+    out << std::ifstream(current, std::ios::binary).rdbuf() << std::ifstream(stale, std::ios::binary).rdbuf();
   }
   auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 4);
   ASSERT_FALSE(wal.ok());
   EXPECT_EQ(wal.status().code(), StatusCode::kCorruption);
   EXPECT_NE(wal.status().message().find("earlier epoch"), std::string::npos) << wal.status().message();
+}
+
+TEST(WalTest, RecordsOfALaterEpochAreCorruptionNotSkipped) {
+  // The snapshot that started epoch 4 is missing (or an older copy came back): its log must not
+  // be read as stale and then emptied by the next snapshot.
+  TempDir dir("keel-wal");
+  const std::string path = dir.file("wal.log");
+  {
+    auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 4);
+    ASSERT_TRUE(wal.ok());
+    ASSERT_TRUE((*wal)->Append("acknowledged").ok());
+  }
+  auto wal = Wal::Open(path, true, [](std::string_view) { return Status::Ok(); }, nullptr, 3);
+  ASSERT_FALSE(wal.ok());
+  EXPECT_EQ(wal.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(wal.status().message().find("epoch 4, newer than the snapshot's epoch 3"), std::string::npos)
+      << wal.status().message();
+  EXPECT_EQ(std::filesystem::file_size(path), Wal::kHeaderBytes + 12);  // nothing cut
 }
 
 TEST(WalTest, ReadReturnsTheRecordsOfARangeAndRefusesDamage) {
