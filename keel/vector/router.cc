@@ -41,9 +41,6 @@ void ShardState::UpdateVersions() {
   }
   if (known.empty()) return;
   std::sort(known.rbegin(), known.rend());
-  uint64_t top = issued.load();
-  while (known[0] > top && !issued.compare_exchange_weak(top, known[0])) {
-  }
   if (static_cast<int>(known.size()) < majority()) return;
   // The majority-th highest version: at least a majority of the replicas hold it.
   const uint64_t c = known[static_cast<size_t>(majority() - 1)];
@@ -97,8 +94,12 @@ Status Router::Impl::Init() {
   // holds threads for as long as it is slow: size for searches in flight x fan-out, not for cores
   // (a waiting thread costs a stack, no CPU). Too few threads queue every search behind the slow
   // replica's calls (measured: plain-mode p50 890 ms with one 200 ms replica at 114 queries/s).
-  calls = std::make_unique<CallPool>(options.call_threads > 0 ? options.call_threads : std::max(128, 16 * total));
-  shard_tasks = std::make_unique<CallPool>(std::max(64, 16 * static_cast<int>(shards.size())));
+  // Capped: a config of thousands of shards would otherwise start tens of thousands of threads
+  // and abort when the system refuses one (calls beyond the pool queue; nothing waits on its own
+  // pool, so a smaller pool is slower, never stuck).
+  calls = std::make_unique<CallPool>(options.call_threads > 0 ? options.call_threads
+                                                              : std::clamp(16 * total, 128, kMaxCallThreads));
+  shard_tasks = std::make_unique<CallPool>(std::clamp(16 * static_cast<int>(shards.size()), 64, kMaxShardTasks));
   return Status::Ok();
 }
 

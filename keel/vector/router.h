@@ -85,7 +85,7 @@ struct RouterOptions {
   int stats_timeout_ms = 1000;     // one /v1/stats read
   int sync_interval_ms = 1000;     // background stats + catch-up; 0 = no loop
   size_t log_batch_bytes = size_t{16} << 20;  // max_bytes of one GET /v1/log during catch-up
-  int call_threads = 0;            // replica calls in flight at once; 0 = max(128, 16 x replicas)
+  int call_threads = 0;            // replica calls in flight at once; 0 = 16 x replicas within [128, 1024]
   ReplicaClientOptions client;
   // The HiLO link whose state's fanout plain-mode searches apply (started and stopped by its
   // owner). Null: plain_fanout. Its workers should be max_active_requests.

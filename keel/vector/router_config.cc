@@ -178,6 +178,16 @@ Status RouterOptions::Validate() const {
         return Status::InvalidArgument(where + ".public_key: is missing (required in mode trust)");
       }
     }
+    if (mode == RouterMode::kTrust) {
+      // A shard that cannot meet the quorum would answer unverified forever.
+      std::set<std::string> zones;
+      for (const RouterReplica& rep : shards[s].replicas) zones.insert(rep.zone);
+      if (static_cast<int>(shards[s].replicas.size()) < trust.quorum || static_cast<int>(zones.size()) < trust.min_zones) {
+        return Status::InvalidArgument(fmt::format(
+            "shards[{}]: {} replicas in {} zones can never give a verified answer (trust.quorum {}, trust.min_zones {})",
+            s, shards[s].replicas.size(), zones.size(), trust.quorum, trust.min_zones));
+      }
+    }
   }
   return Status::Ok();
 }

@@ -2,6 +2,7 @@
 // writes, catch-up) and router_search.cc (fan-out, verification, merge). Not a public header.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -41,16 +42,25 @@ struct ReplicaState {
   std::string last_error_;
 };
 
+inline constexpr int kMaxCallThreads = 1024;  // default replica-call pool, at most
+inline constexpr int kMaxShardTasks = 256;    // per-shard work (verification, writes), at most
+
 struct ShardState {
   uint32_t id = 0;
   std::vector<std::unique_ptr<ReplicaState>> replicas;
   std::mutex write_mu;                 // one write at a time per shard
   std::atomic<uint64_t> committed{0};  // highest version a majority applied
-  std::atomic<uint64_t> issued{0};     // highest version some replica applied (next write: +1)
+  // Highest version this router sent (committed or not). A replica's own report never raises it:
+  // one compromised replica claiming a version far ahead would otherwise have the sync loop copy
+  // writes the router never issued to its honest peers, or stall every write behind a version no
+  // peer can supply.
+  std::atomic<uint64_t> issued{0};
   std::atomic<bool> learned{false};    // a majority's versions were read at least once
 
   int majority() const { return static_cast<int>(replicas.size()) / 2 + 1; }
-  // Folds the replicas' known versions into committed/issued (both only grow).
+  // The version the replicas are brought to and the next write follows: max(committed, issued).
+  uint64_t head() const { return std::max(committed.load(), issued.load()); }
+  // Folds the replicas' known versions into committed (the majority-th highest; only grows).
   void UpdateVersions();
 };
 
@@ -107,7 +117,11 @@ class Router::Impl {
 
  private:
   void ReadStats(ShardState& shard, int i);
-  Result<uint64_t> CopyLog(ReplicaState& peer, ReplicaState& to, uint64_t after);
+  Result<HttpReply> FetchLog(ReplicaState& peer, uint64_t after);
+  // Copies the next batch of versions (after, target] into `to` from `peers` (most advanced
+  // first; two of them must agree where two exist). Returns the version `to` reached.
+  Result<uint64_t> CopyLog(ShardState& shard, const std::vector<int>& peers, ReplicaState& to, uint64_t after,
+                           uint64_t target);
 };
 
 // The JSON error body every route answers with, plus optional extra fields.

@@ -50,15 +50,11 @@ Status ValidateSearch(const SearchRequest& r, const RouterOptions& o) {
   if (r.kind == QueryKind::kImage) {
     return r.ids.empty() ? Status::InvalidArgument("an image lookup needs ids") : Status::Ok();
   }
-  if (static_cast<int>(r.text_query.size()) != o.text_dim) {
-    return Status::InvalidArgument(fmt::format("query text vector has {} values, expected {}", r.text_query.size(), o.text_dim));
-  }
+  // As the replicas check it: a query every replica refuses would otherwise be an unverified 200.
+  KEEL_RETURN_IF_ERROR(CheckVector(r.text_query, o.text_dim, "text", "query"));
   if (r.image_query.empty()) return Status::Ok();
   if (r.kind != QueryKind::kMultimodal) return Status::InvalidArgument("query: an image vector needs kind multimodal");
-  if (static_cast<int>(r.image_query.size()) != o.image_dim) {
-    return Status::InvalidArgument(fmt::format("query image vector has {} values, expected {}", r.image_query.size(), o.image_dim));
-  }
-  return Status::Ok();
+  return CheckVector(r.image_query, o.image_dim, "image", "query");
 }
 
 // One shard's part of a search. Owned by the calls in flight (they may outlive the search).

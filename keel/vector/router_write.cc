@@ -8,6 +8,7 @@
 
 #include "keel/core/json_reader.h"
 #include "keel/core/log.h"
+#include "keel/vector/records.h"
 #include "keel/vector/router_impl.h"
 #include "keel/vector/wire.h"
 
@@ -52,6 +53,14 @@ std::optional<uint64_t> AnsweredVersion(const std::string& body) {
   return v->get<uint64_t>();
 }
 
+// A 200 that applied nothing: the replica already held the write's version.
+bool IsDuplicate(const std::string& body) {
+  auto j = SmallJson(body);
+  if (!j) return false;
+  auto d = j->find("duplicate");
+  return d != j->end() && d->is_boolean() && d->get<bool>();
+}
+
 std::string ErrorMessage(const std::string& body) {
   if (auto j = SmallJson(body)) {
     auto e = j->find("error");
@@ -66,12 +75,9 @@ Status ValidateItems(const std::vector<Item>& items, const RouterOptions& o) {
   std::unordered_set<uint64_t> ids;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
-    if (static_cast<int>(it.text.size()) != o.text_dim) {
-      return Status::InvalidArgument(fmt::format("items[{}].text has {} values, expected {}", i, it.text.size(), o.text_dim));
-    }
-    if (!it.image.empty() && static_cast<int>(it.image.size()) != o.image_dim) {
-      return Status::InvalidArgument(fmt::format("items[{}].image has {} values, expected {}", i, it.image.size(), o.image_dim));
-    }
+    const std::string where = fmt::format("items[{}]", i);
+    KEEL_RETURN_IF_ERROR(CheckVector(it.text, o.text_dim, "text", where));
+    if (!it.image.empty()) KEEL_RETURN_IF_ERROR(CheckVector(it.image, o.image_dim, "image", where));
     if (!ids.insert(it.id).second) return Status::InvalidArgument(fmt::format("items[{}].id {} appears twice in the batch", i, it.id));
   }
   return Status::Ok();
@@ -87,6 +93,16 @@ ReplicaWrite WriteReplica(Router::Impl& router, ShardState& shard, int i, const 
       return {ReplicaWrite::kFailed, 0, reply.status().message()};
     }
     const std::optional<uint64_t> answered = AnsweredVersion(reply->body);
+    if (reply->status == 200 && answered && *answered >= v && IsDuplicate(reply->body)) {
+      // It already held version v: another write of that number (one a minority applied before
+      // this router started, or one the replica made up). Its content may differ: not counted.
+      r.Observe(*answered);
+      Log().warn("vector router: shard {}: {} already held version {} (it is at {}): a write this router did not "
+                 "send; it may now differ from its peers and is not counted for this write",
+                 shard.id, r.info.id, v, *answered);
+      return {ReplicaWrite::kFailed, 409,
+              fmt::format("already held version {} from another write (at {}); not counted", v, *answered)};
+    }
     if (reply->status == 200 && answered && *answered >= v) {
       r.Observe(*answered);
       return {ReplicaWrite::kApplied, 200, ""};
@@ -115,7 +131,8 @@ ShardWrite WriteShard(Router::Impl& router, ShardState& shard, const char* path,
     return out;
   }
   shard.UpdateVersions();
-  const uint64_t v = shard.issued.load() + 1;
+  const uint64_t v = shard.head() + 1;
+  shard.issued.store(v);  // used from here on, whatever the replicas answer
   const std::string body = Dump(json{{field, std::move(part)}, {"version", v}});
   const int n = static_cast<int>(shard.replicas.size());
   std::vector<ReplicaWrite> got(static_cast<size_t>(n));
@@ -141,6 +158,7 @@ ShardWrite WriteShard(Router::Impl& router, ShardState& shard, const char* path,
   }
   if (out.applied.empty() && all_rejected) {
     // Nobody applied it, so the version is not used.
+    shard.issued.store(v - 1);
     out.version = 0;
     out.status = got[0].status;
     out.message = fmt::format("shard {}: {}", shard.id, failed);
@@ -228,7 +246,7 @@ void Router::Impl::SyncShard(ShardState& shard, bool catch_up) {
     // would only be done twice (the replica skips what it holds).
     std::unique_lock writing(shard.write_mu, std::try_to_lock);
     if (!writing.owns_lock()) return;
-    top = shard.issued.load();
+    top = shard.head();
     for (int i = 0; i < n; ++i) {
       const ReplicaState& r = *shard.replicas[static_cast<size_t>(i)];
       if (r.reachable.load() && r.known.load() && r.version.load() < top) behind.push_back(i);
@@ -242,14 +260,79 @@ void Router::Impl::SyncShard(ShardState& shard, bool catch_up) {
   shard.UpdateVersions();
 }
 
-Result<uint64_t> Router::Impl::CopyLog(ReplicaState& peer, ReplicaState& to, uint64_t after) {
+namespace {
+
+struct LogRecordSpan {
+  uint64_t version;
+  std::string_view payload;
+  size_t end;  // offset just past the record in its stream
+};
+
+// The records of a GET /v1/log stream that lie in (after, target], in order. Corruption when the
+// stream is damaged or its versions do not run after+1, after+2, ...
+Result<std::vector<LogRecordSpan>> LogRecordsUpTo(std::string_view stream, uint64_t after, uint64_t target) {
+  std::vector<LogRecordSpan> out;
+  std::string_view in = stream;
+  while (!in.empty()) {
+    const size_t at = stream.size() - in.size();
+    LogRecordSpan r{};
+    KEEL_RETURN_IF_ERROR(NextLogRecord(&in, at, &r.version, &r.payload));
+    if (r.version != after + 1 + out.size()) {
+      return Status::Corruption(fmt::format("log record at offset {} is version {}, expected {}", at, r.version,
+                                            after + 1 + out.size()));
+    }
+    if (r.version > target) break;
+    r.end = stream.size() - in.size();
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<HttpReply> Router::Impl::FetchLog(ReplicaState& peer, uint64_t after) {
   const std::string target = fmt::format("/v1/log?after={}&max_bytes={}", after, options.log_batch_bytes);
   KEEL_ASSIGN_OR_RETURN(HttpReply log, peer.client->Call("GET", target, "", "", DeadlineIn(options.write_timeout_ms)));
   if (log.status != 200) {
     return Status::Unavailable(fmt::format("{}: GET {}: HTTP {}: {}", peer.info.id, target, log.status, ErrorMessage(log.body)));
   }
-  if (log.body.empty()) return after;
-  KEEL_ASSIGN_OR_RETURN(HttpReply put, to.client->Call("POST", "/v1/log", log.body, "application/octet-stream",
+  return log;
+}
+
+Result<uint64_t> Router::Impl::CopyLog(ShardState& shard, const std::vector<int>& peers, ReplicaState& to, uint64_t after,
+                                       uint64_t target) {
+  // Where two peers are ahead, a record is copied only when both hold it byte for byte: one
+  // compromised peer cannot hand its honest peers a write of its own.
+  const size_t sources = peers.size() >= 2 ? 2 : 1;
+  std::vector<std::pair<std::string, std::string>> got;  // (peer id, stream)
+  std::string why;
+  for (int j : peers) {
+    if (got.size() == sources) break;
+    ReplicaState& peer = *shard.replicas[static_cast<size_t>(j)];
+    Result<HttpReply> log = FetchLog(peer, after);
+    if (!log.ok()) {
+      why += (why.empty() ? "" : "; ") + log.status().message();
+      continue;
+    }
+    got.emplace_back(peer.info.id, std::move(log->body));
+  }
+  if (got.size() < sources) {
+    return Status::Unavailable(fmt::format("{} of the {} peers ahead needed answered: {}", got.size(), sources, why));
+  }
+  KEEL_ASSIGN_OR_RETURN(std::vector<LogRecordSpan> first, LogRecordsUpTo(got[0].second, after, target));
+  size_t agreed = first.size();
+  if (sources == 2) {
+    KEEL_ASSIGN_OR_RETURN(std::vector<LogRecordSpan> second, LogRecordsUpTo(got[1].second, after, target));
+    agreed = 0;
+    while (agreed < first.size() && agreed < second.size() && first[agreed].payload == second[agreed].payload) ++agreed;
+    if (agreed == 0 && !first.empty() && !second.empty()) {
+      return Status::Unavailable(fmt::format("{} and {} hold different writes as version {}: not copied", got[0].first,
+                                             got[1].first, after + 1));
+    }
+  }
+  if (agreed == 0) return after;
+  const std::string_view bytes = std::string_view(got[0].second).substr(0, first[agreed - 1].end);
+  KEEL_ASSIGN_OR_RETURN(HttpReply put, to.client->Call("POST", "/v1/log", std::string(bytes), "application/octet-stream",
                                                        DeadlineIn(options.write_timeout_ms)));
   const std::optional<uint64_t> v = AnsweredVersion(put.body);
   if (put.status != 200 || !v) {
@@ -261,35 +344,33 @@ Result<uint64_t> Router::Impl::CopyLog(ReplicaState& peer, ReplicaState& to, uin
 
 Status Router::Impl::CatchUp(ShardState& shard, int i, uint64_t from, uint64_t target) {
   ReplicaState& to = *shard.replicas[static_cast<size_t>(i)];
-  std::vector<int> peers;  // known to be ahead, most advanced first
-  for (int j = 0; j < static_cast<int>(shard.replicas.size()); ++j) {
-    const ReplicaState& p = *shard.replicas[static_cast<size_t>(j)];
-    if (j != i && p.known.load() && p.version.load() > from) peers.push_back(j);
-  }
-  std::sort(peers.begin(), peers.end(), [&](int a, int b) {
-    return shard.replicas[static_cast<size_t>(a)]->version.load() > shard.replicas[static_cast<size_t>(b)]->version.load();
-  });
-  std::string why = peers.empty() ? "no peer is known to be ahead" : "";
+  std::string why = "no peer is known to be ahead";
   uint64_t at = from;
-  for (int j : peers) {
-    ReplicaState& peer = *shard.replicas[static_cast<size_t>(j)];
-    while (at < target) {
-      Result<uint64_t> next = CopyLog(peer, to, at);
-      if (!next.ok()) {
-        why = next.status().message();
-        break;
-      }
-      if (*next <= at) {
-        why = fmt::format("{} had nothing after version {}", peer.info.id, at);
-        break;
-      }
-      at = *next;
+  while (at < target) {
+    std::vector<int> peers;  // known to be past `at`, most advanced first
+    for (int j = 0; j < static_cast<int>(shard.replicas.size()); ++j) {
+      const ReplicaState& p = *shard.replicas[static_cast<size_t>(j)];
+      if (j != i && p.known.load() && p.version.load() > at) peers.push_back(j);
     }
-    if (at >= target) {
-      catch_ups->Get().Inc();
-      Log().info("vector router: shard {}: {} caught up from version {} to {} through {}", shard.id, to.info.id, from, at, peer.info.id);
-      return Status::Ok();
+    std::stable_sort(peers.begin(), peers.end(), [&](int a, int b) {
+      return shard.replicas[static_cast<size_t>(a)]->version.load() > shard.replicas[static_cast<size_t>(b)]->version.load();
+    });
+    if (peers.empty()) break;
+    Result<uint64_t> next = CopyLog(shard, peers, to, at, target);
+    if (!next.ok()) {
+      why = next.status().message();
+      break;
     }
+    if (*next <= at) {
+      why = fmt::format("the peers had nothing after version {}", at);
+      break;
+    }
+    at = *next;
+  }
+  if (at >= target) {
+    catch_ups->Get().Inc();
+    Log().info("vector router: shard {}: {} caught up from version {} to {}", shard.id, to.info.id, from, at);
+    return Status::Ok();
   }
   return Status::Unavailable(fmt::format("{} at version {} cannot reach version {}: {}", to.info.id, at, target, why));
 }

@@ -65,6 +65,22 @@ int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+void MergeTrace(FetchTrace* into, const FetchTrace& t) {
+  into->tier_mask |= t.tier_mask;
+  for (int i = 0; i < coloc::kMaxTiers; ++i) {
+    into->keys_per_tier[i] += t.keys_per_tier[i];
+    into->ns_per_tier[i] += t.ns_per_tier[i];
+  }
+  into->total_ns += t.total_ns;
+  into->tiers_touched = std::popcount(into->tier_mask);
+}
+
+float L2(const std::vector<float>& a, const std::vector<float>& b) {
+  return faiss::fvec_L2sqr(a.data(), b.data(), a.size());
+}
+
+}  // namespace
+
 Status CheckVector(const std::vector<float>& v, int dim, const char* what, const std::string& where) {
   if (static_cast<int>(v.size()) != dim) {
     return Status::InvalidArgument(where + ": " + what + " has " + std::to_string(v.size()) + " values, expected " + std::to_string(dim));
@@ -84,22 +100,6 @@ Status CheckVector(const std::vector<float>& v, int dim, const char* what, const
   }
   return Status::Ok();
 }
-
-void MergeTrace(FetchTrace* into, const FetchTrace& t) {
-  into->tier_mask |= t.tier_mask;
-  for (int i = 0; i < coloc::kMaxTiers; ++i) {
-    into->keys_per_tier[i] += t.keys_per_tier[i];
-    into->ns_per_tier[i] += t.ns_per_tier[i];
-  }
-  into->total_ns += t.total_ns;
-  into->tiers_touched = std::popcount(into->tier_mask);
-}
-
-float L2(const std::vector<float>& a, const std::vector<float>& b) {
-  return faiss::fvec_L2sqr(a.data(), b.data(), a.size());
-}
-
-}  // namespace
 
 class Shard::Impl {
  public:

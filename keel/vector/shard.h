@@ -84,6 +84,10 @@ struct Item {
   std::map<std::string, std::string> attributes;
 };
 
+// InvalidArgument naming `where` and `what` unless v has `dim` finite values whose squared length
+// keeps every L2 distance finite in float32 (the check every item and query vector passes).
+Status CheckVector(const std::vector<float>& v, int dim, const char* what, const std::string& where);
+
 enum class QueryKind { kText, kMultimodal, kImage };
 Result<QueryKind> ParseQueryKind(std::string_view name);  // "text" | "multimodal" | "image"
 

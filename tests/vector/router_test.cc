@@ -139,6 +139,38 @@ TEST_F(RouterTest, WriteWithoutAMajorityIs503NamingTheReplicas) {
   EXPECT_EQ(Post("/v1/delete", {{"ids", {3001}}}).status, 200);
 }
 
+// A compromised replica writes on its own (its version runs ahead of the router's): the sync
+// loop must not copy that write to its honest peers, nor let it into a verified answer, and
+// the router's next writes still commit on the others.
+TEST_F(RouterTest, AWriteAReplicaMadeUpIsNeverCopiedToItsPeers) {
+  StartCluster();
+  StartRouter(Config("trust"), /*sync_interval_ms=*/50);
+  LoadAll();
+  const uint64_t forged = 6666;  // even: shard 0
+  const json item = {{"items", {{{"id", forged}, {"text", TextOf(forged)}, {"image", ImageOf(forged)}}}}};
+  ASSERT_EQ(Call(options_[0][0].port, "POST", "/v1/upsert", item.dump()).status, 200);
+  ASSERT_EQ(ReplicaVersion(0, 0), 5u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ten sync rounds
+  EXPECT_EQ(ReplicaVersion(0, 1), 4u);
+  EXPECT_EQ(ReplicaVersion(0, 2), 4u);
+  json answer = Search({{"kind", "text"}, {"text", TextOf(forged)}, {"k", 1}, {"ef", 512}});
+  if (!Ids(answer).empty() && Ids(answer)[0] == forged) EXPECT_FALSE(answer["verified"].get<bool>()) << answer.dump();
+
+  // The router's own version 5: s0-a already holds a version 5 and is not counted.
+  StopReplica(0, 2);
+  HttpTestResponse up = Post("/v1/upsert", Batch(3000, 3001));  // id 3000: shard 0
+  ASSERT_EQ(up.status, 503) << up.body;  // only s0-b applied it
+  EXPECT_NE(up.body.find("already held version 5"), std::string::npos) << up.body;
+  // s0-c comes back at 4: its peers both hold a version 5, but different writes: nothing copied.
+  StartReplica(0, 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(ReplicaVersion(0, 2), 4u);
+  HttpTestResponse res = Call(options_[0][2].port, "POST", "/v1/search",
+                              json{{"text", TextOf(forged)}, {"k", 1}, {"ef", 512}}.dump());
+  ASSERT_EQ(res.status, 200) << res.body;
+  EXPECT_NE(Ids(json::parse(res.body)), std::vector<uint64_t>{forged});
+}
+
 TEST_F(RouterTest, PlainModeAnswersWithTheFirstValidReply) {
   StartCluster([](int, int r, ServiceOptions& o) {
     if (r == 0) {  // every shard's zone-a replica answers searches after 1.5 s
@@ -204,7 +236,10 @@ TEST_F(RouterTest, StatsHealthAndBadRequests) {
   EXPECT_EQ(res.status, 400) << res.body;
   res = Post("/v1/upsert", {{"items", {{{"id", 1}, {"text", {1, 2}}}}}});
   EXPECT_EQ(res.status, 400);
-  EXPECT_NE(res.body.find("items[0].text"), std::string::npos) << res.body;
+  EXPECT_NE(res.body.find("items[0]: text has 2 values"), std::string::npos) << res.body;
+  res = Post("/v1/search", {{"text", std::vector<float>(kDim, 1e38f)}});  // every replica refuses it
+  EXPECT_EQ(res.status, 400) << res.body;
+  EXPECT_NE(res.body.find("overflow"), std::string::npos) << res.body;
   res = Post("/v1/upsert", json{{"items", json::array({Batch(7, 8)["items"][0], Batch(7, 8)["items"][0]})}});
   EXPECT_EQ(res.status, 400) << res.body;
   const std::string metrics = Call(router_->port(), "GET", "/metrics").body;
@@ -226,7 +261,8 @@ json ValidConfig() {
           {"shards",
            {{{"id", 0}, {"replicas", {{{"id", "s0-a"}, {"url", "http://127.0.0.1:7410"}, {"zone", "a"}, {"public_key", "k/a.pub"}},
                                       {{"id", "s0-b"}, {"url", "http://127.0.0.1:7411"}, {"zone", "b"}, {"public_key", "k/b.pub"}}}}},
-            {{"id", 1}, {"replicas", {{{"id", "s1-a"}, {"url", "http://127.0.0.1:7412"}, {"zone", "a"}, {"public_key", "k/c.pub"}}}}}}}};
+            {{"id", 1}, {"replicas", {{{"id", "s1-a"}, {"url", "http://127.0.0.1:7412"}, {"zone", "a"}, {"public_key", "k/c.pub"}},
+                                      {{"id", "s1-b"}, {"url", "http://127.0.0.1:7413"}, {"zone", "b"}, {"public_key", "k/d.pub"}}}}}}}};
 }
 
 std::string ConfigError(const std::function<void(json&)>& edit) {
@@ -273,6 +309,9 @@ TEST(RouterConfigTest, ErrorsNameTheField) {
   EXPECT_TRUE(has(ConfigError([](json& c) { c["plain"] = {{"fanout", -1}}; }), "plain.fanout"));
   EXPECT_TRUE(has(ConfigError([](json& c) { c["text_dim"] = 0; }), "text_dim"));
   EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][0]["replicas"] = json::array(); }), "shards[0].replicas"));
+  // Shards that could never give a verified answer.
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["trust"] = {{"quorum", 3}}; }), "shards[0]: 2 replicas in 2 zones can never"));
+  EXPECT_TRUE(has(ConfigError([](json& c) { c["shards"][1]["replicas"][1]["zone"] = "a"; }), "shards[1]: 2 replicas in 1 zones"));
   // Plain mode needs no keys.
   EXPECT_EQ(ConfigError([](json& c) {
               c["mode"] = "plain";

@@ -45,6 +45,18 @@ SearchRequest SampleRequest() {
   return r;
 }
 
+TEST(TrustSignature, TwoReplicasWithOneKeyAreRefused) {
+  auto key = SigningKey::Generate();
+  auto other = SigningKey::Generate();
+  ASSERT_TRUE(key.ok() && other.ok());
+  TrustStore store;
+  ASSERT_TRUE(store.AddPem("s1-a", 1, "a", key->PublicKeyPem()).ok());
+  ASSERT_TRUE(store.AddPem("s1-b", 1, "b", other->PublicKeyPem()).ok());
+  Status s = store.AddPem("s1-c", 1, "c", key->PublicKeyPem());  // one holder could sign as two
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("same public key as replica s1-a"), std::string::npos) << s.message();
+}
+
 TEST(TrustSignature, SignedReplyVerifiesAndEveryTamperIsCaught) {
   auto key = SigningKey::Generate();
   ASSERT_TRUE(key.ok()) << key.status().ToString();

@@ -328,6 +328,14 @@ Status TrustStore::AddPem(const std::string& replica, uint32_t shard, const std:
   if (zone.size() > kMaxLabelBytes) return Status::InvalidArgument("zone label of " + replica + " is longer than " + std::to_string(kMaxLabelBytes) + " bytes");
   if (impl_->replicas.count(replica) != 0) return Status::InvalidArgument("replica id " + replica + " appears twice");
   KEEL_ASSIGN_OR_RETURN(Pkey key, PublicFromPem(pem, "public key of " + replica));
+  // Replicas sharing a key cannot be told apart: one holder of it could sign for all of them
+  // and make up a quorum alone.
+  for (const auto& [other, entry] : impl_->replicas) {
+    if (EVP_PKEY_eq(entry.key.get(), key.get()) == 1) {
+      return Status::InvalidArgument("replica " + replica + " has the same public key as replica " + other +
+                                     ": every replica needs its own key pair");
+    }
+  }
   impl_->replicas.emplace(replica, Impl::Entry{shard, zone, std::move(key)});
   return Status::Ok();
 }
