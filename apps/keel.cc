@@ -84,9 +84,16 @@ struct MoeArgs {
   double link_gbps = 0, link_latency_us = 0, jitter_us = 0;
   bool reorder = false;
   uint64_t seed = 0;
+  CLI::App* cmd = nullptr;  // to tell which options were given
 };
 
+// The options that mean something only with --moe-slots.
+constexpr const char* kMoeOffloadOptions[] = {"--moe-policy", "--moe-bonus", "--moe-lookahead", "--moe-decay",
+                                              "--moe-source", "--moe-link-gbps", "--moe-link-latency-us",
+                                              "--moe-copy-jitter-us", "--moe-copy-reorder", "--moe-copy-seed"};
+
 void AddMoeFlags(CLI::App* cmd, MoeArgs& a) {
+  a.cmd = cmd;
   cmd->add_option("--moe-slots", a.slots,
                   "offload MoE experts: resident expert slots per layer (top_k..n_experts; 0 = every expert in memory)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -100,19 +107,33 @@ void AddMoeFlags(CLI::App* cmd, MoeArgs& a) {
   cmd->add_option("--moe-decay", a.o.decay, "psr: moving-average decay of router choices, in (0, 1)")->capture_default_str();
   cmd->add_option("--moe-source", a.o.source,
                   "slow tier: dram (the mapped model) or file-direct (O_DIRECT reads of the model file)")->capture_default_str();
-  cmd->add_option("--moe-link-gbps", a.link_gbps, "copy link bandwidth in GB/s standing in for PCIe (0 = unpaced)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--moe-link-latency-us", a.link_latency_us, "copy link latency per copy, microseconds")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--moe-copy-jitter-us", a.jitter_us, "fault injection: extra random delay per copy, up to this many microseconds")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  // Bounded so a modelled copy stays under an hour (beyond, the time would not fit the clock).
+  cmd->add_option("--moe-link-gbps", a.link_gbps, "copy link bandwidth in GB/s standing in for PCIe (0 = unpaced; else >= 1e-6)")
+      ->capture_default_str()->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            double g = 0;
+            if (!CLI::detail::lexical_cast(v, g) || !(g == 0 || (g >= 1e-6 && g <= 1e6))) return "must be 0 or in [1e-6, 1e6]";
+            return "";
+          },
+          "0 or 1e-6..1e6"));
+  cmd->add_option("--moe-link-latency-us", a.link_latency_us, "copy link latency per copy, microseconds (at most 1e9)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--moe-copy-jitter-us", a.jitter_us, "fault injection: extra random delay per copy, up to this many microseconds (at most 1e9)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1e9));
   cmd->add_flag("--moe-copy-reorder", a.reorder, "fault injection: start queued copies in random order");
   cmd->add_option("--moe-copy-seed", a.seed, "seed of the injected delays and reorderings")->capture_default_str();
 }
 
 // Sets o.feed_forward to build the offloaded runtime when --moe-slots is given.
 Status ApplyMoeFlags(const MoeArgs& a, EngineOptions& o) {
-  if (a.slots == 0) return Status::Ok();
+  if (a.slots == 0) {
+    for (const char* name : kMoeOffloadOptions) {
+      if (a.cmd != nullptr && a.cmd->count(name) > 0) {
+        return Status::InvalidArgument(std::string(name) + " configures offloaded MoE decoding, which is off without --moe-slots");
+      }
+    }
+    return Status::Ok();
+  }
   moe::OffloadOptions opt = a.o;
   KEEL_ASSIGN_OR_RETURN(opt.policy, moe::ParsePolicy(a.policy));
   opt.slots = a.slots;

@@ -24,6 +24,19 @@ std::string OriginForm(std::string_view target);
 // with a broken escape, or one that decodes to a NUL byte, is returned as sent.
 std::string DecodePath(std::string_view path);
 
+// RFC 9112 §3.2: an HTTP/1.1 request without exactly one Host field is answered 400.
+inline bool MissingHost(const boost::beast::http::request_header<>& header, std::string* message) {
+  if (header.version() < 11) return false;
+  const size_t hosts = header.count(boost::beast::http::field::host);
+  if (hosts == 1) return false;
+  *message = hosts == 0 ? "an HTTP/1.1 request needs a Host header" : "a request may carry only one Host header";
+  return true;
+}
+
+// The most request bytes a connection buffers that the parser has not taken: the header block
+// (header_limit) plus room for a chunk-size line or trailer, which Beast bounds by nothing.
+inline size_t MaxBufferedBytes(size_t max_header_bytes) { return max_header_bytes + 64 * 1024; }
+
 // Moves the body out of `msg`.
 inline HttpRequest ToHttpRequest(boost::beast::http::request<boost::beast::http::string_body>& msg,
                                  std::string remote) {

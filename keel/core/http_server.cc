@@ -347,6 +347,13 @@ class HttpSession final : public FrontSession {
       parser_->body_limit(options_.max_body_bytes);
       parser_->eager(true);
     }
+    // RFC 9112 §2.2: empty lines before a request line are ignored (some clients send a CRLF
+    // after a POST body).
+    while (!parser_->got_some() && buffer_.size() > 0) {
+      const char c = *static_cast<const char*>(buffer_.data().data());
+      if (c != '\r' && c != '\n') break;
+      buffer_.consume(1);
+    }
     while (buffer_.size() > 0 && !parser_->is_done()) {
       error_code ec;
       const size_t used = parser_->put(buffer_.data(), ec);
@@ -365,12 +372,28 @@ class HttpSession final : public FrontSession {
         *step = FrontStep::Close(ErrorBytes(options_, Version(), status, why), true);
         return true;
       }
+      if (MissingHost(parser_->get().base(), &why)) {
+        refusals_.malformed.fetch_add(1, std::memory_order_relaxed);
+        *step = FrontStep::Close(ErrorBytes(options_, Version(), 400, why), true);
+        return true;
+      }
     }
     if (parser_->is_done()) {
       *step = {FrontStep::kDispatch};
       return true;
     }
-    if (parser_->is_header_done() && !continue_sent_ &&
+    // Bytes the parser cannot take yet: a header block (header_limit bounds it) or a chunk-size
+    // line or trailer, which Beast bounds by nothing.
+    if (buffer_.size() > MaxBufferedBytes(options_.max_header_bytes)) {
+      refusals_.malformed.fetch_add(1, std::memory_order_relaxed);
+      *step = FrontStep::Close(
+          ErrorBytes(options_, Version(), 400,
+                     fmt::format("a chunk header or trailer exceeds {} bytes", MaxBufferedBytes(options_.max_header_bytes))),
+          true);
+      return true;
+    }
+    // An HTTP/1.0 client cannot read a 100 (RFC 9110 §10.1.1: ignore the expectation).
+    if (parser_->is_header_done() && !continue_sent_ && parser_->get().version() >= 11 &&
         beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       continue_sent_ = true;
       static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -488,11 +511,15 @@ void HttpRouter::Dispatch(const HttpRequest& request, HttpResponder& responder, 
     return;
   }
   auto m = methods->find(request.method);
+  // HEAD is GET without the body (RFC 9110 §9.3.2; servers must support it): the responder of
+  // a HEAD request sends the header alone.
+  if (m == methods->end() && request.method == "HEAD") m = methods->find("GET");
   if (m == methods->end()) {
     std::string allow;
     for (const auto& [method, h] : *methods) {
       if (!allow.empty()) allow += ", ";
       allow += method;
+      if (method == "GET" && methods->count("HEAD") == 0) allow += ", HEAD";
     }
     responder.Send(405, "application/json",
                    error_body_(405, fmt::format("method {} not allowed for {}; use {}",

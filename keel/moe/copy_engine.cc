@@ -87,6 +87,9 @@ CopyEngine::Clock::duration CopyEngine::ModelledTime() {
   double s = model_.latency_s;
   if (model_.bandwidth_bytes_per_s > 0) s += double(expert_bytes_) / model_.bandwidth_bytes_per_s;
   if (model_.jitter_s > 0) s += std::uniform_real_distribution<double>(0, model_.jitter_s)(jitter_rng_);
+  // An out-of-range double converts to an undefined count (it came out as no delay at all).
+  constexpr double kMaxCopySeconds = 24 * 3600;
+  if (!(s < kMaxCopySeconds)) s = kMaxCopySeconds;
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 

@@ -141,6 +141,14 @@ TEST(Cli, NonsenseOptionsAndFailedStartsGiveAClearMessage) {
   CmdResult ttl = Keel("kvstore --ttl-ms 9223372036854775807", true);
   EXPECT_NE(ttl.code, 0);
   EXPECT_NE(ttl.out.find("--ttl-ms"), std::string::npos) << ttl.out;
+  // MoE offload options: out of range (a 1e-300 GB/s link modelled no delay at all), or given
+  // without --moe-slots (ignored before).
+  CmdResult link = Keel("generate --moe-slots 2 --moe-link-gbps 1e-300 --prompt x -m " + Aidreams(), true);
+  EXPECT_NE(link.code, 0);
+  EXPECT_NE(link.out.find("--moe-link-gbps"), std::string::npos) << link.out;
+  CmdResult lone = Keel("generate --moe-policy lru --prompt x -m " + Aidreams(), true);
+  EXPECT_NE(lone.code, 0);
+  EXPECT_NE(lone.out.find("without --moe-slots"), std::string::npos) << lone.out;
 
   auto taken = keel::ListenTcp("127.0.0.1", 0, 4);
   ASSERT_TRUE(taken.ok()) << taken.status().ToString();

@@ -228,7 +228,7 @@ TEST_F(HttpServerTest, UnknownPathIs404AndWrongMethodIs405) {
   EXPECT_TRUE(j["error"]["message"].is_string());
   r = c.Request("POST", "/hello", "{}");
   EXPECT_EQ(r.status, 405);
-  EXPECT_EQ(r.Header("Allow"), "GET");
+  EXPECT_EQ(r.Header("Allow"), "GET, HEAD");
   // The connection is still usable after client errors.
   EXPECT_EQ(c.Request("GET", "/hello").status, 200);
 }
@@ -407,12 +407,59 @@ TEST_F(HttpServerTest, HeadAnswersCarryNoBody) {
   ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("HEAD", "/hello") + HttpTestClient::BuildRequest("GET", "/hello?b")));
   HttpTestResponse head;
   ASSERT_TRUE(c.ReadHead(&head));  // ReadResponse would take Content-Length bytes as a body
-  EXPECT_NE(head.status, 0);
+  EXPECT_EQ(head.status, 200);     // a GET route answers HEAD (RFC 9110 §9.1: servers must)
   EXPECT_FALSE(head.Header("Content-Length").empty());
   HttpTestResponse next;
   ASSERT_TRUE(c.ReadResponse(&next));
   EXPECT_EQ(next.status, 200) << "bytes after the HEAD answer's header were read as a response";
   EXPECT_EQ(next.body, "hello b");
+}
+
+// A chunk-size line or trailer has no header_limit or body_limit of its own: without a bound it
+// was buffered until the read timeout (a gigabyte in ten seconds from one client).
+TEST_F(HttpServerTest, EndlessChunkHeaderIsRefusedNotBuffered) {
+  StartServer();
+  for (const std::string head : {std::string("1;ext="), std::string("0\r\nX-Trailer: ")}) {
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + head));
+    const std::string block(64 << 10, 'b');
+    for (int i = 0; i < 64; ++i) {
+      if (!c.SendRaw(block)) break;  // the server may close before all of it is sent
+    }
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r)) << head;
+    EXPECT_EQ(r.status, 400) << head;
+    EXPECT_NE(r.body.find("chunk header or trailer"), std::string::npos) << r.body;
+  }
+  HttpTestClient ok(server_->port());
+  EXPECT_EQ(ok.Request("GET", "/hello").status, 200);
+}
+
+// RFC 9112: HTTP/1.1 needs exactly one Host (400 otherwise); empty lines before a request line
+// are ignored; an HTTP/1.0 client is sent no 100 Continue.
+TEST_F(HttpServerTest, HostLeadingEmptyLinesAndHttp10Expect) {
+  StartServer();
+  for (const std::string raw : {std::string("GET /hello HTTP/1.1\r\n\r\n"),
+                                std::string("GET /hello HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")}) {
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw(raw));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r));
+    EXPECT_EQ(r.status, 400) << raw;
+    EXPECT_NE(r.body.find("Host"), std::string::npos) << r.body;
+  }
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw("\r\n\r\n" + HttpTestClient::BuildRequest("GET", "/hello?x")));
+  HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "hello x");
+  HttpTestClient old(server_->port());
+  ASSERT_TRUE(old.SendRaw("POST /echo HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(old.SendRaw("{}"));
+  ASSERT_TRUE(old.ReadResponse(&r));
+  EXPECT_EQ(r.status, 200) << "a 100 Continue was sent to an HTTP/1.0 client";
 }
 
 TEST_F(HttpServerTest, RandomAndMutatedRequestsNeverCrash) {

@@ -409,7 +409,9 @@ TEST_F(AsyncServerTest, WriteTimeoutDropsNonReadingClient) {
   ::close(fd);
 }
 
-TEST_F(AsyncServerTest, ConnectionLimitAnswers503) {
+// At the cap the oldest idle connection makes room (idle sockets must not lock every other
+// client out); only when every connection is busy is a new one answered 503.
+TEST_F(AsyncServerTest, AtTheConnectionLimitTheOldestIdleConnectionMakesRoom) {
   AsyncServerOptions o;
   o.max_connections = 2;
   Start(o);
@@ -417,16 +419,64 @@ TEST_F(AsyncServerTest, ConnectionLimitAnswers503) {
   ASSERT_EQ(a.Request("GET", "/hello").status, 200);
   ASSERT_EQ(b.Request("GET", "/hello").status, 200);
   HttpTestClient c(server_->port(), 5);
-  HttpTestResponse r;
-  ASSERT_TRUE(c.ReadResponse(&r));  // answered without asking
-  EXPECT_EQ(r.status, 503);
-  EXPECT_TRUE(c.WaitClosed());
-  EXPECT_EQ(server_->open_connections(), 2);
-  a.Close();
-  auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (server_->open_connections() > 1 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(c.Request("GET", "/hello").status, 200);
+  EXPECT_TRUE(a.WaitClosed());  // the oldest idle one
+  EXPECT_EQ(b.Request("GET", "/hello").status, 200);
+  // Both busy in a handler: nothing to displace.
+  ASSERT_TRUE(b.SendRaw(HttpTestClient::BuildRequest("GET", "/slow?1500")));
+  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/slow?1500")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   HttpTestClient d(server_->port(), 5);
-  EXPECT_EQ(d.Request("GET", "/hello").status, 200);  // room again
+  HttpTestResponse r;
+  ASSERT_TRUE(d.ReadResponse(&r));  // answered without asking
+  EXPECT_EQ(r.status, 503);
+  EXPECT_TRUE(d.WaitClosed());
+  HttpTestResponse done;
+  ASSERT_TRUE(b.ReadResponse(&done));
+  EXPECT_EQ(done.body, "slow done");
+  ASSERT_TRUE(c.ReadResponse(&done));
+  EXPECT_EQ(done.body, "slow done");
+}
+
+// A chunk-size line or trailer has no header_limit or body_limit of its own: without a bound it
+// was buffered until the read timeout (a gigabyte in ten seconds from one client).
+TEST_F(AsyncServerTest, EndlessChunkHeaderIsRefusedNotBuffered) {
+  AsyncServerOptions o;
+  o.max_header_bytes = 1024;
+  Start(o);
+  for (const std::string head : {std::string("1;ext="), std::string("0\r\nX-Trailer: ")}) {
+    HttpTestClient c(server_->port(), 10);
+    ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + head));
+    const std::string block(16 << 10, 'b');
+    for (int i = 0; i < 16; ++i) {
+      if (!c.SendRaw(block)) break;  // the server may close before all of it is sent
+    }
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r)) << head;
+    EXPECT_EQ(r.status, 400) << head;
+    EXPECT_NE(r.body.find("chunk header or trailer"), std::string::npos) << r.body;
+  }
+  HttpTestClient ok(server_->port(), 10);
+  EXPECT_EQ(ok.Request("GET", "/hello").status, 200);
+}
+
+// HEAD: the header alone, Content-Length as GET's; the next response on the connection intact.
+TEST_F(AsyncServerTest, HeadAnswersCarryNoBody) {
+  Start();
+  HttpTestClient c(server_->port(), 5);
+  const std::string get_body = c.Request("GET", "/hello").body;
+  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("HEAD", "/hello") + HttpTestClient::BuildRequest("HEAD", "/nowhere") +
+                        HttpTestClient::BuildRequest("GET", "/hello")));
+  HttpTestResponse head;
+  ASSERT_TRUE(c.ReadHead(&head));
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.Header("Content-Length"), std::to_string(get_body.size()));
+  ASSERT_TRUE(c.ReadHead(&head));
+  EXPECT_EQ(head.status, 404);
+  HttpTestResponse next;
+  ASSERT_TRUE(c.ReadResponse(&next));
+  EXPECT_EQ(next.status, 200) << "bytes after a HEAD answer's header were read as a response";
+  EXPECT_EQ(next.body, get_body);
 }
 
 TEST_F(AsyncServerTest, StopDrainsInFlightRequest) {

@@ -58,6 +58,7 @@ class VectorServerTest : public ::testing::Test {
     o.shard.max_k = 100;
     o.port = 0;
     o.max_body_bytes = max_body_bytes;
+    service_.reset();  // a stopped service still holds its directory until it is gone
     auto s = Service::Start(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(*s);

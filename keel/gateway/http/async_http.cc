@@ -24,6 +24,7 @@
 
 #include <netinet/in.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -64,13 +65,20 @@ namespace {
 constexpr auto kAwait = asio::use_awaitable;
 auto Ec(error_code& ec) { return asio::redirect_error(asio::use_awaitable, ec); }
 
-// The part of a connection that Stop() reaches. Touched only on `strand`.
+// The part of a connection that Stop() and the accept loop reach. Touched only on `strand`,
+// except `idle` (atomic) and `seq`/`displaced` (under Impl::mu).
 struct ConnCtl {
   explicit ConnCtl(Strand s) : strand(std::move(s)) {}
   Strand strand;
   beast::tcp_stream* lowest = nullptr;  // set while the session runs
   bool busy = false;                    // a handler is running
   bool stopping = false;
+  uint64_t seq = 0;                     // accept order
+  // Waiting for the first byte of a request (a fresh or a keep-alive connection): at the
+  // connection cap the oldest such one is closed to admit a new client, so idle sockets cannot
+  // lock everyone else out. `displaced`: chosen for that already (guarded by Impl::mu).
+  std::atomic<bool> idle{false};
+  bool displaced = false;
 
   void Shutdown() {
     if (lowest == nullptr) return;
@@ -132,6 +140,8 @@ struct AsyncHttpServer::Impl {
   // Declared before `io`: session frames destroyed with the io_context still unregister here.
   std::mutex mu;
   std::unordered_set<std::shared_ptr<ConnCtl>> conns;
+  uint64_t accepted = 0;  // mu
+  int displacing = 0;     // mu: chosen to be closed for a new connection, not yet gone
   std::atomic<int> open{0};       // accepted and counted against max_connections
   std::atomic<int> rejecting{0};  // being answered 503
   std::atomic<int> busy{0};       // handlers running
@@ -194,9 +204,12 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
  public:
   Responder(Impl& impl, Stream& stream) : impl_(impl), stream_(stream) {}
 
-  void Reset(int version, bool keep_alive) {
+  // head: the request was HEAD, so every answer is its header alone (RFC 9110 §9.3.2), with the
+  // Content-Length the body would have had: a body sent anyway would be read as the next response.
+  void Reset(int version, bool keep_alive, bool head) {
     version_ = version;
     keep_alive_ = keep_alive;
+    head_ = head;
     status_ = 0;
     streaming_ = chunked_ = done_ = failed_ = false;
   }
@@ -220,7 +233,12 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
     res.prepare_payload();
     error_code ec;
     beast::get_lowest_layer(stream_).expires_after(Seconds(impl_.opt.write_timeout_seconds));
-    co_await http::async_write(stream_, res, Ec(ec));
+    if (head_) {
+      const http::fields::writer header(res.base(), res.version(), res.result_int());
+      co_await asio::async_write(stream_, header.get(), Ec(ec));
+    } else {
+      co_await http::async_write(stream_, res, Ec(ec));
+    }
     done_ = true;
     if (ec) failed_ = true;
     co_return !ec;
@@ -243,7 +261,7 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
     res.keep_alive(keep_alive_);
     // The header's bytes (start line, fields, blank line) and the first chunk in one gather write.
     const http::fields::writer header(res.base(), res.version(), res.result_int());
-    ChunkFrame frame(first, chunked_, /*last=*/false);
+    ChunkFrame frame(head_ ? std::string_view() : first, chunked_ && !head_, /*last=*/false);
     error_code ec;
     beast::get_lowest_layer(stream_).expires_after(Seconds(impl_.opt.write_timeout_seconds));
     co_await asio::async_write(stream_, beast::buffers_cat(header.get(), frame.buffers()), Ec(ec));
@@ -266,6 +284,7 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
 
  private:
   Task<bool> WriteFrame(std::string_view data, bool last) {
+    if (head_) co_return true;  // the header was the whole answer
     ChunkFrame frame(data, chunked_, last);
     error_code ec;
     beast::get_lowest_layer(stream_).expires_after(Seconds(impl_.opt.write_timeout_seconds));
@@ -289,6 +308,7 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
   Stream& stream_;
   int version_ = 11;
   bool keep_alive_ = true;
+  bool head_ = false;
   int status_ = 0;
   bool streaming_ = false;
   bool chunked_ = false;
@@ -315,13 +335,33 @@ Task<void> AsyncHttpServer::Impl::AcceptLoop() {
       continue;
     }
     sock.set_option(tcp::no_delay(true), ec);
-    bool reject = open.load() >= opt.max_connections;
-    (reject ? rejecting : open).fetch_add(1);
     auto ctl = std::make_shared<ConnCtl>(strand);
+    bool reject = false;
     {
       std::lock_guard<std::mutex> lock(mu);
+      ctl->seq = ++accepted;
+      if (open.load() - displacing >= opt.max_connections) {
+        ConnCtl* oldest = nullptr;
+        std::shared_ptr<ConnCtl> victim;
+        for (const auto& c : conns) {
+          if (c->idle.load() && !c->displaced && (oldest == nullptr || c->seq < oldest->seq)) {
+            oldest = c.get();
+            victim = c;
+          }
+        }
+        if (victim) {
+          victim->displaced = true;
+          ++displacing;
+          asio::post(victim->strand, [victim] {
+            if (victim->idle.load()) victim->Shutdown();
+          });
+        } else {
+          reject = true;
+        }
+      }
       conns.insert(ctl);
     }
+    (reject ? rejecting : open).fetch_add(1);
     asio::co_spawn(strand, Serve(std::move(ctl), std::move(sock), reject), asio::detached);
   }
 }
@@ -336,6 +376,7 @@ Task<void> AsyncHttpServer::Impl::Serve(std::shared_ptr<ConnCtl> ctl, tcp::socke
       {
         std::lock_guard<std::mutex> lock(impl->mu);
         impl->conns.erase(ctl);
+        if (ctl->displaced) --impl->displacing;
       }
       (reject ? impl->rejecting : impl->open).fetch_sub(1);
     }
@@ -422,16 +463,21 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
     co_return;
   }
 
-  beast::flat_buffer buffer;  // reused for every request; keeps pipelined bytes
+  // Reused for every request; keeps pipelined bytes. Bounded: Beast applies header_limit to the
+  // header block and body_limit to the body, but nothing to a chunk-size line or a trailer, which
+  // would otherwise be buffered for as long as the client sends them.
+  beast::flat_buffer buffer(MaxBufferedBytes(opt.max_header_bytes));
   Responder<Stream> responder(*this, stream);
   bool first = true;
   bool linger = false;
   for (;;) {
     if (ctl.stopping || stopping.load()) break;
-    if (!first && buffer.size() == 0) {
-      // Idle keep-alive: wait for the first byte of the next request.
-      low.expires_after(Seconds(opt.idle_timeout_seconds));
+    if (buffer.size() == 0) {
+      // Wait for the first byte of the next request: idle (displaceable) until it comes.
+      low.expires_after(Seconds(first ? opt.read_timeout_seconds : opt.idle_timeout_seconds));
+      ctl.idle.store(true);
       size_t n = co_await stream.async_read_some(buffer.prepare(4096), Ec(ec));
+      ctl.idle.store(false);
       if (ec) break;
       buffer.commit(n);
     }
@@ -443,13 +489,17 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
     co_await http::async_read_header(stream, buffer, parser, Ec(ec));
     if (!ec) {
       std::string why;
-      if (const int status = TransferCodingError(parser.get().base(), parser.chunked(), &why)) {
+      int status = TransferCodingError(parser.get().base(), parser.chunked(), &why);
+      if (status == 0 && MissingHost(parser.get().base(), &why)) status = 400;
+      if (status != 0) {
         const std::string target(parser.get().target());
         if (co_await WriteError(stream, parser.get().version(), status, why, target)) linger = true;
         break;
       }
     }
-    if (!ec && !parser.is_done() && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+    // An HTTP/1.0 client cannot read a 100 (RFC 9110 §10.1.1: ignore the expectation).
+    if (!ec && !parser.is_done() && parser.get().version() >= 11 &&
+        beast::iequals(parser.get()[http::field::expect], "100-continue")) {
       static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
       co_await asio::async_write(stream, asio::buffer(kContinue, sizeof(kContinue) - 1), Ec(ec));
       low.expires_after(Seconds(opt.read_timeout_seconds));
@@ -468,6 +518,9 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
       } else if (ec == http::error::header_limit) {
         status = 431;
         message = "request headers exceed " + std::to_string(opt.max_header_bytes) + " bytes";
+      } else if (ec == http::error::buffer_overflow) {
+        status = 400;
+        message = "a chunk header or trailer exceeds " + std::to_string(MaxBufferedBytes(opt.max_header_bytes)) + " bytes";
       } else if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
                  ec != http::error::end_of_stream && ec != http::error::partial_message) {
         status = 400;
@@ -481,7 +534,7 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
     auto& msg = parser.get();
     HttpRequest req = ToHttpRequest(msg, remote);
 
-    responder.Reset(req.version, msg.keep_alive() && !ctl.stopping && !stopping.load());
+    responder.Reset(req.version, msg.keep_alive() && !ctl.stopping && !stopping.load(), req.method == "HEAD");
     co_await Handle(ctl, responder, req);
     if (!responder.keep_alive() || responder.failed() || ctl.stopping || stopping.load()) break;
   }
