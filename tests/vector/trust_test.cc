@@ -365,6 +365,19 @@ TEST(TrustVerify, StaleAndFaultyRepliesAreDiscardedAndCounted) {
   EXPECT_TRUE(faults.count(ReplyFault::kBadSignature));
 }
 
+TEST(TrustVerify, AnUnverifiedReasonNamesTheRefusedReplies) {
+  const auto honest = Ranked({1, 2, 3, 4, 5});
+  ReplicaReply forged;
+  forged.fault = ReplyFault::kBadSignature;
+  FixedReplicas set({{{"old", "a"}, Reply(honest, 3), {}}, {{"forged", "b"}, forged, {}}, {{"h1", "c"}, Reply(honest, 5), {}}});
+  VerifierOptions o;
+  o.deadline = std::chrono::milliseconds(5000);
+  const ShardAnswer ans = Verifier(o).Verify(set, 5, 5);
+  ASSERT_EQ(ans.verdict, Verdict::kUnverified);
+  EXPECT_NE(ans.reason.find("old stale"), std::string::npos) << ans.reason;
+  EXPECT_NE(ans.reason.find("forged bad_signature"), std::string::npos) << ans.reason;
+}
+
 TEST(TrustVerify, DeadlineBoundsASilentReplica) {
   const auto honest = Ranked({1, 2, 3});
   // One replica answers after 1.5 s (crashed: its connection times out later); the deadline is 300 ms.

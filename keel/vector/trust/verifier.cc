@@ -377,6 +377,15 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
                   " authentic replies from " + std::to_string(zones.size()) + " zones (of " + std::to_string(answer.asked) +
                   " asked); no " + std::to_string(options_.quorum) + " of them from " +
                   std::to_string(options_.min_zones) + " zones agree to similarity " + std::to_string(options_.threshold);
+  // Why the other replies did not count (stale, bad_signature, unreachable, ...): what an
+  // operator needs to tell a slow cluster from an attacked one.
+  if (!answer.faults.empty()) {
+    std::string refused;
+    for (const auto& [i, fault] : answer.faults) {
+      refused += (refused.empty() ? "" : ", ") + replicas.info(i).id + " " + std::string(ReplyFaultName(fault));
+    }
+    answer.reason += "; refused: " + refused;
+  }
   if (!authentic.empty()) {
     size_t medoid = 0;
     double best = -1;
