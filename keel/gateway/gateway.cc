@@ -71,7 +71,8 @@ struct RouteMatch {
 
 RouteMatch MatchRoute(const HttpRequest& req) {
   const std::string& path = req.path;
-  const bool post = req.method == "POST", get = req.method == "GET";
+  // HEAD is GET without the body (the server's responder drops it).
+  const bool post = req.method == "POST", get = req.method == "GET" || req.method == "HEAD";
   RouteMatch m;
   // `ok` is the method the route takes; any other gets 405 naming `allow`.
   auto route = [&m](RouteKind kind, bool ok, std::string label) {
@@ -93,7 +94,7 @@ RouteMatch MatchRoute(const HttpRequest& req) {
   if (IsGeminiPath(path)) {
     m.format = WireFormat::kGemini;
     if (path.find(':') == std::string::npos) {
-      m.allow = "GET";
+      m.allow = "GET, HEAD";
       return route(RouteKind::kGeminiModels, get, path.size() > 15 ? "/v1beta/models/{id}" : "/v1beta/models");
     }
     auto parsed = ParseGeminiPath(req.target);
@@ -113,7 +114,7 @@ RouteMatch MatchRoute(const HttpRequest& req) {
                  m.stream_by_path ? "/v1beta/models/{m}:streamGenerateContent" : "/v1beta/models/{m}:generateContent");
   }
   if (path == "/v1/models" || StartsWith(path, "/v1/models/")) {
-    m.allow = "GET";
+    m.allow = "GET, HEAD";
     if (req.headers.Has("anthropic-version")) m.format = WireFormat::kAnthropicMessages;
     return route(RouteKind::kModels, get, path == "/v1/models" ? path : "/v1/models/{id}");
   }

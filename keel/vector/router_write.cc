@@ -25,6 +25,7 @@ struct ReplicaWrite {
   enum Kind { kApplied, kRejected, kFailed } kind = kFailed;
   int status = 0;  // the replica's HTTP status when it answered
   std::string message;
+  bool held_already = false;  // it held the version from another write (kFailed)
 };
 
 // How one shard took its part of a write.
@@ -101,7 +102,7 @@ ReplicaWrite WriteReplica(Router::Impl& router, ShardState& shard, int i, const 
                  "send; it may now differ from its peers and is not counted for this write",
                  shard.id, r.info.id, v, *answered);
       return {ReplicaWrite::kFailed, 409,
-              fmt::format("already held version {} from another write (at {}); not counted", v, *answered)};
+              fmt::format("already held version {} from another write (at {}); not counted", v, *answered), true};
     }
     if (reply->status == 200 && answered && *answered >= v) {
       r.Observe(*answered);
@@ -130,25 +131,39 @@ ShardWrite WriteShard(Router::Impl& router, ShardState& shard, const char* path,
     out.message = fmt::format("shard {}: fewer than a majority of its replicas told their version", shard.id);
     return out;
   }
-  shard.UpdateVersions();
-  const uint64_t v = shard.head() + 1;
-  shard.issued.store(v);  // used from here on, whatever the replicas answer
-  const std::string body = Dump(json{{field, std::move(part)}, {"version", v}});
   const int n = static_cast<int>(shard.replicas.size());
-  std::vector<ReplicaWrite> got(static_cast<size_t>(n));
-  router.calls->RunAll(n, [&](int i) { got[static_cast<size_t>(i)] = WriteReplica(router, shard, i, path, body, v); });
-  shard.UpdateVersions();
+  std::vector<ReplicaWrite> got;
   std::string failed;
   bool all_rejected = true;
-  for (int i = 0; i < n; ++i) {
-    const ReplicaWrite& w = got[static_cast<size_t>(i)];
-    const std::string& id = shard.replicas[static_cast<size_t>(i)]->info.id;
-    if (w.kind == ReplicaWrite::kApplied) {
-      out.applied.push_back(id);
-      continue;
+  uint64_t v = 0;
+  for (int attempt = 0;; ++attempt) {
+    shard.UpdateVersions();
+    v = shard.head() + 1;
+    shard.issued.store(v);  // used from here on, whatever the replicas answer
+    const std::string body = Dump(json{{field, part}, {"version", v}});
+    got.assign(static_cast<size_t>(n), ReplicaWrite{});
+    router.calls->RunAll(n, [&](int i) { got[static_cast<size_t>(i)] = WriteReplica(router, shard, i, path, body, v); });
+    shard.UpdateVersions();
+    int held_already = 0;
+    out.applied.clear();
+    failed.clear();
+    all_rejected = true;
+    for (int i = 0; i < n; ++i) {
+      const ReplicaWrite& w = got[static_cast<size_t>(i)];
+      const std::string& id = shard.replicas[static_cast<size_t>(i)]->info.id;
+      held_already += w.held_already ? 1 : 0;
+      if (w.kind == ReplicaWrite::kApplied) {
+        out.applied.push_back(id);
+        continue;
+      }
+      all_rejected = all_rejected && w.kind == ReplicaWrite::kRejected;
+      failed += fmt::format("{}{}: {}", failed.empty() ? "" : "; ", id, w.message);
     }
-    all_rejected = all_rejected && w.kind == ReplicaWrite::kRejected;
-    failed += fmt::format("{}{}: {}", failed.empty() ? "" : "; ", id, w.message);
+    // A majority already held v: another router wrote it since this one last read the versions
+    // (a majority's word is what `committed` trusts). Nothing of this write was applied, so it
+    // goes again under the next version.
+    if (out.applied.empty() && held_already >= shard.majority() && attempt < 2) continue;
+    break;
   }
   out.version = v;
   if (static_cast<int>(out.applied.size()) >= shard.majority()) {

@@ -116,7 +116,10 @@ Result<std::unique_ptr<Wal>> Wal::Open(const std::string& path, bool sync, const
       return corrupt("record of epoch " + std::to_string(h.tag) + ", newer than the snapshot's epoch " +
                      std::to_string(epoch) + ": the snapshot it belongs to is missing or older than the log");
     }
-    if (h.tag < epoch) {
+    if (h.len == 0) {
+      // An epoch marker (Reset): no write. An earlier epoch's is stale like its records.
+      if (h.tag < epoch && r.records > 0) return corrupt("record of an earlier epoch after current ones");
+    } else if (h.tag < epoch) {
       if (r.records > 0) return corrupt("record of an earlier epoch after current ones");
       ++r.stale;  // held by the snapshot that started this epoch
     } else {
@@ -148,11 +151,15 @@ Wal::~Wal() {
 }
 
 Status Wal::Append(std::span<const std::string_view> payloads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return AppendLocked(payloads);
+}
+
+Status Wal::AppendLocked(std::span<const std::string_view> payloads) {
   size_t total = 0;
   for (auto p : payloads) total += kHeaderBytes + p.size();
   std::string buf;
   buf.reserve(total);
-  std::lock_guard<std::mutex> lock(mu_);
   for (auto p : payloads) {
     const uint64_t len = p.size();
     const uint64_t sum = RecordChecksum(epoch_, len, p);
@@ -181,7 +188,12 @@ Status Wal::TruncateTo(int64_t size) {
 Status Wal::Reset(uint32_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
   epoch_ = epoch;
-  return TruncateLocked(0);
+  KEEL_RETURN_IF_ERROR(TruncateLocked(0));
+  if (epoch == 0) return Status::Ok();
+  // The epoch marker: an empty log still says which snapshot it follows, so a missing or older
+  // snapshot is caught even before the first write after it.
+  const std::string_view marker;
+  return AppendLocked(std::span<const std::string_view>(&marker, 1));
 }
 
 Status Wal::TruncateLocked(int64_t size) {
@@ -220,7 +232,7 @@ Status Wal::Read(int64_t begin, int64_t end, const Apply& fn) const {
     if (h.len > data.size() - off - kHeaderBytes) return corrupt("truncated payload");
     std::string_view payload = std::string_view(data).substr(off + kHeaderBytes, h.len);
     if (RecordChecksum(h.tag, h.len, payload) != h.sum) return corrupt("checksum mismatch");
-    KEEL_RETURN_IF_ERROR(fn(payload));
+    if (h.len > 0) KEEL_RETURN_IF_ERROR(fn(payload));  // an empty record is an epoch marker
     off += kHeaderBytes + h.len;
   }
   return Status::Ok();

@@ -63,8 +63,10 @@ class Wal {
   // Cuts the log back to `size` bytes (a value bytes() returned earlier): takes back records
   // whose write failed to apply, so they are never replayed.
   Status TruncateTo(int64_t size);
-  // Empties the log and tags later appends with `epoch`. The tag changes even when the
-  // truncation fails, so records appended afterwards are never mistaken for stale ones.
+  // Empties the log and tags later appends with `epoch`; for epoch > 0 it then holds one empty
+  // record of that epoch (a marker: replay and Read pass no payload for it), so an empty log
+  // still names its epoch. The tag changes even when the truncation fails, so records appended
+  // afterwards are never mistaken for stale ones. Payloads must not be empty.
   Status Reset(uint32_t epoch);
   // Reads the whole records in bytes [begin, end) (offsets of record starts, end <= bytes())
   // and passes each payload to `fn` in order. Corruption naming the file and offset when a
@@ -81,6 +83,7 @@ class Wal {
   Wal(std::string path, int fd, bool sync, int64_t size, uint32_t epoch)
       : path_(std::move(path)), fd_(fd), sync_(sync), size_(size), epoch_(epoch) {}
   Status TruncateLocked(int64_t size);
+  Status AppendLocked(std::span<const std::string_view> payloads);
   std::string path_;
   int fd_;
   bool sync_;

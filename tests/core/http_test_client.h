@@ -231,4 +231,20 @@ class HttpTestClient {
   bool eof_ = false;
 };
 
+// Opens a chunked POST to `path` whose first chunk-size line (or, after a last chunk, trailer)
+// starts with `head` and never ends: `blocks` blocks of `block_bytes` follow. Returns the
+// server's answer (status 0 when none came).
+inline HttpTestResponse SendEndlessChunkHeader(int port, const std::string& path, const std::string& head,
+                                               size_t block_bytes, int blocks) {
+  HttpTestClient c(port, 10);
+  HttpTestResponse r;
+  if (!c.SendRaw("POST " + path + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + head)) return r;
+  const std::string block(block_bytes, 'b');
+  for (int i = 0; i < blocks; ++i) {
+    if (!c.SendRaw(block)) break;  // the server may close before all of it is sent
+  }
+  if (!c.ReadResponse(&r)) r.status = 0;
+  return r;
+}
+
 }  // namespace keel::test

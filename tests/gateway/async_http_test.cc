@@ -445,14 +445,7 @@ TEST_F(AsyncServerTest, EndlessChunkHeaderIsRefusedNotBuffered) {
   o.max_header_bytes = 1024;
   Start(o);
   for (const std::string head : {std::string("1;ext="), std::string("0\r\nX-Trailer: ")}) {
-    HttpTestClient c(server_->port(), 10);
-    ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + head));
-    const std::string block(16 << 10, 'b');
-    for (int i = 0; i < 16; ++i) {
-      if (!c.SendRaw(block)) break;  // the server may close before all of it is sent
-    }
-    HttpTestResponse r;
-    ASSERT_TRUE(c.ReadResponse(&r)) << head;
+    const HttpTestResponse r = test::SendEndlessChunkHeader(server_->port(), "/echo", head, 16 << 10, 16);
     EXPECT_EQ(r.status, 400) << head;
     EXPECT_NE(r.body.find("chunk header or trailer"), std::string::npos) << r.body;
   }

@@ -2,6 +2,7 @@
 // keel::vector::Service on a loopback port with its own Ed25519 key and HNSW seed. Writes go
 // through the router; searches are compared with exact L2 over everything written (what one
 // shard holding every item answers).
+#include "keel/vector/wal.h"
 #include "tests/vector/cluster_fixture.h"
 
 namespace keel::vector {
@@ -250,7 +251,7 @@ TEST_F(RouterTest, StatsHealthAndBadRequests) {
   ASSERT_EQ(res.status, 200) << res.body;
   EXPECT_EQ(json::parse(res.body)["replicas"], kShards * kReplicas);
   for (int s = 0; s < kShards; ++s) {
-    for (int r = 0; r < kReplicas; ++r) EXPECT_EQ(replicas_[s][r]->shard().Stats().wal_bytes, 0) << ReplicaId(s, r);
+    for (int r = 0; r < kReplicas; ++r) EXPECT_EQ(replicas_[s][r]->shard().Stats().wal_bytes, static_cast<int64_t>(Wal::kHeaderBytes)) << ReplicaId(s, r);
   }
 }
 

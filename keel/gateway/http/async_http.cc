@@ -482,6 +482,15 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
       buffer.commit(n);
     }
     first = false;
+    // RFC 9112 §2.2: empty lines before a request line are ignored (some clients send a CRLF
+    // after a POST body).
+    {
+      const auto* bytes = static_cast<const char*>(buffer.data().data());
+      size_t blank = 0;
+      while (blank < buffer.size() && (bytes[blank] == '\r' || bytes[blank] == '\n')) ++blank;
+      buffer.consume(blank);
+      if (buffer.size() == 0) continue;
+    }
     low.expires_after(Seconds(opt.read_timeout_seconds));
     http::request_parser<http::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(std::min<size_t>(opt.max_header_bytes, UINT32_MAX)));
