@@ -84,6 +84,9 @@ class ReleaseBeforeLastWrite final : public HttpResponder {
 AnswerServer::AnswerServer(const Corpus& corpus, AnswerServerOptions options, hilo::ServiceLink* link)
     : corpus_(corpus), opt_(std::move(options)), link_(link) {
   requests_ = &metrics_.AddCounter("keel_answer_requests_total", "Answer requests by route and HTTP status.", {"route", "code"});
+  broken_streams_ = &metrics_.AddCounter("keel_answer_broken_streams_total",
+                                         "Streamed answers cut after they opened (an error event was sent instead of [DONE]).")
+                         .Get();
   inflight_gauge_ = &metrics_.AddGauge("keel_answer_inflight", "Answer requests being served now.").Get();
   search_seconds_ = &metrics_.AddHistogram("keel_answer_search_seconds", "Vector search calls.", LatencyBuckets()).Get();
   generate_seconds_ =
@@ -360,7 +363,12 @@ std::optional<AnswerServer::Failure> AnswerServer::GenerateStream(const HttpRequ
   generate_seconds_->Observe(SecondsSince(tg));
   if (mode == Mode::kRelay) {
     if (opened) {
-      relay.Finish(reply.ok() || reply.status().code() == StatusCode::kCancelled ? "" : reply.status().message());
+      if (!relay.Finish(reply.ok() || reply.status().code() == StatusCode::kCancelled ? "" : reply.status().message()) &&
+          !relay.failure().empty()) {
+        // The status line said 200 long ago: the cut answer is counted and logged here.
+        broken_streams_->Inc();
+        Log().warn("answer: a stream from {} was cut: {}", who, relay.failure());
+      }
       res.EndStream();
     }
     return std::nullopt;  // answered (or the client is gone)

@@ -149,6 +149,7 @@ class AnswerServer {
   Gauge* inflight_gauge_ = nullptr;
   Histogram* search_seconds_ = nullptr;
   Histogram* generate_seconds_ = nullptr;
+  Counter* broken_streams_ = nullptr;
   std::atomic<int> inflight_{0};
   std::atomic<uint64_t> searches_{0};
   std::unique_ptr<HttpServer> http_;

@@ -99,6 +99,7 @@ bool SseRelay::Send(const ojson& chunk) {
 
 bool SseRelay::Fail(std::string_view why) {
   failed_ = true;
+  failure_ = std::string(why);
   const std::string body = OpenAIErrorBody(502, upstream_name_ + ": " + std::string(why));
   std::string out = "data: " + body + "\n\n";
   if (!client_gone_ && !write_(out)) client_gone_ = true;
@@ -163,6 +164,16 @@ bool SseRelay::Event(std::string_view data) {
   for (const char* name : {"id", "created", "model", "system_fingerprint"}) {
     auto it = chunk->find(name);
     if (it != chunk->end()) last_envelope_[name] = *it;
+  }
+  // An upstream error event is the end of the answer: relayed as it is, then nothing more, and
+  // no [DONE] (the OpenAI encoder sends one after it, which would make a cut answer look whole).
+  if (auto err = chunk->find("error"); err != chunk->end() && err->is_object()) {
+    failed_ = true;
+    auto message = err->find("message");
+    failure_ = "sent an error event: " + (message != err->end() && message->is_string() ? message->get<std::string>()
+                                                                                       : std::string("(no message)"));
+    Send(*chunk);
+    return false;
   }
   if (!keel_sent_) {
     auto choices = chunk->find("choices");

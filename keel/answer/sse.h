@@ -34,7 +34,8 @@ std::string CompletionAsSse(const nlohmann::ordered_json& completion, bool inclu
 //   - events are split at blank lines (LF or CRLF); comment lines (":" keep-alives) and fields
 //     other than "data" are dropped; several data lines of one event are joined with "\n";
 //   - every data payload but "[DONE]" must be a JSON object (bounded like any upstream answer)
-//     and is sent on as one "data: <json>\n\n" event, an upstream "error" object included;
+//     and is sent on as one "data: <json>\n\n" event; an upstream error event (an "error"
+//     object) is sent on and ends the relay: no [DONE] follows it, whatever the upstream sends;
 //   - the "keel" member (from `keel_member`, called once) rides on the chunk that carries a
 //     finish_reason; an upstream that sends [DONE] without one gets it on an extra chunk with
 //     "choices": [];
@@ -59,6 +60,8 @@ class SseRelay {
 
   bool done() const { return done_; }
   bool failed() const { return failed_; }
+  // Why the answer was cut ("" when it was not).
+  const std::string& failure() const { return failure_; }
 
  private:
   bool Event(std::string_view data);
@@ -76,6 +79,7 @@ class SseRelay {
   bool done_ = false;
   bool failed_ = false;
   bool client_gone_ = false;
+  std::string failure_;
 };
 
 }  // namespace keel::answer

@@ -97,7 +97,13 @@ std::shared_ptr<const FetchedPrefix> KvStoreLink::Fetch(const std::vector<int>& 
         // Keep the leading run that arrived whole and is not oversized (AdoptChunks validates
         // each value fully); an entry evicted between PREFIX and MGET ends the run.
         for (kvstore::BlobPtr& v : *values) {
-          if (v == nullptr || v->size() == 0 || v->size() > cache_.ChunkValueBytes()) break;
+          if (v == nullptr) break;
+          if (v->size() == 0 || v->size() > cache_.ChunkValueBytes()) {
+            rejected_chunks_.fetch_add(1, std::memory_order_relaxed);
+            Log().warn("kvstore: a fetched chunk of {} bytes is refused (a chunk is at most {}); the prompt is "
+                       "computed from there", v->size(), cache_.ChunkValueBytes());
+            break;
+          }
           fetched_bytes_.fetch_add(static_cast<int64_t>(v->size()), std::memory_order_relaxed);
           out->values.push_back(std::move(v));
         }
@@ -223,6 +229,7 @@ KvStoreLinkStats KvStoreLink::Stats() const {
   s.fetched_chunks = fetched_chunks_.load();
   s.fetched_bytes = fetched_bytes_.load();
   s.adopted_tokens = adopted_tokens_.load();
+  s.rejected_chunks = rejected_chunks_.load();
   s.published_chunks = published_chunks_.load();
   s.published_bytes = published_bytes_.load();
   s.skipped_existing = skipped_existing_.load();
@@ -250,6 +257,9 @@ void KvStoreLink::RegisterMetrics(MetricsRegistry& registry) {
        &dropped_jobs_},
       {"keel_kvstore_link_failures_total", "Lookups or publishes that failed (store down, timeout, bad reply).",
        &failures_},
+      {"keel_kvstore_link_rejected_chunks_total",
+       "Fetched KV chunks refused (wrong size, or corrupt for the codec); their tokens were computed.",
+       &rejected_chunks_},
   };
   for (const Field& f : fields) {
     const std::atomic<int64_t>* v = f.value;

@@ -59,6 +59,7 @@ struct KvStoreLinkStats {
   int64_t skipped_existing = 0; // chunks the store already had
   int64_t dropped_jobs = 0;     // publish jobs dropped (queue full or store down)
   int64_t failures = 0;         // lookups or publishes that failed (store down, timeout, bad reply)
+  int64_t rejected_chunks = 0;  // fetched values refused (wrong size, or the codec found them corrupt)
 };
 
 class KvStoreLink {
@@ -78,6 +79,8 @@ class KvStoreLink {
   void ReleaseFinished(KvCache& cache);
   // Scheduler thread: records tokens adopted at admission.
   void CountAdopted(int tokens) { adopted_tokens_.fetch_add(tokens, std::memory_order_relaxed); }
+  // Scheduler thread: records fetched chunks AdoptChunks refused.
+  void CountRejected(int chunks) { rejected_chunks_.fetch_add(chunks, std::memory_order_relaxed); }
   // Blocks until queued publish jobs are done (tests, shutdown).
   void Flush();
 
@@ -114,7 +117,7 @@ class KvStoreLink {
   std::thread publisher_;
 
   std::atomic<int64_t> lookups_{0}, fetched_chunks_{0}, fetched_bytes_{0}, adopted_tokens_{0}, published_chunks_{0},
-      published_bytes_{0}, skipped_existing_{0}, dropped_jobs_{0}, failures_{0};
+      published_bytes_{0}, skipped_existing_{0}, dropped_jobs_{0}, failures_{0}, rejected_chunks_{0};
 };
 
 }  // namespace keel::engine

@@ -173,8 +173,12 @@ void Scheduler::Admit() {
       views.reserve(f.values.size());
       for (const auto& v : f.values) views.push_back(v->view());
       Result<int> got = cache_->AdoptChunks(a->seq, a->context, f.first_chunk, views);
-      if (got.ok()) adopted = *got;
-      else Log().warn("kvstore chunks not adopted: {}", got.status().ToString());
+      if (got.ok()) {
+        adopted = *got;
+      } else {
+        Log().warn("kvstore chunks not adopted: {}", got.status().ToString());
+        if (link_ != nullptr) link_->CountRejected(static_cast<int>(views.size()));
+      }
       reused = *reused + adopted;
     }
     Status st = reused.ok() ? cache_->Reserve(a->seq, static_cast<int>(a->context.size())) : reused.status();

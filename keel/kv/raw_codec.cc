@@ -24,6 +24,29 @@ std::string RawCodec::fingerprint() const {
   return spec() + ";block=" + std::to_string(shape_.block_tokens) + ";layout=kv_head_major;rope=interleaved";
 }
 
+Result<size_t> RawCodec::validate_stored(int layer, const uint8_t* data, size_t size) const {
+  KEEL_ASSIGN_OR_RETURN(const size_t bytes, Codec::validate_stored(layer, data, size));
+  // An element is non-finite when its exponent bits are all ones.
+  auto first_bad = [&]<typename U>(U exponent_mask) -> size_t {
+    const size_t n = bytes / sizeof(U);
+    for (size_t i = 0; i < n; ++i) {
+      U e;
+      std::memcpy(&e, data + i * sizeof(U), sizeof(U));
+      if ((e & exponent_mask) == exponent_mask) return i;
+    }
+    return n;
+  };
+  const size_t n = bytes / elem_;
+  const size_t bad = dtype_ == DType::kF32    ? first_bad(uint32_t{0x7F800000})
+                     : dtype_ == DType::kBF16 ? first_bad(uint16_t{0x7F80})
+                                              : first_bad(uint16_t{0x7C00});
+  if (bad < n) {
+    return Status::Corruption("kv block of layer " + std::to_string(layer) + ": element " + std::to_string(bad) +
+                              " is not finite");
+  }
+  return bytes;
+}
+
 size_t RawCodec::block_bytes(int) const {
   return 2 * static_cast<size_t>(shape_.block_tokens) * shape_.kv_dim() * elem_;
 }

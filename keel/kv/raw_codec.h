@@ -23,6 +23,9 @@ class RawCodec final : public Codec {
   void attend_many(int layer, const uint8_t* const* blocks, int n_queries, const int* n_tokens, const float* q,
                    float* out, AttendScratch& scratch) const override;
   void read(int layer, const uint8_t* block, int slot, float* k, float* v) const override;
+  // Any bytes of the right size, except non-finite elements: a fetched block of NaN or Inf (its
+  // checksum intact) would otherwise be attended to and turn every answer into garbage.
+  Result<size_t> validate_stored(int layer, const uint8_t* data, size_t size) const override;
 
  private:
   // Row `slot` of KV head `kvh` of K (which=0) or V (which=1) inside a block.

@@ -116,6 +116,21 @@ TEST(SseRelayTest, BrokenUpstreamsEndWithAnErrorEventAndNoDone) {
     EXPECT_NE(rig.out.find("not a JSON object"), std::string::npos) << rig.out;
   }
   {
+    // The gateway's OpenAI encoder sends [DONE] after an error event: relayed, it made a cut
+    // answer look whole. The error goes on as it is, and nothing after it.
+    Rig rig;
+    ASSERT_TRUE(rig.relay.Feed(head));
+    EXPECT_FALSE(rig.relay.Feed("data: {\"error\":{\"message\":\"upstream large: truncated body\",\"code\":\"bad_gateway\"}}\n\n"
+                                "data: [DONE]\n\n"));
+    EXPECT_TRUE(rig.relay.failed());
+    EXPECT_FALSE(rig.relay.Finish(""));
+    EXPECT_NE(rig.relay.failure().find("truncated body"), std::string::npos) << rig.relay.failure();
+    const std::vector<std::string> events = Events(rig.out);
+    ASSERT_EQ(events.size(), 2u) << rig.out;
+    EXPECT_EQ(ojson::parse(events[1].substr(6))["error"]["code"], "bad_gateway");
+    EXPECT_EQ(rig.out.find("data: [DONE]"), std::string::npos) << rig.out;
+  }
+  {
     Rig rig;  // bound 4096: one data line past it, and an event split over many lines past it
     EXPECT_FALSE(rig.relay.Feed("data: {\"x\":\"" + std::string(5000, 'a')));
     EXPECT_NE(rig.out.find("over 4096 bytes"), std::string::npos) << rig.out;
