@@ -81,6 +81,11 @@ Result<Json> Parse(std::string_view text, const JsonLimits& limits, JsonReadErro
     default:
       break;
   }
+  // A raw NUL is never valid JSON (in a string it must be escaped), and nlohmann's lexer reads
+  // one as the end of the input: text after it would be ignored, not refused.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return fail(JsonReadError::kMalformed, fmt::format("malformed JSON at byte {}: a NUL byte", nul));
+  }
   Json j;
   try {
     j = Json::parse(text.begin(), text.end());

@@ -342,6 +342,14 @@ Status CheckUsable(const Catalog& c, std::string_view running_fingerprint, int64
   }
   for (size_t i = 0; i < c.states.size(); ++i) {
     const int64_t age = now - c.states[i].figures->validated_at;
+    // A validation time ahead of this clock (past the skew two machines may have) is a
+    // hand-edited catalog or a clock gone wrong: its age would never grow.
+    constexpr int64_t kMaxClockSkewS = 300;
+    if (age < -kMaxClockSkewS) {
+      return Status::InvalidArgument(prefix + "state '" + c.states[i].name + "' was validated " + std::to_string(-age) +
+                                     " s in the future (validated_at " + std::to_string(c.states[i].figures->validated_at) +
+                                     "); run keel hilo validate");
+    }
     if (age > max_age_s) {
       return Status::InvalidArgument(prefix + "state '" + c.states[i].name + "' was validated " +
                                      std::to_string(age) + " s ago, more than the " + std::to_string(max_age_s) +

@@ -164,6 +164,18 @@ TEST(JsonReader, ValidJsonPassesUnchanged) {
   EXPECT_EQ(*ParseUntrustedJson(" 7 ", JsonLimits{}), 7);
 }
 
+// nlohmann's lexer reads a NUL as the end of input: "{}\0garbage" parsed as {}.
+TEST(JsonReader, ANulByteAnywhereIsMalformedNotTheEnd) {
+  for (const std::string text : {std::string("{}\0garbage", 10), std::string("{\"a\":1}\0", 8),
+                                 std::string("{\"a\":\"x\0y\"}", 11)}) {
+    JsonReadError kind = JsonReadError::kNone;
+    auto r = ParseUntrustedJson(text, JsonLimits{}, &kind);
+    ASSERT_FALSE(r.ok()) << text.size();
+    EXPECT_EQ(kind, JsonReadError::kMalformed);
+    EXPECT_NE(r.status().message().find("NUL"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(JsonReader, OrderedJsonKeepsKeyOrderUnderTheSameLimits) {
   auto r = ParseUntrustedOrderedJson(R"({"z":1,"a":2})", JsonLimits{});
   ASSERT_TRUE(r.ok()) << r.status().message();

@@ -304,6 +304,15 @@ TEST(HiloCatalog, CheckUsableRefusesUnvalidatedStaleAndOld) {
             "catalog not usable: state 'small_model' was validated 90000 s ago, more than the 86400 s allowed; run "
             "keel hilo validate");
   EXPECT_TRUE(CheckUsable(c, good.binaries, now, 90000).ok());
+
+  // Validated in the future: its age would never grow (a clock skew of a few minutes passes).
+  c = good;
+  c.states[2].figures->validated_at = now + 100;
+  EXPECT_TRUE(CheckUsable(c, good.binaries, now, 86400).ok());
+  c.states[2].figures->validated_at = now + 86400;
+  s = CheckUsable(c, good.binaries, now, 86400);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("86400 s in the future"), std::string::npos) << s.message();
 }
 
 // SameLevel compares every knob of one service and nothing of the others'.

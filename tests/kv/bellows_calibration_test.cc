@@ -288,6 +288,14 @@ TEST(BellowsCalibration, NonFiniteValuesAreRejectedEvenWithAValidChecksum) {
     ExpectCorrupt(b, "group 0 compress[7] is NaN", off);
   }
   {
+    // Finite but huge: the codec's products overflowed to inf and every answer was garbage.
+    std::string b = Bytes(c);
+    const size_t off = compress0 + 4 * 7;
+    Put<float>(b, off, 3e38f);
+    Reseal(b);
+    ExpectCorrupt(b, "group 0 compress[7] is out of range", off);
+  }
+  {
     // Group 0 layer 1's rv[2]: after compress (16 x 5), layer 0 (4 errors, 2x4 means, 3x4 rk,
     // 2x4 rv), then layer 1's errors, means and rk.
     const size_t layer0 = compress0 + 4 * 16 * 5;

@@ -86,15 +86,23 @@ std::string GroupProblem(const Calibration& c, int g, const CalibrationGroup& gr
   return "";
 }
 
-// Index of the first non-finite value, or -1.
+// Calibration values above this overflow float32 in the products the codec forms (a value of
+// 3e38 is finite but turned every answer into garbage); real calibrations stay far below.
+constexpr float kMaxCalibrationMagnitude = 1e15f;
+
+// Index of the first value that is not finite or is beyond kMaxCalibrationMagnitude, or -1.
 int64_t FirstNonFinite(const float* v, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) return static_cast<int64_t>(i);
+    if (!(std::fabs(v[i]) <= kMaxCalibrationMagnitude)) return static_cast<int64_t>(i);
   }
   return -1;
 }
 
-std::string NonFiniteName(float f) { return std::isnan(f) ? "NaN" : "infinite"; }
+std::string NonFiniteName(float f) {
+  if (std::isnan(f)) return "NaN";
+  if (std::isinf(f)) return "infinite";
+  return "out of range (" + std::to_string(f) + ", beyond +-1e15)";
+}
 
 // ---- Writer ------------------------------------------------------------------------------
 
