@@ -754,12 +754,17 @@ TEST_F(SsdTierTest, DamagedHeaderBeforeSoundRecordsDropsTheTierInsteadOfCutting)
   ExpectValue(*t, "after", "fresh");
 }
 
+// A newer segment damaged (a bad record header, a bad segment header) or missing altogether
+// (eviction only ever removes the oldest, so a gap is loss): its newer values and tombstones are
+// gone, so nothing older may come back.
 TEST_F(SsdTierTest, DamageInANewerSegmentNeverBringsBackAnOlderValueOrADeletedKey) {
-  for (const bool damage_segment_header : {false, true}) {
-    SCOPED_TRACE(damage_segment_header ? "segment header" : "first record header");
+  enum Damage { kRecordHeader, kSegmentHeader, kMissingSegment };
+  for (const Damage damage : {kRecordHeader, kSegmentHeader, kMissingSegment}) {
+    SCOPED_TRACE(damage == kRecordHeader ? "first record header" : damage == kSegmentHeader ? "segment header" : "missing segment");
     SsdOptions o = Options();
-    o.dir += damage_segment_header ? "-seg" : "-rec";
+    o.dir += "-" + std::to_string(damage);
     o.segment_bytes = 8 << 10;
+    const bool third = damage != kRecordHeader;
     {
       auto t = MustOpen(o);
       ASSERT_NE(t, nullptr);
@@ -768,11 +773,15 @@ TEST_F(SsdTierTest, DamageInANewerSegmentNeverBringsBackAnOlderValueOrADeletedKe
       ASSERT_TRUE(t->Put("k", MakeEntry(MakeValue(3000, 3))).ok());  // rolls: the newer segment's first record
       ASSERT_TRUE(t->Delete("d").ok());
       ASSERT_TRUE(t->Put("f", MakeEntry(MakeValue(100, 4))).ok());
-      if (damage_segment_header) ASSERT_TRUE(t->Put("g", MakeEntry(MakeValue(6000, 5))).ok());  // a third segment
+      if (third) ASSERT_TRUE(t->Put("g", MakeEntry(MakeValue(6000, 5))).ok());  // a third segment
     }
     const auto files = SegmentFiles(o.dir);
-    ASSERT_EQ(files.size(), damage_segment_header ? 3u : 2u);
-    OverwriteByte(files[1], damage_segment_header ? 0 : kSegHeader + 20);
+    ASSERT_EQ(files.size(), third ? 3u : 2u);
+    if (damage == kMissingSegment) {
+      fs::remove(files[1]);
+    } else {
+      OverwriteByte(files[1], damage == kSegmentHeader ? 0 : kSegHeader + 20);
+    }
     auto t = MustOpen(o);
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(t->recovery().damaged_regions, 1);
@@ -780,29 +789,6 @@ TEST_F(SsdTierTest, DamageInANewerSegmentNeverBringsBackAnOlderValueOrADeletedKe
     ExpectNotFound(*t, "d");  // not brought back
     EXPECT_EQ(t->Stats().items, 0);
   }
-}
-
-TEST_F(SsdTierTest, AMissingMiddleSegmentNeverBringsBackAnOlderValueOrADeletedKey) {
-  SsdOptions o = Options();
-  o.segment_bytes = 8 << 10;
-  {
-    auto t = MustOpen(o);
-    ASSERT_NE(t, nullptr);
-    ASSERT_TRUE(t->Put("k", MakeEntry(MakeValue(3000, 1))).ok());
-    ASSERT_TRUE(t->Put("d", MakeEntry(MakeValue(3000, 2))).ok());
-    ASSERT_TRUE(t->Put("k", MakeEntry(MakeValue(3000, 3))).ok());  // the second segment
-    ASSERT_TRUE(t->Delete("d").ok());
-    ASSERT_TRUE(t->Put("g", MakeEntry(MakeValue(6000, 5))).ok());  // the third
-  }
-  const auto files = SegmentFiles(o.dir);
-  ASSERT_EQ(files.size(), 3u);
-  fs::remove(files[1]);  // the newer "k" and the tombstone of "d" with it
-  auto t = MustOpen(o);
-  ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->recovery().damaged_regions, 1);
-  ExpectNotFound(*t, "k");  // not the older value from the first segment
-  ExpectNotFound(*t, "d");  // not brought back
-  EXPECT_EQ(t->Stats().items, 0);
 }
 
 TEST_F(SsdTierTest, InvalidOptions) {
