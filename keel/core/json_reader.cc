@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <set>
+#include <string>
+#include <vector>
+
 namespace keel {
 
 JsonReadError CheckJsonLimits(std::string_view text, const JsonLimits& limits, size_t* offset) {
@@ -87,8 +91,28 @@ Result<Json> Parse(std::string_view text, const JsonLimits& limits, JsonReadErro
     return fail(JsonReadError::kMalformed, fmt::format("malformed JSON at byte {}: a NUL byte", nul));
   }
   Json j;
+  // With reject_duplicate_keys: the keys seen in each object open at the moment.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto watch_keys = [&](int, nlohmann::json::parse_event_t event, Json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      open_objects.emplace_back();
+    } else if (event == Event::object_end) {
+      if (!open_objects.empty()) open_objects.pop_back();
+    } else if (event == Event::key && !open_objects.empty() && parsed.is_string()) {
+      if (!open_objects.back().insert(parsed.template get<std::string>()).second && duplicate.empty()) {
+        duplicate = parsed.template get<std::string>();
+      }
+    }
+    return true;
+  };
   try {
-    j = Json::parse(text.begin(), text.end());
+    if (limits.reject_duplicate_keys) {
+      j = Json::parse(text.begin(), text.end(), watch_keys);
+    } else {
+      j = Json::parse(text.begin(), text.end());
+    }
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts bytes read, so the offending byte is at e.byte - 1 (0 for empty text).
     return fail(JsonReadError::kMalformed,
@@ -98,6 +122,9 @@ Result<Json> Parse(std::string_view text, const JsonLimits& limits, JsonReadErro
     return fail(JsonReadError::kNumberOutOfRange, "JSON number out of range: it overflows a double");
   } catch (const nlohmann::json::exception& e) {
     return fail(JsonReadError::kMalformed, fmt::format("malformed JSON: {}", Reason(e.what())));
+  }
+  if (!duplicate.empty()) {
+    return fail(JsonReadError::kMalformed, fmt::format("JSON object names the key \"{}\" twice", duplicate.substr(0, 200)));
   }
   if (limits.require_object && !j.is_object()) return fail(JsonReadError::kNotObject, "expected a JSON object");
   if (error) *error = JsonReadError::kNone;

@@ -29,6 +29,9 @@ struct JsonLimits {
   size_t max_values = size_t{1} << 20;
   // Reject a top level that is not an object (after parsing, so malformed text says malformed).
   bool require_object = false;
+  // Reject an object that names a key twice (kMalformed). For files operators write, where the
+  // second of two keys silently winning hides a typo; wire formats keep JSON's last-one-wins.
+  bool reject_duplicate_keys = false;
 };
 
 // Which check refused the text; callers that must keep a wire format's own message use it.

@@ -123,7 +123,8 @@ Result<HiloGatewayConfig> ParseHiloConfig(const json& h, const std::set<std::str
 Result<GatewayConfig> ParseGatewayConfig(std::string_view text) {
   // An operator's file, but read with the same bounds as any JSON (a config is a few KiB).
   JsonReadError why = JsonReadError::kNone;
-  Result<json> parsed = ParseUntrustedJson(text, JsonLimits{.require_object = true}, &why);
+  Result<json> parsed =
+      ParseUntrustedJson(text, JsonLimits{.require_object = true, .reject_duplicate_keys = true}, &why);
   if (why == JsonReadError::kMalformed || why == JsonReadError::kNotObject) {
     return Status::InvalidArgument("gateway config: not a JSON object (" + parsed.status().message() + ")");
   }

@@ -252,6 +252,7 @@ Result<Catalog> ParseCatalog(std::string_view text) {
   limits.max_depth = 6;  // document > states > state > levels|figures > service|capacity
   limits.max_values = 10000;
   limits.require_object = true;
+  limits.reject_duplicate_keys = true;
   Result<json> doc = ParseUntrustedJson(text, limits);
   if (!doc.ok()) return Status::InvalidArgument("catalog: " + doc.status().message());
 

@@ -23,6 +23,7 @@ Result<LoadReport> ParseLoadReport(std::string_view text) {
   limits.max_depth = 4;  // a report is flat; a little room for fields a newer service adds
   limits.max_values = 256;
   limits.require_object = true;
+  limits.reject_duplicate_keys = true;
   Result<nlohmann::json> doc = ParseUntrustedJson(text, limits);
   if (!doc.ok()) return Status::InvalidArgument("load report: " + doc.status().message());
   KEEL_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(*doc, ""));

@@ -193,7 +193,8 @@ Status RouterOptions::Validate() const {
 }
 
 Result<RouterOptions> ParseRouterConfig(std::string_view text, const std::string& base_dir) {
-  const JsonLimits limits{.max_depth = 8, .max_values = size_t{1} << 20, .require_object = true};
+  const JsonLimits limits{
+      .max_depth = 8, .max_values = size_t{1} << 20, .require_object = true, .reject_duplicate_keys = true};
   auto j = ParseUntrustedJson(text, limits);
   if (!j.ok()) return Status::InvalidArgument("not a JSON object: " + j.status().message());
   RouterOptions o;

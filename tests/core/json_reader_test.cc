@@ -176,6 +176,26 @@ TEST(JsonReader, ANulByteAnywhereIsMalformedNotTheEnd) {
   }
 }
 
+// Files operators write refuse a key named twice in one object (a typo's second copy silently
+// won); the same key in different objects is fine, and wire formats keep last-one-wins.
+TEST(JsonReader, DuplicateKeysAreRefusedWhereAsked) {
+  const std::string dup = R"({"a":{"x":1,"y":2},"b":[{"x":1},{"x":2}],"a":3})";
+  JsonLimits strict;
+  strict.reject_duplicate_keys = true;
+  JsonReadError kind = JsonReadError::kNone;
+  auto r = ParseUntrustedJson(dup, strict, &kind);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(kind, JsonReadError::kMalformed);
+  EXPECT_NE(r.status().message().find("\"a\" twice"), std::string::npos) << r.status().message();
+  auto nested = ParseUntrustedOrderedJson(R"({"s":{"nprobe":64,"nprobe":1}})", strict);
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.status().message().find("nprobe"), std::string::npos) << nested.status().message();
+  EXPECT_TRUE(ParseUntrustedJson(R"({"a":{"x":1},"b":{"x":1},"c":[{"x":1},{"x":2}]})", strict).ok());
+  auto lenient = ParseUntrustedJson(dup, JsonLimits{});
+  ASSERT_TRUE(lenient.ok());
+  EXPECT_EQ((*lenient)["a"], 3);
+}
+
 TEST(JsonReader, OrderedJsonKeepsKeyOrderUnderTheSameLimits) {
   auto r = ParseUntrustedOrderedJson(R"({"z":1,"a":2})", JsonLimits{});
   ASSERT_TRUE(r.ok()) << r.status().message();
