@@ -45,21 +45,20 @@ std::optional<json> SmallJson(const std::string& body) {
   return std::move(j).value();
 }
 
-// The "version" of a write or log answer (200 and 409 both carry it).
-std::optional<uint64_t> AnsweredVersion(const std::string& body) {
-  auto j = SmallJson(body);
-  if (!j) return std::nullopt;
-  auto v = j->find("version");
-  if (v == j->end() || !v->is_number_unsigned()) return std::nullopt;
-  return v->get<uint64_t>();
-}
+// What a write or log answer says: its "version" (200 and 409 both carry it) and whether a 200
+// applied nothing because the replica already held that version ("duplicate").
+struct WriteAnswer {
+  std::optional<uint64_t> version;
+  bool duplicate = false;
+};
 
-// A 200 that applied nothing: the replica already held the write's version.
-bool IsDuplicate(const std::string& body) {
+WriteAnswer ParseWriteAnswer(const std::string& body) {
+  WriteAnswer out;
   auto j = SmallJson(body);
-  if (!j) return false;
-  auto d = j->find("duplicate");
-  return d != j->end() && d->is_boolean() && d->get<bool>();
+  if (!j) return out;
+  if (auto v = j->find("version"); v != j->end() && v->is_number_unsigned()) out.version = v->get<uint64_t>();
+  if (auto d = j->find("duplicate"); d != j->end() && d->is_boolean()) out.duplicate = d->get<bool>();
+  return out;
 }
 
 std::string ErrorMessage(const std::string& body) {
@@ -93,8 +92,9 @@ ReplicaWrite WriteReplica(Router::Impl& router, ShardState& shard, int i, const 
       r.Unreachable(reply.status().message());
       return {ReplicaWrite::kFailed, 0, reply.status().message()};
     }
-    const std::optional<uint64_t> answered = AnsweredVersion(reply->body);
-    if (reply->status == 200 && answered && *answered >= v && IsDuplicate(reply->body)) {
+    const WriteAnswer parsed = ParseWriteAnswer(reply->body);
+    const std::optional<uint64_t> answered = parsed.version;
+    if (reply->status == 200 && answered && *answered >= v && parsed.duplicate) {
       // It already held version v: another write of that number (one a minority applied before
       // this router started, or one the replica made up). Its content may differ: not counted.
       r.Observe(*answered);
@@ -349,7 +349,7 @@ Result<uint64_t> Router::Impl::CopyLog(ShardState& shard, const std::vector<int>
   const std::string_view bytes = std::string_view(got[0].second).substr(0, first[agreed - 1].end);
   KEEL_ASSIGN_OR_RETURN(HttpReply put, to.client->Call("POST", "/v1/log", std::string(bytes), "application/octet-stream",
                                                        DeadlineIn(options.write_timeout_ms)));
-  const std::optional<uint64_t> v = AnsweredVersion(put.body);
+  const std::optional<uint64_t> v = ParseWriteAnswer(put.body).version;
   if (put.status != 200 || !v) {
     return Status::Unavailable(fmt::format("{}: POST /v1/log: HTTP {}: {}", to.info.id, put.status, ErrorMessage(put.body)));
   }

@@ -419,12 +419,15 @@ Status Shard::Impl::ApplyLog(std::string_view stream, LogApplied* out) {
 // none is removed.
 void Shard::Impl::RollBackVectors(std::span<const Item> stored, const std::vector<uint64_t>& old_keys,
                                   const std::vector<std::vector<float>>& old_vectors, bool can_restore) {
+  // A map, not a scan per item: a refused batch of n replacements would otherwise cost n².
+  std::unordered_map<uint64_t, const std::vector<float>*> old_by_key;
+  if (can_restore) {
+    old_by_key.reserve(old_keys.size());
+    for (size_t k = 0; k < old_keys.size(); ++k) old_by_key.emplace(old_keys[k], &old_vectors[k]);
+  }
   auto old_vector = [&](uint64_t key) -> const std::vector<float>* {
-    if (!can_restore) return nullptr;
-    for (size_t k = 0; k < old_keys.size(); ++k) {
-      if (old_keys[k] == key) return &old_vectors[k];
-    }
-    return nullptr;
+    auto found = old_by_key.find(key);
+    return found == old_by_key.end() ? nullptr : found->second;
   };
   for (const Item& it : stored) {
     auto meta = items_.find(it.id);
