@@ -1012,7 +1012,7 @@ int main(int argc, char** argv) {
   kvs->add_option("--port", kv.service.server.port, "binary protocol port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   kvs->add_option("--http-port", kv.service.http_port, "HTTP port for /metrics, /healthz, /v1/stats (-1 = off)")->capture_default_str()->check(CLI::Range(-1, 65535));
   kvs->add_option("--dram-mb", kv.dram_mb, "DRAM tier capacity in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 24));
-  kvs->add_option("--eviction", kv.eviction, "DRAM eviction policy: s3fifo, lru, arc");
+  kvs->add_option("--eviction", kv.eviction, "DRAM eviction policy: arc, s3fifo, lru (default: arc)");
   kvs->add_option("--ssd-dir", kv.service.store.ssd_dir, "directory for the SSD tier's segment files (default: no SSD tier)");
   kvs->add_option("--ssd-mb", kv.ssd_mb, "SSD tier capacity in MiB")->capture_default_str()->check(CLI::Range(1, 1 << 30));
   kvs->add_option("--redis", kv.service.store.redis_url, "Redis tier: host:port, redis://host:port or redis+cluster://host:port");

@@ -380,18 +380,19 @@ std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
         return BadParam("tools", "tools are not supported (only with tool_choice \"none\")");
       }
     }
-    auto format = body.find("response_format");
-    if (format != body.end() && !format->is_null()) {
-      auto type = format->is_object() ? format->find("type") : format->end();
-      if (type == format->end() || !type->is_string()) {
-        return BadParam("response_format", "'response_format' must be an object with a string 'type'");
-      }
-      // Structured output needs constrained decoding, which this server lacks: refusing beats a
-      // 200 whose text a client's JSON parse then fails on.
-      if (type->get<std::string>() != "text") {
-        return BadParam("response_format.type",
-                        fmt::format("response_format type '{}' is not supported (only 'text')", type->get<std::string>()));
-      }
+  }
+  // Both endpoints: legacy completions have no such field, but a client that sends one wants it.
+  auto format = body.find("response_format");
+  if (format != body.end() && !format->is_null()) {
+    auto type = format->is_object() ? format->find("type") : format->end();
+    if (type == format->end() || !type->is_string()) {
+      return BadParam("response_format", "'response_format' must be an object with a string 'type'");
+    }
+    // Structured output needs constrained decoding, which this server lacks: refusing beats a
+    // 200 whose text a client's JSON parse then fails on.
+    if (type->get<std::string>() != "text") {
+      return BadParam("response_format.type",
+                      fmt::format("response_format type '{}' is not supported (only 'text')", type->get<std::string>()));
     }
   }
   return std::nullopt;

@@ -91,6 +91,9 @@ class AsyncHttpServer {
   void Stop(double drain_seconds = 10);
   boost::asio::io_context& io_context();
   int open_connections() const;
+  // Connections waiting for the first byte of their next request: the ones a newcomer at the
+  // connection cap may displace (a client can see its response before its connection is idle).
+  int idle_connections() const;
 
  private:
   struct Impl;

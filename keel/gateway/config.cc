@@ -1,5 +1,6 @@
 // The gateway's JSON config (documented in docs/gateway.md).
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -241,6 +242,16 @@ Result<GatewayConfig> LoadGatewayConfig(const std::string& path) {
   if (!text.ok()) return Status(text.status().code(), "gateway config: " + text.status().message());
   auto c = ParseGatewayConfig(*text);
   if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
+  // Files the config names are found beside it, whatever the working directory (as cluster.json's
+  // public keys are): the same file then starts the same gateway from anywhere.
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  auto beside_config = [&dir](std::string* file) {
+    if (!file->empty() && std::filesystem::path(*file).is_relative()) *file = (dir / *file).lexically_normal().string();
+  };
+  beside_config(&c->tls_cert_file);
+  beside_config(&c->tls_key_file);
+  for (VirtualModel& m : c->models) beside_config(&m.tokenizer_path);
+  if (c->hilo) beside_config(&c->hilo->catalog_path);
   return c;
 }
 

@@ -77,7 +77,8 @@ struct GatewayConfig {
 };
 
 // Reads the JSON config (format in docs/gateway.md). InvalidArgument names the field; api keys
-// may come from the environment ("api_key_env").
+// may come from the environment ("api_key_env"). LoadGatewayConfig resolves relative file paths
+// (listen.tls_cert/tls_key, models[].tokenizer.path, hilo.catalog) against the config's directory.
 Result<GatewayConfig> LoadGatewayConfig(const std::string& path);
 Result<GatewayConfig> ParseGatewayConfig(std::string_view json);
 

@@ -204,6 +204,7 @@ TEST(Cli, BellowsCalibrateInspectGenerate) {
                          true);
   EXPECT_NE(other.code, 0);
   EXPECT_NE(other.out.find("was made for model"), std::string::npos) << other.out;
+  EXPECT_NE(other.out.find(file + ": "), std::string::npos) << "the error names the file: " << other.out;
   CmdResult none = Keel("generate -m " + Aidreams() + " -n 4 --kv-codec bellows", true);
   EXPECT_EQ(none.code, 2);
   EXPECT_NE(none.out.find("--bellows FILE"), std::string::npos) << none.out;

@@ -564,6 +564,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
       {"/v1/completions", R"({"model":"aidreams","prompt":"","logit_bias":{"5":101}})", 400, "logit_bias"},
       {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        400, "response_format.type"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","response_format":{"type":"json_object"}})", 400,
+       "response_format.type"},
       {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]})",
        400, "tools"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","top_k":-1})", 400, "top_k"},

@@ -134,6 +134,14 @@ class AsyncServerTest : public ::testing::Test {
     if (server_) server_->Stop(1);
   }
 
+  // Waits (bounded, 30 s) until exactly n connections wait for their next request.
+  bool WaitIdleConnections(int n) {
+    for (int i = 0; i < 3000 && server_->idle_connections() != n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return server_->idle_connections() == n;
+  }
+
   Task<void> Route(const HttpRequest& req, AsyncResponder& w) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -418,14 +426,15 @@ TEST_F(AsyncServerTest, AtTheConnectionLimitTheOldestIdleConnectionMakesRoom) {
   HttpTestClient a(server_->port(), 5), b(server_->port(), 5);
   ASSERT_EQ(a.Request("GET", "/hello").status, 200);
   ASSERT_EQ(b.Request("GET", "/hello").status, 200);
+  ASSERT_TRUE(WaitIdleConnections(2));  // a client sees its answer before its connection is idle
   HttpTestClient c(server_->port(), 5);
   EXPECT_EQ(c.Request("GET", "/hello").status, 200);
   EXPECT_TRUE(a.WaitClosed());  // the oldest idle one
   EXPECT_EQ(b.Request("GET", "/hello").status, 200);
   // Both busy in a handler: nothing to displace.
-  ASSERT_TRUE(b.SendRaw(HttpTestClient::BuildRequest("GET", "/slow?1500")));
-  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/slow?1500")));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(b.SendRaw(HttpTestClient::BuildRequest("GET", "/slow?3000")));
+  ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/slow?3000")));
+  ASSERT_TRUE(WaitIdleConnections(0));
   HttpTestClient d(server_->port(), 5);
   HttpTestResponse r;
   ASSERT_TRUE(d.ReadResponse(&r));  // answered without asking

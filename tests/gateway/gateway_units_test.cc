@@ -1,8 +1,10 @@
 // Unit tests of the gateway's own pieces: token counting and the config parser.
 #include <cstdlib>
+#include <filesystem>
 
 #include <gtest/gtest.h>
 
+#include "keel/core/mapped_file.h"
 #include "keel/engine/tokenizer.h"
 #include "keel/gateway/gateway.h"
 #include "keel/gateway/token_counter.h"
@@ -130,6 +132,25 @@ TEST(GatewayConfig, LoadNamesTheFile) {
   auto r = LoadGatewayConfig("/nonexistent/gw.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("/nonexistent/gw.json"), std::string::npos);
+}
+
+TEST(GatewayConfig, LoadFindsTheFilesItNamesBesideTheConfig) {
+  test::TempDir dir("keel-gw-config");
+  ASSERT_EQ(WriteFileAtomic(dir.file("gw.json"), R"({
+    "listen": {"tls_cert": "tls/cert.pem", "tls_key": "/etc/keel/key.pem"},
+    "upstreams": [{"name": "local", "format": "keel", "base_url": "http://127.0.0.1:1"}],
+    "models": [{"name": "m", "targets": [{"upstream": "local", "model": "x"}],
+                "tokenizer": {"path": "../models/tok.bin", "vocab_size": 512}}]})").ok(), true);
+  auto c = LoadGatewayConfig(dir.file("gw.json"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tls_cert_file, dir.path() + "/tls/cert.pem");
+  EXPECT_EQ(c->tls_key_file, "/etc/keel/key.pem");  // absolute paths are kept
+  const std::string parent = std::filesystem::path(dir.path()).parent_path().string();
+  EXPECT_EQ(c->models[0].tokenizer_path, parent + "/models/tok.bin");
+  // Parsing text alone has no directory: the paths stay as written.
+  auto text = ParseGatewayConfig(R"({"upstreams": [], "models": [], "listen": {"tls_cert": "c.pem", "tls_key": "k.pem"}})");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_EQ(text->tls_cert_file, "c.pem");
 }
 
 }  // namespace

@@ -596,6 +596,13 @@ boost::asio::io_context& AsyncHttpServer::io_context() { return impl_->io; }
 
 int AsyncHttpServer::open_connections() const { return impl_->open.load(); }
 
+int AsyncHttpServer::idle_connections() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  int idle = 0;
+  for (const auto& c : impl_->conns) idle += c->idle.load() && !c->displaced ? 1 : 0;
+  return idle;
+}
+
 Status AsyncHttpServer::Start() {
   Impl& im = *impl_;
   std::lock_guard<std::mutex> life(im.life_mu);

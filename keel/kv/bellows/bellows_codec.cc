@@ -352,7 +352,9 @@ Result<std::unique_ptr<Codec>> MakeBellowsCodec(std::string_view variant, const 
         "--kv-codec bellows needs a calibration file: --bellows FILE (make one with `keel bellows calibrate`)");
   }
   KEEL_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(it->second));
-  KEEL_RETURN_IF_ERROR(CheckCalibrationFits(cal, context.shape, context.model_checksum));
+  if (Status fits = CheckCalibrationFits(cal, context.shape, context.model_checksum); !fits.ok()) {
+    return Status(fits.code(), it->second + ": " + fits.message());
+  }
   return MakeBellowsCodec(cal, context.shape);
 }
 
