@@ -74,6 +74,8 @@ int RunVector(VectorArgs a) {
     if (!policy.ok()) return Fail(policy.status());
     a.service.placer = true;
     a.service.placer_options.policy = *policy;
+  } else {
+    sh.query_log_window = 0;  // only the placer reads the query log
   }
   auto hilo_link = vector::OpenHiloLink(a.hilo, a.service.max_active_requests);  // vector-hilo
   if (!hilo_link.ok()) return Fail(hilo_link.status());  // vector-hilo

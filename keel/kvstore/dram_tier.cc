@@ -17,7 +17,7 @@ struct KeyHash {
 };
 
 int64_t ChargedBytes(std::string_view key, const Entry& entry) {
-  return static_cast<int64_t>(key.size() + entry.value->size());
+  return static_cast<int64_t>(key.size() + entry.value->size()) + kEntryOverheadBytes;
 }
 
 }  // namespace
@@ -58,7 +58,7 @@ Status DramTier::Put(std::string_view key, const Entry& entry) {
   const int64_t charged = ChargedBytes(key, entry);
   if (charged > s.options.capacity_bytes) {
     return Status::ResourceExhausted("kvstore: dram entry of " + std::to_string(charged) +
-                                     " bytes (value + key) exceeds the tier capacity of " +
+                                     " bytes (value + key + entry overhead) exceeds the tier capacity of " +
                                      std::to_string(s.options.capacity_bytes));
   }
   const int64_t now = NowUnixMs();

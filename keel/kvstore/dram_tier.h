@@ -1,7 +1,8 @@
 // DramTier: the in-memory tier of the shared KV cache, bounded in bytes, with a pluggable
 // eviction policy (keel/kvstore/eviction.h).
 //
-// Each entry is charged its value bytes plus its key bytes. A Put that pushes the tier over
+// Each entry is charged its value bytes plus its key bytes plus kEntryOverheadBytes (tier.h: the
+// memory an entry holds besides them, so tiny values cannot exceed the bound many times). A Put that pushes the tier over
 // capacity evicts victims chosen by the policy; each evicted entry that has not expired is
 // handed to `on_evict` (the store demotes it to the SSD tier) after the tier's lock is released,
 // so the callback may call back into the tier. Expired entries are dropped lazily: on Get or

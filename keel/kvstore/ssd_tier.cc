@@ -666,7 +666,12 @@ Status SsdTier::MakeRoomLocked(uint64_t record_bytes) {
 }
 
 Status SsdTier::EnforceCapacityLocked(uint64_t record_bytes) {
-  while (disk_bytes_.load() + static_cast<int64_t>(record_bytes) > options_.capacity_bytes) {
+  const size_t max_records = static_cast<size_t>(std::max<int64_t>(1, options_.capacity_bytes / kSsdMinRecordCharge));
+  auto index_full = [&] {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    return index_.size() + (record_bytes > 0 ? 1 : 0) > max_records;  // room for the record appended
+  };
+  while (disk_bytes_.load() + static_cast<int64_t>(record_bytes) > options_.capacity_bytes || index_full()) {
     if (segments_.begin()->second != active_) {
       EvictOldestLocked();
     } else if (active_->size > kSegmentHeaderBytes) {

@@ -43,9 +43,16 @@ namespace keel::kvstore {
 // Values above this are rejected on write and treated as corruption on read.
 inline constexpr uint64_t kSsdMaxValueBytes = uint64_t{1} << 30;
 
+// The in-memory index holds ~kEntryOverheadBytes per record whatever the record's size, so it is
+// bounded too: at most capacity_bytes / kSsdMinRecordCharge records (a flood of empty values
+// once built an index ~3.4x the size of the files). Past that, the oldest segments go, as for
+// bytes.
+inline constexpr int64_t kSsdMinRecordCharge = 1024;
+
 struct SsdOptions {
   std::string dir;                            // created if missing; holds only this tier's files
-  int64_t capacity_bytes = int64_t{8} << 30;  // bound on the segment files' total size
+  int64_t capacity_bytes = int64_t{8} << 30;  // bound on the segment files' total size (and the
+                                              // index: see kSsdMinRecordCharge)
   // Roll to a new segment at this size (>= 4 KiB; at most capacity_bytes / 4, since eviction
   // drops a whole segment at a time).
   int64_t segment_bytes = int64_t{64} << 20;

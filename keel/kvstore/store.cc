@@ -54,6 +54,13 @@ int64_t Store::ExpiryFor(int64_t ttl_ms) const {
 }
 
 namespace {
+// What one queued write holds in memory: its key and value, plus the queue node and its
+// pending_ entry. The queue's byte bound counts all of it, so a flood of empty values cannot
+// queue without bound while a lower tier is slow.
+int64_t QueueCharge(std::string_view key, const Blob& value) {
+  return static_cast<int64_t>(key.size() + value.size()) + kEntryOverheadBytes;
+}
+
 // Counts a PUT or DELETE when it is complete (still under the key lock), so a GET that began
 // while it was in progress sees the count change and does not promote what it read meanwhile.
 class WriteCounted {
@@ -147,7 +154,7 @@ Status Store::Put(std::string_view key, BlobPtr value, int64_t ttl_ms, bool pers
   }
   if (persist && !ssd_) return Status::InvalidArgument("kvstore: persist requested but the store has no SSD tier");
   const bool lower = ssd_ != nullptr || redis_ != nullptr;
-  const int64_t bytes = static_cast<int64_t>(value->size());
+  const int64_t bytes = QueueCharge(key, *value);
   // Room is reserved before the key lock: waiting for the writer while holding a lock it may
   // need for its current entry would stall both.
   const bool queued = lower && ReserveQueue(bytes, options_.write_behind_wait_ms);
@@ -235,7 +242,7 @@ void Store::WriteBehindLoop() {
     // A tier that failed the write may still hold an older value of the key, which a GET that
     // misses the tiers above would serve: hide it until a later write of the key reaches it.
     if (result == WriteDownResult::kFailed) HideLowerLocked(p.key, p.entry.seq);
-    queued_bytes_ -= static_cast<int64_t>(p.entry.value->size());
+    queued_bytes_ -= QueueCharge(p.key, *p.entry.value);
     auto it = pending_.find(p.key);
     if (it != pending_.end() && --it->second.queued == 0) pending_.erase(it);
     // A write that reached every lower tier un-hides the key.
@@ -280,7 +287,7 @@ void Store::PauseWriteBehindForTesting(bool paused) {
 void Store::OnDramEvict(std::string key, Entry entry) {
   if (!ssd_) return;
   std::optional<uint64_t> in_ssd = ssd_->SeqOf(key);
-  const int64_t bytes = static_cast<int64_t>(entry.value->size());
+  const int64_t bytes = QueueCharge(key, *entry.value);
   const size_t stripe = Stripe(key);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pending_.find(key);

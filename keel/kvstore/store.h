@@ -9,7 +9,8 @@
 //            one pipelined round trip to Redis for the rest).
 // TTL: per PUT (or the store default); every tier honours the same absolute expiry.
 //
-// The write-behind queue is bounded in bytes; a PUT that finds it full waits up to
+// The write-behind queue is bounded in bytes (keys, values and kEntryOverheadBytes per entry); a
+// PUT that finds it full waits up to
 // `write_behind_wait_ms` and then skips the lower tiers for that value (counted), so a slow SSD
 // or Redis never stalls the DRAM tier indefinitely. Thread-safe.
 //

@@ -74,6 +74,12 @@ struct Entry {
   uint64_t seq = 0;           // the write's sequence number (see above); 0 = unordered
 };
 
+// What an entry costs in memory besides its key and value bytes: map and queue nodes, the
+// eviction policy's node, the shared value's control block (measured ~250-300 bytes per entry).
+// Memory bounds charge it per entry, so a flood of tiny values cannot hold many times the
+// configured bytes (an empty value charged 0 bytes once let a 16 MiB DRAM tier reach ~1 GB).
+inline constexpr int64_t kEntryOverheadBytes = 256;
+
 // Milliseconds since the Unix epoch (system clock: expiry times survive restarts).
 int64_t NowUnixMs();
 inline bool Expired(const Entry& e, int64_t now_ms) { return e.expires_at_ms != 0 && e.expires_at_ms <= now_ms; }

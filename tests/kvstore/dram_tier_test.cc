@@ -66,7 +66,7 @@ TEST(DramTierTest, RoundTripAndStats) {
   TierStats s = tier.Stats();
   EXPECT_EQ(s.name, "dram");
   EXPECT_EQ(s.items, 1);
-  EXPECT_EQ(s.bytes, 5 + 4);  // value + key
+  EXPECT_EQ(s.bytes, 5 + 4 + kEntryOverheadBytes);  // value + key + the entry's bookkeeping
   EXPECT_EQ(s.capacity_bytes, 1 << 20);
   EXPECT_EQ(s.hits, 1);
   EXPECT_EQ(s.misses, 1);
@@ -98,25 +98,36 @@ TEST(DramTierTest, OverwriteReplacesValueAndBytes) {
   ASSERT_TRUE(tier.Put("k", MakeEntry(std::string(300, 'b'))).ok());
   TierStats s = tier.Stats();
   EXPECT_EQ(s.items, 1);
-  EXPECT_EQ(s.bytes, 300 + 1);
+  EXPECT_EQ(s.bytes, 300 + 1 + kEntryOverheadBytes);
   EXPECT_EQ(s.puts, 2);
   EXPECT_EQ(ValueOf(tier.Get("k")), std::string(300, 'b'));
   ASSERT_TRUE(tier.Put("k", MakeEntry("c")).ok());
-  EXPECT_EQ(tier.Stats().bytes, 1 + 1);
+  EXPECT_EQ(tier.Stats().bytes, 1 + 1 + kEntryOverheadBytes);
 }
 
 TEST(DramTierTest, OversizeValueIsResourceExhausted) {
-  DramTier tier(DramOptions{.capacity_bytes = 1000});
+  DramTier tier(DramOptions{.capacity_bytes = 1000 + kEntryOverheadBytes});
   EXPECT_EQ(tier.Put("k", MakeEntry(std::string(1000, 'x'))).code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(tier.Stats().items, 0);
-  // Exactly the capacity (value + key) fits, and evicts everything else.
+  // Exactly the capacity (value + key + overhead) fits, and evicts everything else.
   ASSERT_TRUE(tier.Put("a", MakeEntry("small")).ok());
   ASSERT_TRUE(tier.Put("k", MakeEntry(std::string(999, 'x'))).ok());
   TierStats s = tier.Stats();
   EXPECT_EQ(s.items, 1);
-  EXPECT_EQ(s.bytes, 1000);
+  EXPECT_EQ(s.bytes, 1000 + kEntryOverheadBytes);
   EXPECT_EQ(s.evictions, 1);
   EXPECT_FALSE(*tier.Contains("a"));
+}
+
+// Every entry is charged its bookkeeping: empty values cannot hold many times the capacity.
+TEST(DramTierTest, EmptyValuesAreChargedTheirEntryOverhead) {
+  const int64_t capacity = 64 << 10;
+  DramTier tier(DramOptions{.capacity_bytes = capacity});
+  for (int i = 0; i < 10000; ++i) ASSERT_TRUE(tier.Put("k" + std::to_string(i), MakeEntry("")).ok());
+  const TierStats s = tier.Stats();
+  EXPECT_LE(s.bytes, capacity);
+  EXPECT_LE(s.items, capacity / kEntryOverheadBytes) << "10,000 empty values, " << s.items << " kept";
+  EXPECT_GT(s.evictions, 0);
 }
 
 TEST(DramTierTest, ExpiredEntriesAreNotFoundAndRemoved) {
@@ -134,7 +145,7 @@ TEST(DramTierTest, ExpiredEntriesAreNotFoundAndRemoved) {
   TierStats s = tier.Stats();
   EXPECT_EQ(s.expirations, 1);
   EXPECT_EQ(s.items, 2);
-  EXPECT_EQ(s.bytes, (2 + 4) + (2 + 5));
+  EXPECT_EQ(s.bytes, (2 + 4) + (2 + 5) + 2 * kEntryOverheadBytes);
 
   // Contains also drops an expired entry; putting an already-expired entry removes the key.
   ASSERT_TRUE(tier.Put("c", MakeEntry("v", NowUnixMs() + 100)).ok());
@@ -150,7 +161,7 @@ class DramTierEvictionTest : public ::testing::TestWithParam<EvictionKind> {};
 
 TEST_P(DramTierEvictionTest, CallbackGetsEvictedEntriesOutsideTheLock) {
   // Room for exactly three 100-byte values under 2-byte keys.
-  const DramOptions options{.capacity_bytes = 3 * 102, .eviction = GetParam()};
+  const DramOptions options{.capacity_bytes = 3 * (102 + kEntryOverheadBytes), .eviction = GetParam()};
   std::map<std::string, std::string> evicted;
   DramTier* tier_ptr = nullptr;
   int reentrant_checks = 0;
@@ -170,7 +181,7 @@ TEST_P(DramTierEvictionTest, CallbackGetsEvictedEntriesOutsideTheLock) {
 
   TierStats s = tier.Stats();
   EXPECT_EQ(s.items, 3);
-  EXPECT_EQ(s.bytes, 3 * 102);
+  EXPECT_EQ(s.bytes, 3 * (102 + kEntryOverheadBytes));
   EXPECT_EQ(s.evictions, 5);
   EXPECT_EQ(reentrant_checks, 5);
   ASSERT_EQ(evicted.size(), 5u);
@@ -192,7 +203,7 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, DramTierEvictionTest,
 
 TEST(DramTierTest, ExpiredVictimsAreCountedAsExpirationsNotDemoted) {
   std::vector<std::string> demoted;
-  DramTier tier(DramOptions{.capacity_bytes = 2 * 11, .eviction = EvictionKind::kLru},
+  DramTier tier(DramOptions{.capacity_bytes = 2 * (11 + kEntryOverheadBytes), .eviction = EvictionKind::kLru},
                 [&](std::string key, Entry) { demoted.push_back(key); });
   ASSERT_TRUE(tier.Put("a", MakeEntry(std::string(10, 'a'), NowUnixMs() + 100)).ok());
   ASSERT_TRUE(tier.Put("b", MakeEntry(std::string(10, 'b'))).ok());

@@ -377,6 +377,31 @@ INSTANTIATE_TEST_SUITE_P(Ssd, SsdTierGetManyTest, ::testing::Combine(::testing::
                                   (std::get<1>(info.param) ? "Uncached" : "Cached");
                          });
 
+// The index holds memory per record whatever its size: tiny records are bounded by count too
+// (capacity / kSsdMinRecordCharge), the oldest segments going first, as for bytes.
+TEST_F(SsdTierTest, TinyRecordsAreBoundedByCountNotOnlyBytes) {
+  SsdOptions o = Options();
+  o.capacity_bytes = 256 << 10;
+  o.segment_bytes = 8 << 10;
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  const int64_t max_records = o.capacity_bytes / kSsdMinRecordCharge;
+  for (int i = 0; i < 2000; ++i) ASSERT_TRUE(t->Put(Key(i), MakeEntry("")).ok()) << i;
+  const TierStats s = t->Stats();
+  EXPECT_LE(s.items, max_records) << "2,000 empty values on a " << o.capacity_bytes << "-byte tier";
+  EXPECT_GT(s.items, max_records / 2) << "eviction is by whole segments, not everything";
+  EXPECT_GT(s.evictions, 0);
+  auto newest = t->Get(Key(1999));
+  ASSERT_TRUE(newest.ok()) << newest.status().ToString();
+  EXPECT_EQ(newest->value->size(), 0u);
+  EXPECT_EQ(t->Get(Key(0)).status().code(), StatusCode::kNotFound);
+  // A restart keeps the bound.
+  t.reset();
+  t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_LE(t->Stats().items, max_records);
+}
+
 TEST_F(SsdTierTest, OverwriteKeepsNewestAcrossRestart) {
   {
     auto t = MustOpen(Options());

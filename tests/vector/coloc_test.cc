@@ -335,6 +335,23 @@ TEST(Placement, QueryLogKeepsTheMostRecentWindow) {
   EXPECT_EQ(snap.back(), (std::vector<uint64_t>{4, 104}));
 }
 
+// Bounded in keys too: large searches must not hold the window's whole record count.
+TEST(Placement, QueryLogKeepsAtMostItsKeyBound) {
+  QueryLog log(1000, 10);
+  log.Append(std::vector<uint64_t>{1, 2, 3, 4});
+  log.Append(std::vector<uint64_t>{5, 6, 7, 8});
+  log.Append(std::vector<uint64_t>{9, 10, 11});  // 11 keys: the oldest query leaves
+  auto snap = log.Snapshot();
+  ASSERT_EQ(snap.size(), 2u);
+  EXPECT_EQ(snap.front(), (std::vector<uint64_t>{5, 6, 7, 8}));
+  log.Append(std::vector<uint64_t>(11, 7));  // larger than the bound: counted, not kept
+  EXPECT_EQ(log.size(), 2u);
+  EXPECT_EQ(log.total_appended(), 4u);
+  log.Clear();
+  log.Append(std::vector<uint64_t>(10, 1));  // the whole bound again after Clear
+  EXPECT_EQ(log.size(), 1u);
+}
+
 TEST(Placement, EveryKeyPlacedWithinCapacities) {
   std::mt19937_64 rng(3);
   PlacementInput in;

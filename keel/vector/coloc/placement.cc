@@ -351,14 +351,22 @@ std::string_view PlacementPolicyName(PlacementPolicy p) {
   return p == PlacementPolicy::kFrequency ? "frequency" : "coloc";
 }
 
-QueryLog::QueryLog(size_t capacity) : capacity_(capacity) {}
+QueryLog::QueryLog(size_t capacity, size_t max_keys) : capacity_(capacity), max_keys_(max_keys) {}
 
 void QueryLog::Append(std::span<const uint64_t> keys) {
+  if (capacity_ == 0 || keys.size() > max_keys_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    total_++;
+    return;
+  }
   std::vector<uint64_t> q(keys.begin(), keys.end());  // copied before taking the lock
   std::lock_guard<std::mutex> lock(mu_);
   total_++;
-  if (capacity_ == 0) return;
-  if (window_.size() == capacity_) window_.pop_front();
+  while (!window_.empty() && (window_.size() == capacity_ || keys_ + q.size() > max_keys_)) {
+    keys_ -= window_.front().size();
+    window_.pop_front();
+  }
+  keys_ += q.size();
   window_.push_back(std::move(q));
 }
 
@@ -375,6 +383,7 @@ size_t QueryLog::size() const {
 void QueryLog::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   window_.clear();
+  keys_ = 0;
 }
 
 uint64_t QueryLog::total_appended() const {

@@ -36,9 +36,13 @@ Result<PlacementPolicy> ParsePlacementPolicy(std::string_view name);  // "freque
 std::string_view PlacementPolicyName(PlacementPolicy p);
 
 // The keys one query fetched together. Thread-safe bounded window of the most recent queries.
+// The window holds at most `capacity` queries and `max_keys` keys in all (a query logs up to
+// 2,000 keys, so a record bound alone let 100,000 large searches hold ~1.6 GB); the oldest
+// queries leave first.
 class QueryLog {
  public:
-  explicit QueryLog(size_t capacity = 100000);
+  static constexpr size_t kDefaultMaxKeys = size_t{8} << 20;  // 64 MiB of keys
+  explicit QueryLog(size_t capacity = 100000, size_t max_keys = kDefaultMaxKeys);
   void Append(std::span<const uint64_t> keys);
   std::vector<std::vector<uint64_t>> Snapshot() const;
   size_t size() const;
@@ -48,6 +52,8 @@ class QueryLog {
  private:
   mutable std::mutex mu_;
   size_t capacity_;
+  size_t max_keys_;
+  size_t keys_ = 0;  // in window_
   std::deque<std::vector<uint64_t>> window_;
   uint64_t total_ = 0;
 };
