@@ -602,9 +602,12 @@ TEST_F(HttpServerTest, AClientOverItsOwnCapLosesItsOldestIdleConnection) {
   ASSERT_TRUE(WaitIdle());
   HttpTestClient c(server_->port(), 10);
   EXPECT_EQ(c.Request("GET", "/hello?c").status, 200);
-  EXPECT_TRUE(a.WaitClosed());                          // the oldest one went
-  EXPECT_EQ(b.Request("GET", "/hello?b2").body, "hello b2");  // the others stay
+  // The longest idle one went: a, unless (under load) a's worker handed it back after b's did.
+  for (int i = 0; i < 3000 && server_->open_connections() > 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(server_->open_connections(), 2);
+  const HttpTestResponse ra = a.Request("GET", "/hello?a2"), rb = b.Request("GET", "/hello?b2");
+  EXPECT_NE(ra.status == 200, rb.status == 200) << "exactly one of a and b was closed: " << ra.status << ", " << rb.status;
+  EXPECT_EQ((ra.status == 200 ? ra : rb).body, ra.status == 200 ? "hello a2" : "hello b2");  // the other stays
 }
 
 TEST_F(HttpServerTest, SlowlorisHeadIsClosedByTheHeadDeadline) {
