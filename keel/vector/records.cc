@@ -18,7 +18,7 @@ bool GetFloats(std::string_view* in, std::vector<float>* v) {
   uint32_t n = 0;
   if (!GetPod(in, &n) || in->size() / sizeof(float) < n) return false;
   v->resize(n);
-  std::memcpy(v->data(), in->data(), n * sizeof(float));
+  if (n > 0) std::memcpy(v->data(), in->data(), n * sizeof(float));  // an empty vector's data() may be null
   in->remove_prefix(n * sizeof(float));
   return true;
 }
@@ -95,7 +95,7 @@ Result<DecodedRecord> DecodeRecord(std::string_view payload) {
     r.type = RecordType::kDelete;
     if (payload.size() / sizeof(uint64_t) < n) return Status::Corruption("delete record truncated");
     r.ids.resize(n);
-    std::memcpy(r.ids.data(), payload.data(), n * sizeof(uint64_t));
+    if (n > 0) std::memcpy(r.ids.data(), payload.data(), n * sizeof(uint64_t));
     payload.remove_prefix(n * sizeof(uint64_t));
   } else {
     return Status::Corruption("unknown record type " + std::to_string(type));
