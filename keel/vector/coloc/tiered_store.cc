@@ -179,7 +179,7 @@ class TieredStore::Impl {
                                   std::to_string(b.size()) + " bytes, not whole floats");
       }
       (*out)[i].resize(b.size() / sizeof(float));
-      std::memcpy((*out)[i].data(), b.data(), b.size());
+      if (b.size() > 0) std::memcpy((*out)[i].data(), b.data(), b.size());
     }
     return Status::Ok();
   }
