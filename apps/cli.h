@@ -24,6 +24,10 @@ using Commands = std::vector<Command>;
 // Logs the error; exit status 2 for invalid arguments, else 1.
 int Fail(const Status& s);
 
+// A server command's end: waits for SIGTERM or SIGINT, logs it, runs `stop` and returns the exit
+// status (`stop`'s error, or waiting's, through Fail).
+int StopOnSignal(const std::function<Status()>& stop, const char* what = "stopping");
+
 void AddEngineCommands(CLI::App& app, Commands& out);   // generate, serve, bench, inspect, convert, make-model
 void AddKvstoreCommands(CLI::App& app, Commands& out);  // kvstore
 void AddVectorCommands(CLI::App& app, Commands& out);   // vector (+ keygen), vector-router

@@ -15,7 +15,6 @@
 #include "keel/core/json_writer.h"  // answer-index
 #include "keel/core/log.h"
 #include "keel/core/mapped_file.h"
-#include "keel/core/signal.h"
 #include "keel/vector/texmex.h"  // answer-index
 
 namespace keel::cli {
@@ -103,12 +102,11 @@ int RunAnswer(AnswerArgs a) {
   }
   Log().info("answer: corpus {} ({} documents), {}", a.corpus, corpus->size(),
              *link ? "following HiLO" : "built-in full level (retrieval on, 3 documents)");
-  auto sig = WaitForTerminationSignal();
-  if (!sig.ok()) return Fail(sig.status());
-  Log().info("received {}; stopping", SignalName(*sig));
-  (*server)->Stop();
-  if (*link) (*link)->Stop();
-  return 0;
+  return StopOnSignal([&] {
+    (*server)->Stop();
+    if (*link) (*link)->Stop();
+    return Status::Ok();
+  });
 }
 // ---- answer (end)
 

@@ -15,7 +15,6 @@
 
 #include "apps/cli.h"
 #include "keel/core/log.h"
-#include "keel/core/signal.h"
 #include "keel/engine/convert.h"
 #include "keel/engine/engine.h"
 #include "keel/engine/hilo_levels.h"  // engine-hilo

@@ -6,7 +6,6 @@
 
 #include "apps/cli.h"
 #include "keel/core/log.h"
-#include "keel/core/signal.h"
 #include "keel/gateway/fake_vendor.h"  // fake-vendor
 #include "keel/gateway/gateway.h"
 #include "keel/gateway/policy_service.h"  // gateway-policy
@@ -34,11 +33,10 @@ int RunGatewayPolicy(GatewayPolicyArgs a) {
   if (!service.ok()) return Fail(service.status());
   Log().info("gateway-policy on unix:{} (db {}, spend {}, decision TTL {} ms)", (*service)->socket_path(), st.db_path,
              st.redis_url.empty() ? "from the ledger" : "in Redis " + st.redis_url, st.decision_ttl_ms);
-  auto sig = WaitForTerminationSignal();
-  if (!sig.ok()) return Fail(sig.status());
-  Log().info("received {}; stopping", SignalName(*sig));
-  (*service)->Stop();
-  return 0;
+  return StopOnSignal([&] {
+    (*service)->Stop();
+    return Status::Ok();
+  });
 }
 // ---- gateway-policy (end)
 

@@ -16,7 +16,6 @@
 #include "keel/core/http_client.h"
 #include "keel/core/log.h"
 #include "keel/core/mapped_file.h"
-#include "keel/core/signal.h"
 #include "keel/hilo/fingerprint.h"
 #include "keel/hilo/server.h"
 #include "keel/hilo/validate/replay_live.h"  // hilo-replay
@@ -71,11 +70,10 @@ int RunHiloServe(HiloArgs a) {
   auto server = hilo::ControllerServer::Create(std::move(*c), a.o);
   if (!server.ok()) return Fail(server.status());
   if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
-  auto sig = WaitForTerminationSignal();
-  if (!sig.ok()) return Fail(sig.status());
-  Log().info("received {}; stopping", SignalName(*sig));
-  (*server)->Stop();
-  return 0;
+  return StopOnSignal([&] {
+    (*server)->Stop();
+    return Status::Ok();
+  });
 }
 
 // Prints every state and whether the controller could act on it; exit 0 only when CheckUsable passes.

@@ -7,7 +7,6 @@
 
 #include "apps/cli.h"
 #include "keel/core/log.h"
-#include "keel/core/signal.h"
 #include "keel/kvstore/service.h"
 
 namespace keel::cli {
@@ -37,11 +36,10 @@ int RunKvstore(KvstoreArgs a) {
              (*service)->http_port() < 0
                  ? std::string("no HTTP side port")
                  : fmt::format("metrics on http://{}:{}/metrics", a.service.http_host, (*service)->http_port()));
-  auto sig = WaitForTerminationSignal();
-  if (!sig.ok()) return Fail(sig.status());
-  Log().info("received {}; stopping", SignalName(*sig));
-  (*service)->Stop();
-  return 0;
+  return StopOnSignal([&] {
+    (*service)->Stop();
+    return Status::Ok();
+  });
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 
 #include "apps/cli.h"
 #include "keel/core/log.h"
-#include "keel/core/signal.h"
 #include "keel/vector/router.h"
 #include "keel/vector/service.h"
 
@@ -89,12 +88,13 @@ int RunVector(VectorArgs a) {
              sh.dir, (*service)->shard().Stats().items, (*service)->shard().version(), a.index, sh.text_dim, sh.image_dim,
              a.service.host, (*service)->port(), a.service.placer ? a.placement : "off", id.shard, id.shards, id.replica,
              id.zone, id.signing_key_path.empty() ? "unsigned" : "signed");
-  auto sig = WaitForTerminationSignal();
-  if (!sig.ok()) return Fail(sig.status());
-  Log().info("received {}; stopping (snapshot)", SignalName(*sig));
-  if (Status s = (*service)->Stop(); !s.ok()) return Fail(s);
-  if (a.service.hilo) a.service.hilo->Stop();  // vector-hilo
-  return 0;
+  return StopOnSignal(
+      [&] {
+        KEEL_RETURN_IF_ERROR((*service)->Stop());
+        if (a.service.hilo) a.service.hilo->Stop();  // vector-hilo
+        return Status::Ok();
+      },
+      "stopping (snapshot)");
 }
 
 struct VectorRouterArgs {

@@ -10,12 +10,21 @@
 #include "apps/cli.h"
 #include "keel/core/cpu.h"
 #include "keel/core/log.h"
+#include "keel/core/signal.h"
 
 namespace keel::cli {
 
 int Fail(const Status& s) {
   Log().error("{}", s.ToString());
   return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int StopOnSignal(const std::function<Status()>& stop, const char* what) {
+  auto sig = WaitForTerminationSignal();
+  if (!sig.ok()) return Fail(sig.status());
+  Log().info("received {}; {}", SignalName(*sig), what);
+  if (Status s = stop(); !s.ok()) return Fail(s);
+  return 0;
 }
 
 }  // namespace keel::cli
