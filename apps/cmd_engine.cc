@@ -139,15 +139,23 @@ struct GenerateArgs {
   MoeArgs moe;
 };
 
+// The engine options generate and serve share: model, tokenizer, KV codec, offloaded MoE, kvstore
+// link. `switchable`: a HiLO level may switch the codec at run time (CheckBellows).
+Status CommonEngineOptions(const std::string& model, const std::string& tokenizer, const KvCodecArgs& kv,
+                           const MoeArgs& moe, const KvStoreLinkOptions& kvstore, bool switchable, EngineOptions* opt) {
+  KEEL_RETURN_IF_ERROR(kv.CheckBellows(switchable));
+  KEEL_RETURN_IF_ERROR(ApplyMoeFlags(moe, *opt));
+  opt->model_path = model;
+  opt->tokenizer_path = tokenizer;
+  opt->kv_codec = kv.codec;
+  opt->kv.codec_params = kv.Params();
+  opt->kvstore = kvstore;
+  return Status::Ok();
+}
+
 int RunGenerate(const GenerateArgs& a) {
-  if (Status s = a.kv.CheckBellows(false); !s.ok()) return Fail(s);
   EngineOptions opt;
-  if (Status s = ApplyMoeFlags(a.moe, opt); !s.ok()) return Fail(s);
-  opt.model_path = a.model;
-  opt.tokenizer_path = a.tokenizer;
-  opt.kv_codec = a.kv.codec;
-  opt.kv.codec_params = a.kv.Params();
-  opt.kvstore = a.kvstore;
+  if (Status s = CommonEngineOptions(a.model, a.tokenizer, a.kv, a.moe, a.kvstore, false, &opt); !s.ok()) return Fail(s);
   auto engine = Engine::Open(opt);
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
@@ -237,19 +245,16 @@ struct StopHiloLink {
 // ---- engine-hilo (end)
 
 int RunServe(const ServeArgs& a) {
-  if (Status s = a.kv.CheckBellows(!a.hilo.url.empty() || !a.hilo.catalog.empty()); !s.ok()) return Fail(s);
   EngineOptions opt;
-  if (Status s = ApplyMoeFlags(a.moe, opt); !s.ok()) return Fail(s);
-  opt.model_path = a.model;
-  opt.tokenizer_path = a.tokenizer;
-  opt.kv_codec = a.kv.codec;
-  opt.kv.codec_params = a.kv.Params();
+  const bool switchable = !a.hilo.url.empty() || !a.hilo.catalog.empty();
+  if (Status s = CommonEngineOptions(a.model, a.tokenizer, a.kv, a.moe, a.kvstore, switchable, &opt); !s.ok()) {
+    return Fail(s);
+  }
   opt.kv.budget_bytes = a.kv_mb << 20;
   opt.kv.prefix_sharing = a.prefix_cache;
   opt.scheduler.max_queue = a.max_queue;
   opt.scheduler.max_running = a.max_running;
   opt.scheduler.max_batch_tokens = a.max_batch_tokens;
-  opt.kvstore = a.kvstore;
   auto metrics = MakeEngineMetrics();
   auto engine = Engine::Open(opt, ObserverFor(metrics));
   if (!engine.ok()) return Fail(engine.status());
