@@ -8,6 +8,8 @@ namespace keel::vector {
 
 namespace {
 
+// An encoded item's least size: id, text and image counts, attribute count.
+constexpr size_t kMinItemBytes = sizeof(uint64_t) + 3 * sizeof(uint32_t);
 
 void PutFloats(std::string* out, const std::vector<float>& v) {
   PutPod(out, static_cast<uint32_t>(v.size()));
@@ -89,6 +91,12 @@ Result<DecodedRecord> DecodeRecord(std::string_view payload) {
   if (!GetPod(&payload, &type) || !GetPod(&payload, &n)) return Status::Corruption("record header truncated");
   if (type == static_cast<uint8_t>(RecordType::kUpsert)) {
     r.type = RecordType::kUpsert;
+    // The count is untrusted: check it against the bytes before allocating for it (5 bytes
+    // claiming 2^32 items asked for ~400 GiB of Items).
+    if (payload.size() / kMinItemBytes < n) {
+      return Status::Corruption("upsert record claims " + std::to_string(n) + " items in " +
+                                std::to_string(payload.size()) + " bytes");
+    }
     r.items.resize(n);
     for (auto& it : r.items) KEEL_RETURN_IF_ERROR(DecodeItem(&payload, &it));
   } else if (type == static_cast<uint8_t>(RecordType::kDelete)) {

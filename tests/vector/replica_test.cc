@@ -452,6 +452,9 @@ TEST(ReplicaLogTest, CorruptOrTruncatedStreamsAre400AndNothingAfterTheBadRecordA
   // Well framed, valid checksum, but a payload that does not decode (version 2).
   std::string garbage = log.substr(0, at[1]);
   AppendLogRecord(2, "\x07junk", &garbage);
+  // Well framed, valid checksum, but the payload claims 2^32 - 1 items in 5 bytes (version 2).
+  std::string huge_count = log.substr(0, at[1]);
+  AppendLogRecord(2, std::string("\x01\xff\xff\xff\xff", 5), &huge_count);
   // Well framed and decodable, but the items have the wrong dimension for this shard.
   std::string wrong_dim = log.substr(0, at[1]);
   Item bad{900, {1.0f, 2.0f}, {}, {}};
@@ -462,6 +465,7 @@ TEST(ReplicaLogTest, CorruptOrTruncatedStreamsAre400AndNothingAfterTheBadRecordA
       {"cut inside a payload", log.substr(0, at[4] + 20), 4},
       {"cut inside a header", log.substr(0, at[3] + 5), 3},
       {"undecodable payload", garbage, 1},
+      {"an item count past its bytes", huge_count, 1},
       {"wrong dimension", wrong_dim, 1},
       {"not a stream at all", "hello", 0},
   };

@@ -299,5 +299,20 @@ TEST(RecordsTest, UpsertAndDeleteRoundTrip) {
   EXPECT_EQ(DecodeRecord(cut).status().code(), StatusCode::kCorruption);
 }
 
+// Counts in a record are untrusted: one its bytes cannot hold is Corruption, decided before any
+// allocation for it (an upsert of 2^32 - 1 items in 5 bytes asked for ~400 GiB before).
+TEST(RecordsTest, ACountPastTheRecordsBytesIsCorruption) {
+  for (const std::string& payload : {std::string("\x01\xff\xff\xff\xff", 5), std::string("\x02\xff\xff\xff\xff", 5),
+                                     std::string("\x01\x02\x00\x00\x00", 5) + std::string(20, '\0')}) {
+    auto r = DecodeRecord(payload);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  }
+  // The least item (an id, no vectors, no attributes) is 20 bytes: two of them in 40 decode.
+  auto two = DecodeRecord(std::string("\x01\x02\x00\x00\x00", 5) + std::string(40, '\0'));
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->items.size(), 2u);
+}
+
 }  // namespace
 }  // namespace keel::vector
