@@ -50,6 +50,10 @@ class PolicyService {
   explicit PolicyService(PolicyServiceOptions options);
   void Handle(const HttpRequest& request, HttpResponder& responder);
   void Route();
+  void ServeResolve(const HttpRequest& request, HttpResponder& responder);
+  void ServeUsage(const HttpRequest& request, HttpResponder& responder);
+  // True when the request carries the admin key; otherwise answers 401 and logs the attempt.
+  bool Authorized(const HttpRequest& request, HttpResponder& responder) const;
 
   PolicyServiceOptions options_;
   std::string admin_key_hash_;

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -80,6 +80,27 @@ std::string ErrorMessage(const Response& r) {
   return r.body["error"].value("message", "");
 }
 
+// Collects log lines; Contents() reads them under the sink's own mutex, since the service's worker
+// threads may still be logging (a handler logs after its response is sent).
+class CaptureSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string Contents() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return out_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    out_.append(formatted.data(), formatted.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::string out_;
+};
+
 class PolicyServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -88,7 +109,7 @@ class PolicyServiceTest : public ::testing::Test {
     socket_ = "/tmp/keel-policy-svc-" + tag + ".sock";
     db_ = "/tmp/keel-policy-svc-" + tag + ".db";
     std::remove(db_.c_str());
-    log_sink_ = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
+    log_sink_ = std::make_shared<CaptureSink>();
     Log().sinks().push_back(log_sink_);
     StartService();
   }
@@ -114,8 +135,7 @@ class PolicyServiceTest : public ::testing::Test {
 
   std::string socket_, db_;
   size_t max_body_bytes_ = 64 << 10;
-  std::ostringstream log_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> log_sink_;
+  std::shared_ptr<CaptureSink> log_sink_;
   std::unique_ptr<PolicyService> service_;
 };
 
@@ -231,7 +251,7 @@ TEST_F(PolicyServiceTest, FullAdminFlow) {
   EXPECT_EQ(Admin("GET", "/admin/audit?limit=1").body["entries"].size(), 1u);
 
   // Neither the key nor its hash (nor the admin key) ever reaches the log.
-  const std::string logs = log_.str();
+  const std::string logs = log_sink_->Contents();
   EXPECT_NE(logs.find("key.create"), std::string::npos) << "admin actions are logged";
   EXPECT_EQ(logs.find(api_key), std::string::npos);
   EXPECT_EQ(logs.find(hash), std::string::npos);

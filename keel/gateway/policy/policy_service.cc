@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
@@ -133,6 +132,166 @@ json BudgetJson(const BudgetState& b) {
           {"spent_tokens", b.spent_tokens}, {"spent_cost", b.spent_cost}, {"window_end_unix", b.window_end_unix}};
 }
 
+void SendJson(HttpResponder& r, const json& body) { r.Send(200, "application/json", Dump(body)); }
+
+void SendError(HttpResponder& r, const Status& s) {
+  const int status = HttpStatusOf(s);
+  if (status >= 500) Log().error("gateway-policy: {}", s.ToString());
+  r.Send(status, "application/json", DefaultHttpErrorBody(status, s.message()));
+}
+
+// ---- admin actions: each reads its call and answers the 200 body (errors become 4xx/5xx).
+
+// An authorized admin call: the request, its JSON body (null for routes without one), who made it.
+struct AdminCall {
+  const HttpRequest& request;
+  const json& body;
+  const std::string& actor;
+};
+
+Result<json> CreateKey(PolicyStore& store, const AdminCall& c) {
+  KEEL_RETURN_IF_ERROR(OnlyFields(c.body, {"principal", "team"}));
+  std::string principal, team;
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "principal", &principal));
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "team", &team));
+  KEEL_ASSIGN_OR_RETURN(auto key, store.CreateKey(principal, team, c.actor));
+  return json{{"key_id", key.key_id}, {"api_key", key.api_key}};
+}
+
+Result<json> ListKeys(PolicyStore& store, const AdminCall&) {
+  KEEL_ASSIGN_OR_RETURN(auto keys, store.ListKeys());
+  json arr = json::array();
+  for (const KeyInfo& k : keys) {
+    arr.push_back({{"key_id", k.key_id}, {"principal", k.principal}, {"team", k.team},
+                   {"created_unix", k.created_unix}, {"revoked", k.revoked_unix != 0},
+                   {"revoked_unix", k.revoked_unix != 0 ? json(k.revoked_unix) : json(nullptr)}});
+  }
+  return json{{"keys", arr}};
+}
+
+Result<json> RevokeKey(PolicyStore& store, const AdminCall& c) {
+  KEEL_RETURN_IF_ERROR(OnlyFields(c.body, {"key_id"}));
+  std::string key_id;
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "key_id", &key_id));
+  KEEL_RETURN_IF_ERROR(store.RevokeKey(key_id, c.actor));
+  return json{{"key_id", key_id}, {"revoked", true}};
+}
+
+Result<json> PutBudget(PolicyStore& store, const AdminCall& c) {
+  KEEL_RETURN_IF_ERROR(OnlyFields(c.body, {"scope", "subject", "window", "limit_tokens", "limit_cost"}));
+  BudgetSpec spec;
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "scope", &spec.scope));
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "subject", &spec.subject));
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "window", &spec.window));
+  KEEL_RETURN_IF_ERROR(GetNumber(c.body, "limit_tokens", &spec.limit_tokens));
+  KEEL_RETURN_IF_ERROR(GetNumber(c.body, "limit_cost", &spec.limit_cost));
+  KEEL_ASSIGN_OR_RETURN(std::string id, store.PutBudget(spec, c.actor));
+  return json{{"budget_id", id}};
+}
+
+Result<json> DeleteBudget(PolicyStore& store, const AdminCall& c) {
+  KEEL_RETURN_IF_ERROR(OnlyFields(c.body, {"budget_id"}));
+  std::string id;
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "budget_id", &id));
+  KEEL_RETURN_IF_ERROR(store.DeleteBudget(id, c.actor));
+  return json{{"budget_id", id}, {"deleted", true}};
+}
+
+Result<json> PutPolicy(PolicyStore& store, const AdminCall& c) {
+  std::string team;
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "team", &team));
+  json rules_json = c.body;
+  rules_json.erase("team");
+  KEEL_ASSIGN_OR_RETURN(PolicyRules rules, PolicyRulesFromJson(Dump(rules_json)));
+  KEEL_RETURN_IF_ERROR(store.PutPolicy(team, rules, c.actor));
+  return json{{"team", team}, {"policy", json::parse(ToJson(rules), nullptr, false)}};
+}
+
+Result<json> PutPrice(PolicyStore& store, const AdminCall& c) {
+  KEEL_RETURN_IF_ERROR(OnlyFields(c.body, {"model", "input_per_mtok", "output_per_mtok"}));
+  std::string model;
+  Price p{-1, -1};
+  KEEL_RETURN_IF_ERROR(GetString(c.body, "model", &model));
+  KEEL_RETURN_IF_ERROR(GetNumber(c.body, "input_per_mtok", &p.input_per_mtok));
+  KEEL_RETURN_IF_ERROR(GetNumber(c.body, "output_per_mtok", &p.output_per_mtok));
+  if (p.input_per_mtok < 0 || p.output_per_mtok < 0) {
+    return Status::InvalidArgument("input_per_mtok and output_per_mtok: required, >= 0");
+  }
+  KEEL_RETURN_IF_ERROR(store.PutPrice(model, p, c.actor));
+  return json{{"model", model}, {"input_per_mtok", p.input_per_mtok}, {"output_per_mtok", p.output_per_mtok}};
+}
+
+Result<json> GetSpend(PolicyStore& store, const AdminCall& c) {
+  auto query = ParseQuery(c.request.query);
+  const bool by_team = query.count("team") != 0, by_key = query.count("key_id") != 0;
+  if (by_team == by_key) return Status::InvalidArgument("query: give exactly one of team=<team> or key_id=<key_id>");
+  KEEL_ASSIGN_OR_RETURN(SpendReport s, store.Spend(by_team ? "team" : "key", by_team ? query["team"] : query["key_id"]));
+  json budgets = json::array();
+  for (const BudgetState& b : s.budgets) budgets.push_back(BudgetJson(b));
+  return json{{"scope", s.scope}, {"subject", s.subject},
+              {"daily", {{"tokens", s.daily_tokens}, {"cost", s.daily_cost}, {"window_end_unix", s.daily_end_unix}}},
+              {"monthly", {{"tokens", s.monthly_tokens}, {"cost", s.monthly_cost}, {"window_end_unix", s.monthly_end_unix}}},
+              {"budgets", budgets}};
+}
+
+Result<json> GetAudit(PolicyStore& store, const AdminCall& c) {
+  auto query = ParseQuery(c.request.query);
+  int limit = 100;
+  if (auto it = query.find("limit"); it != query.end()) {
+    char* end = nullptr;
+    long v = std::strtol(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || v < 1 || v > 1000) return Status::InvalidArgument("limit: must be in 1..1000");
+    limit = static_cast<int>(v);
+  }
+  KEEL_ASSIGN_OR_RETURN(auto entries, store.Audit(limit));
+  json arr = json::array();
+  for (const AuditEntry& e : entries) {
+    json detail = json::parse(e.detail, nullptr, false);
+    arr.push_back({{"id", e.id}, {"unix_ms", e.unix_ms}, {"actor", e.actor}, {"action", e.action},
+                   {"target", e.target}, {"detail", detail.is_discarded() ? json(e.detail) : detail}});
+  }
+  return json{{"entries", arr}};
+}
+
+// Admin routes, authorized first: what each is called in metrics and logs, whether it reads a
+// JSON body, and the action.
+struct AdminRoute {
+  const char* method;
+  const char* path;
+  const char* action;
+  bool has_body;
+  Result<json> (*run)(PolicyStore&, const AdminCall&);
+};
+constexpr AdminRoute kAdminRoutes[] = {
+    {"POST", "/admin/keys", "key.create", true, &CreateKey},
+    {"GET", "/admin/keys", "key.list", false, &ListKeys},
+    {"POST", "/admin/keys/revoke", "key.revoke", true, &RevokeKey},
+    {"PUT", "/admin/budgets", "budget.put", true, &PutBudget},
+    {"DELETE", "/admin/budgets", "budget.delete", true, &DeleteBudget},
+    {"PUT", "/admin/policies", "policy.put", true, &PutPolicy},
+    {"PUT", "/admin/prices", "price.put", true, &PutPrice},
+    {"GET", "/admin/spend", "spend.get", false, &GetSpend},
+    {"GET", "/admin/audit", "audit.get", false, &GetAudit},
+};
+
+void ServeAdmin(PolicyStore& store, CounterFamily& calls, const AdminRoute& route, const HttpRequest& q,
+                HttpResponder& r) {
+  json body;
+  if (route.has_body) {
+    auto parsed = ParseBody(q);
+    if (!parsed.ok()) return SendError(r, parsed.status());
+    body = std::move(parsed).value();
+  }
+  const std::string actor = ActorOf(q);
+  Result<json> answer = route.run(store, AdminCall{q, body, actor});
+  if (!answer.ok()) return SendError(r, answer.status());
+  // Counted and logged before the answer goes out: a caller that has its answer finds the action
+  // in the log and on /metrics.
+  calls.WithLabels({route.action}).Inc();
+  Log().info("gateway-policy: {} by {}", route.action, actor);
+  SendJson(r, *answer);
+}
+
 }  // namespace
 
 Result<std::string> LoadAdminKey(const std::string& file) {
@@ -208,179 +367,50 @@ void PolicyService::Handle(const HttpRequest& q, HttpResponder& r) {
 }
 
 void PolicyService::Route() {
-  auto send = [](HttpResponder& r, int status, const json& body) { r.Send(status, "application/json", Dump(body)); };
-  auto fail = [](HttpResponder& r, const Status& s) {
-    const int status = HttpStatusOf(s);
-    if (status >= 500) Log().error("gateway-policy: {}", s.ToString());
-    r.Send(status, "application/json", DefaultHttpErrorBody(status, s.message()));
-  };
-  // Admin routes: authorize, then run fn(request, responder, body-or-null, actor).
-  auto admin = [this, fail](std::string action, bool has_body,
-                            std::function<Status(const HttpRequest&, HttpResponder&, const json&, const std::string&)> fn) {
-    return [this, fail, action, has_body, fn](const HttpRequest& q, HttpResponder& r) {
-      std::string_view auth = q.headers.Get("Authorization");
-      const bool bearer = auth.size() > 7 && ::strncasecmp(auth.data(), "Bearer ", 7) == 0;
-      const std::string presented = HashApiKey(bearer ? auth.substr(7) : std::string_view("\x01"));
-      if (!bearer || CRYPTO_memcmp(presented.data(), admin_key_hash_.data(), admin_key_hash_.size()) != 0) {
-        Log().warn("gateway-policy: unauthorized {} {} from {}", q.method, q.path, q.remote);
-        r.Send(401, "application/json", DefaultHttpErrorBody(401, "admin key required: Authorization: Bearer <admin key>"),
-               {{"WWW-Authenticate", "Bearer"}});
-        return;
-      }
-      json body;
-      if (has_body) {
-        auto parsed = ParseBody(q);
-        if (!parsed.ok()) return fail(r, parsed.status());
-        body = std::move(parsed).value();
-      }
-      const std::string actor = ActorOf(q);
-      Status s = fn(q, r, body, actor);
-      if (!s.ok()) return fail(r, s);
-      admin_calls_->WithLabels({action}).Inc();
-      Log().info("gateway-policy: {} by {}", action, actor);
-    };
-  };
-
-  router_.Handle("GET", "/healthz", [send](const HttpRequest&, HttpResponder& r) { send(r, 200, {{"status", "ok"}}); });
+  router_.Handle("GET", "/healthz", [](const HttpRequest&, HttpResponder& r) { SendJson(r, {{"status", "ok"}}); });
   router_.Handle("GET", "/metrics", [this](const HttpRequest&, HttpResponder& r) {
     r.Send(200, MetricsRegistry::kContentType, metrics_.Render());
   });
-
-  router_.Handle("POST", "/v1/resolve", [this, send, fail](const HttpRequest& q, HttpResponder& r) {
-    auto body = ParseBody(q);
-    if (!body.ok()) return fail(r, body.status());
-    std::string key_hash;
-    if (Status s = GetString(*body, "key_hash", &key_hash); !s.ok()) return fail(r, s);
-    auto d = store_->Resolve(key_hash);
-    if (!d.ok()) return fail(r, d.status());
-    resolves_->WithLabels({!d->known ? "unknown" : d->revoked ? "revoked" : "known"}).Inc();
-    r.Send(200, "application/json", ToJson(*d));
-  });
-
-  router_.Handle("POST", "/v1/usage", [this, send, fail](const HttpRequest& q, HttpResponder& r) {
-    auto records = UsageBatchFromJson(q.body);
-    if (!records.ok()) return fail(r, records.status());
-    auto outcome = store_->RecordUsage(*records);
-    if (!outcome.ok()) return fail(r, outcome.status());
-    usage_records_->WithLabels({"accepted"}).Inc(static_cast<double>(outcome->accepted));
-    usage_records_->WithLabels({"duplicate"}).Inc(static_cast<double>(outcome->duplicates));
-    send(r, 200, {{"accepted", outcome->accepted}, {"duplicates", outcome->duplicates}});
-  });
-
-  router_.Handle("POST", "/admin/keys", admin("key.create", true, [this, send](const HttpRequest&, HttpResponder& r,
-                                                                               const json& b, const std::string& actor) {
-    KEEL_RETURN_IF_ERROR(OnlyFields(b, {"principal", "team"}));
-    std::string principal, team;
-    KEEL_RETURN_IF_ERROR(GetString(b, "principal", &principal));
-    KEEL_RETURN_IF_ERROR(GetString(b, "team", &team));
-    KEEL_ASSIGN_OR_RETURN(auto key, store_->CreateKey(principal, team, actor));
-    send(r, 200, {{"key_id", key.key_id}, {"api_key", key.api_key}});
-    return Status::Ok();
-  }));
-  router_.Handle("GET", "/admin/keys", admin("key.list", false, [this, send](const HttpRequest&, HttpResponder& r,
-                                                                            const json&, const std::string&) {
-    KEEL_ASSIGN_OR_RETURN(auto keys, store_->ListKeys());
-    json arr = json::array();
-    for (const KeyInfo& k : keys) {
-      arr.push_back({{"key_id", k.key_id}, {"principal", k.principal}, {"team", k.team},
-                     {"created_unix", k.created_unix}, {"revoked", k.revoked_unix != 0},
-                     {"revoked_unix", k.revoked_unix != 0 ? json(k.revoked_unix) : json(nullptr)}});
-    }
-    send(r, 200, {{"keys", arr}});
-    return Status::Ok();
-  }));
-  router_.Handle("POST", "/admin/keys/revoke", admin("key.revoke", true, [this, send](const HttpRequest&, HttpResponder& r,
-                                                                                      const json& b, const std::string& actor) {
-    KEEL_RETURN_IF_ERROR(OnlyFields(b, {"key_id"}));
-    std::string key_id;
-    KEEL_RETURN_IF_ERROR(GetString(b, "key_id", &key_id));
-    KEEL_RETURN_IF_ERROR(store_->RevokeKey(key_id, actor));
-    send(r, 200, {{"key_id", key_id}, {"revoked", true}});
-    return Status::Ok();
-  }));
-  router_.Handle("PUT", "/admin/budgets", admin("budget.put", true, [this, send](const HttpRequest&, HttpResponder& r,
-                                                                                const json& b, const std::string& actor) {
-    KEEL_RETURN_IF_ERROR(OnlyFields(b, {"scope", "subject", "window", "limit_tokens", "limit_cost"}));
-    BudgetSpec spec;
-    KEEL_RETURN_IF_ERROR(GetString(b, "scope", &spec.scope));
-    KEEL_RETURN_IF_ERROR(GetString(b, "subject", &spec.subject));
-    KEEL_RETURN_IF_ERROR(GetString(b, "window", &spec.window));
-    KEEL_RETURN_IF_ERROR(GetNumber(b, "limit_tokens", &spec.limit_tokens));
-    KEEL_RETURN_IF_ERROR(GetNumber(b, "limit_cost", &spec.limit_cost));
-    KEEL_ASSIGN_OR_RETURN(std::string id, store_->PutBudget(spec, actor));
-    send(r, 200, {{"budget_id", id}});
-    return Status::Ok();
-  }));
-  router_.Handle("DELETE", "/admin/budgets", admin("budget.delete", true, [this, send](const HttpRequest&, HttpResponder& r,
-                                                                                      const json& b, const std::string& actor) {
-    KEEL_RETURN_IF_ERROR(OnlyFields(b, {"budget_id"}));
-    std::string id;
-    KEEL_RETURN_IF_ERROR(GetString(b, "budget_id", &id));
-    KEEL_RETURN_IF_ERROR(store_->DeleteBudget(id, actor));
-    send(r, 200, {{"budget_id", id}, {"deleted", true}});
-    return Status::Ok();
-  }));
-  router_.Handle("PUT", "/admin/policies", admin("policy.put", true, [this, send](const HttpRequest&, HttpResponder& r,
-                                                                                 const json& b, const std::string& actor) {
-    std::string team;
-    KEEL_RETURN_IF_ERROR(GetString(b, "team", &team));
-    json rules_json = b;
-    rules_json.erase("team");
-    KEEL_ASSIGN_OR_RETURN(PolicyRules rules, PolicyRulesFromJson(Dump(rules_json)));
-    KEEL_RETURN_IF_ERROR(store_->PutPolicy(team, rules, actor));
-    send(r, 200, {{"team", team}, {"policy", json::parse(ToJson(rules), nullptr, false)}});
-    return Status::Ok();
-  }));
-  router_.Handle("PUT", "/admin/prices", admin("price.put", true, [this, send](const HttpRequest&, HttpResponder& r,
-                                                                              const json& b, const std::string& actor) {
-    KEEL_RETURN_IF_ERROR(OnlyFields(b, {"model", "input_per_mtok", "output_per_mtok"}));
-    std::string model;
-    Price p{-1, -1};
-    KEEL_RETURN_IF_ERROR(GetString(b, "model", &model));
-    KEEL_RETURN_IF_ERROR(GetNumber(b, "input_per_mtok", &p.input_per_mtok));
-    KEEL_RETURN_IF_ERROR(GetNumber(b, "output_per_mtok", &p.output_per_mtok));
-    if (p.input_per_mtok < 0 || p.output_per_mtok < 0) {
-      return Status::InvalidArgument("input_per_mtok and output_per_mtok: required, >= 0");
-    }
-    KEEL_RETURN_IF_ERROR(store_->PutPrice(model, p, actor));
-    send(r, 200, {{"model", model}, {"input_per_mtok", p.input_per_mtok}, {"output_per_mtok", p.output_per_mtok}});
-    return Status::Ok();
-  }));
-  router_.Handle("GET", "/admin/spend", admin("spend.get", false, [this, send](const HttpRequest& q, HttpResponder& r,
-                                                                              const json&, const std::string&) {
-    auto query = ParseQuery(q.query);
-    const bool by_team = query.count("team") != 0, by_key = query.count("key_id") != 0;
-    if (by_team == by_key) return Status::InvalidArgument("query: give exactly one of team=<team> or key_id=<key_id>");
-    KEEL_ASSIGN_OR_RETURN(SpendReport s, store_->Spend(by_team ? "team" : "key", by_team ? query["team"] : query["key_id"]));
-    json budgets = json::array();
-    for (const BudgetState& b : s.budgets) budgets.push_back(BudgetJson(b));
-    send(r, 200, {{"scope", s.scope}, {"subject", s.subject},
-                  {"daily", {{"tokens", s.daily_tokens}, {"cost", s.daily_cost}, {"window_end_unix", s.daily_end_unix}}},
-                  {"monthly", {{"tokens", s.monthly_tokens}, {"cost", s.monthly_cost},
-                               {"window_end_unix", s.monthly_end_unix}}},
-                  {"budgets", budgets}});
-    return Status::Ok();
-  }));
-  router_.Handle("GET", "/admin/audit", admin("audit.get", false, [this, send](const HttpRequest& q, HttpResponder& r,
-                                                                              const json&, const std::string&) {
-    auto query = ParseQuery(q.query);
-    int limit = 100;
-    if (auto it = query.find("limit"); it != query.end()) {
-      char* end = nullptr;
-      long v = std::strtol(it->second.c_str(), &end, 10);
-      if (it->second.empty() || *end != '\0' || v < 1 || v > 1000) return Status::InvalidArgument("limit: must be in 1..1000");
-      limit = static_cast<int>(v);
-    }
-    KEEL_ASSIGN_OR_RETURN(auto entries, store_->Audit(limit));
-    json arr = json::array();
-    for (const AuditEntry& e : entries) {
-      json detail = json::parse(e.detail, nullptr, false);
-      arr.push_back({{"id", e.id}, {"unix_ms", e.unix_ms}, {"actor", e.actor}, {"action", e.action},
-                     {"target", e.target}, {"detail", detail.is_discarded() ? json(e.detail) : detail}});
-    }
-    send(r, 200, {{"entries", arr}});
-    return Status::Ok();
-  }));
+  router_.Handle("POST", "/v1/resolve", [this](const HttpRequest& q, HttpResponder& r) { ServeResolve(q, r); });
+  router_.Handle("POST", "/v1/usage", [this](const HttpRequest& q, HttpResponder& r) { ServeUsage(q, r); });
+  for (const AdminRoute& route : kAdminRoutes) {
+    router_.Handle(route.method, route.path, [this, &route](const HttpRequest& q, HttpResponder& r) {
+      if (Authorized(q, r)) ServeAdmin(*store_, *admin_calls_, route, q, r);
+    });
+  }
 }
+
+void PolicyService::ServeResolve(const HttpRequest& q, HttpResponder& r) {
+  auto body = ParseBody(q);
+  if (!body.ok()) return SendError(r, body.status());
+  std::string key_hash;
+  if (Status s = GetString(*body, "key_hash", &key_hash); !s.ok()) return SendError(r, s);
+  auto d = store_->Resolve(key_hash);
+  if (!d.ok()) return SendError(r, d.status());
+  resolves_->WithLabels({!d->known ? "unknown" : d->revoked ? "revoked" : "known"}).Inc();
+  r.Send(200, "application/json", ToJson(*d));
+}
+
+void PolicyService::ServeUsage(const HttpRequest& q, HttpResponder& r) {
+  auto records = UsageBatchFromJson(q.body);
+  if (!records.ok()) return SendError(r, records.status());
+  auto outcome = store_->RecordUsage(*records);
+  if (!outcome.ok()) return SendError(r, outcome.status());
+  usage_records_->WithLabels({"accepted"}).Inc(static_cast<double>(outcome->accepted));
+  usage_records_->WithLabels({"duplicate"}).Inc(static_cast<double>(outcome->duplicates));
+  SendJson(r, {{"accepted", outcome->accepted}, {"duplicates", outcome->duplicates}});
+}
+
+bool PolicyService::Authorized(const HttpRequest& q, HttpResponder& r) const {
+  std::string_view auth = q.headers.Get("Authorization");
+  const bool bearer = auth.size() > 7 && ::strncasecmp(auth.data(), "Bearer ", 7) == 0;
+  const std::string presented = HashApiKey(bearer ? auth.substr(7) : std::string_view("\x01"));
+  if (bearer && CRYPTO_memcmp(presented.data(), admin_key_hash_.data(), admin_key_hash_.size()) == 0) return true;
+  Log().warn("gateway-policy: unauthorized {} {} from {}", q.method, q.path, q.remote);
+  r.Send(401, "application/json", DefaultHttpErrorBody(401, "admin key required: Authorization: Bearer <admin key>"),
+         {{"WWW-Authenticate", "Bearer"}});
+  return false;
+}
+
 
 }  // namespace keel::gateway
