@@ -215,6 +215,32 @@ struct Collector {
   int outstanding = 0;
 };
 
+// Ask order: round-robin over zones (so the first asks span zones), starting at replica `start`
+// (rotated per query, so the load spreads over the shard's replicas).
+std::vector<int> AskOrder(const ReplicaSet& replicas, int start) {
+  const int n = replicas.size();
+  std::vector<std::string> zone_order;
+  std::vector<std::vector<int>> by_zone;
+  for (int t = 0; t < n; ++t) {
+    const int i = (start + t) % n;
+    const std::string& z = replicas.info(i).zone;
+    auto it = std::find(zone_order.begin(), zone_order.end(), z);
+    if (it == zone_order.end()) {
+      zone_order.push_back(z);
+      by_zone.emplace_back();
+      it = zone_order.end() - 1;
+    }
+    by_zone[static_cast<size_t>(it - zone_order.begin())].push_back(i);
+  }
+  std::vector<int> order;
+  for (size_t round = 0; order.size() < static_cast<size_t>(n); ++round) {
+    for (auto& members : by_zone) {
+      if (round < members.size()) order.push_back(members[round]);
+    }
+  }
+  return order;
+}
+
 }  // namespace
 
 ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) const {
@@ -224,30 +250,8 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
   ShardAnswer answer;
   auto collector = std::make_shared<Collector>();
 
-  // Ask order: round-robin over zones (so the first asks span zones), starting at a rotating
-  // replica so the load spreads over the shard's replicas.
-  std::vector<int> order;
-  {
-    std::vector<std::string> zone_order;
-    std::vector<std::vector<int>> by_zone;
-    const int start = n ? static_cast<int>(rotation_.fetch_add(1, std::memory_order_relaxed) % static_cast<uint64_t>(n)) : 0;
-    for (int t = 0; t < n; ++t) {
-      const int i = (start + t) % n;
-      const std::string& z = replicas.info(i).zone;
-      auto it = std::find(zone_order.begin(), zone_order.end(), z);
-      if (it == zone_order.end()) {
-        zone_order.push_back(z);
-        by_zone.emplace_back();
-        it = zone_order.end() - 1;
-      }
-      by_zone[static_cast<size_t>(it - zone_order.begin())].push_back(i);
-    }
-    for (size_t round = 0; order.size() < static_cast<size_t>(n); ++round) {
-      for (auto& members : by_zone) {
-        if (round < members.size()) order.push_back(members[round]);
-      }
-    }
-  }
+  const int start = n ? static_cast<int>(rotation_.fetch_add(1, std::memory_order_relaxed) % static_cast<uint64_t>(n)) : 0;
+  const std::vector<int> order = AskOrder(replicas, start);
   std::vector<bool> asked(static_cast<size_t>(n), false);
   std::vector<Clock::time_point> asked_at(static_cast<size_t>(n));
   std::set<std::string> zones_heard;  // zones with an authentic reply
@@ -313,32 +317,8 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
       added = true;
     }
     if (added && static_cast<int>(authentic.size()) >= options_.quorum) {
-      std::vector<Candidate> candidates;
-      for (size_t a = 0; a < authentic.size(); ++a) {
-        candidates.push_back({replicas.info(authentic_replica[a]).zone, authentic[a].index_version, &authentic[a].hits});
-      }
-      double min_sim = 0;
-      std::vector<int> group = SelectGroup(candidates, k, &min_sim);
-      if (!group.empty()) {
-        ShardAnswer found = answer;
-        std::vector<const std::vector<SignedHit>*> members;
-        size_t shortest = SIZE_MAX;
-        for (int g : group) {
-          members.push_back(&authentic[static_cast<size_t>(g)].hits);
-          shortest = std::min(shortest, authentic[static_cast<size_t>(g)].hits.size());
-          found.group.push_back(authentic_replica[static_cast<size_t>(g)]);
-        }
-        std::sort(found.group.begin(), found.group.end());  // replica indices, not arrival order
-        found.verdict = Verdict::kVerified;
-        found.hits = Consensus(members, k);
-        found.index_version = authentic[static_cast<size_t>(group[0])].index_version;
-        found.min_similarity = min_sim;
-        found.authentic = static_cast<int>(authentic.size());
-        // Complete: the members agree on as many hits as the shortest of them could give. An
-        // incomplete consensus (a member left out hits the others vouch for) is kept as the answer
-        // of last resort while fresh replicas may still complete it.
-        found.complete = found.hits.size() >= std::min(shortest, static_cast<size_t>(std::max(k, 0)));
-        if (found.complete) return found;
+      if (std::optional<ShardAnswer> found = TryAgreement(replicas, authentic_replica, authentic, k, answer)) {
+        if (found->complete) return *std::move(found);
         partial = std::move(found);
       }
     }
@@ -368,7 +348,43 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
     partial->faults = answer.faults;
     return *std::move(partial);
   }
-  // Unverified: the best effort is the authentic reply closest to the others (its medoid).
+  return BestEffort(replicas, std::move(answer), authentic_replica, authentic, k, deadline_passed);
+
+}
+
+std::optional<ShardAnswer> Verifier::TryAgreement(const ReplicaSet& replicas, const std::vector<int>& authentic_replica,
+                                                  const std::vector<ReplicaReply>& authentic, int k,
+                                                  const ShardAnswer& so_far) const {
+  std::vector<Candidate> candidates;
+  for (size_t a = 0; a < authentic.size(); ++a) {
+    candidates.push_back({replicas.info(authentic_replica[a]).zone, authentic[a].index_version, &authentic[a].hits});
+  }
+  double min_sim = 0;
+  std::vector<int> group = SelectGroup(candidates, k, &min_sim);
+  if (group.empty()) return std::nullopt;
+  ShardAnswer found = so_far;
+  std::vector<const std::vector<SignedHit>*> members;
+  size_t shortest = SIZE_MAX;
+  for (int g : group) {
+    members.push_back(&authentic[static_cast<size_t>(g)].hits);
+    shortest = std::min(shortest, authentic[static_cast<size_t>(g)].hits.size());
+    found.group.push_back(authentic_replica[static_cast<size_t>(g)]);
+  }
+  std::sort(found.group.begin(), found.group.end());  // replica indices, not arrival order
+  found.verdict = Verdict::kVerified;
+  found.hits = Consensus(members, k);
+  found.index_version = authentic[static_cast<size_t>(group[0])].index_version;
+  found.min_similarity = min_sim;
+  found.authentic = static_cast<int>(authentic.size());
+  // Complete: the members agree on as many hits as the shortest of them could give. An
+  // incomplete consensus (a member left out hits the others vouch for) is kept as the answer of
+  // last resort while fresh replicas may still complete it.
+  found.complete = found.hits.size() >= std::min(shortest, static_cast<size_t>(std::max(k, 0)));
+  return found;
+}
+
+ShardAnswer Verifier::BestEffort(const ReplicaSet& replicas, ShardAnswer answer, const std::vector<int>& authentic_replica,
+                                 const std::vector<ReplicaReply>& authentic, int k, bool deadline_passed) const {
   answer.verdict = Verdict::kUnverified;
   answer.authentic = static_cast<int>(authentic.size());
   std::set<std::string> zones;
@@ -386,25 +402,25 @@ ShardAnswer Verifier::Verify(ReplicaSet& replicas, int k, uint64_t min_version) 
     }
     answer.reason += "; refused: " + refused;
   }
-  if (!authentic.empty()) {
-    size_t medoid = 0;
-    double best = -1;
-    for (size_t a = 0; a < authentic.size(); ++a) {
-      double total = 0;
-      for (size_t b = 0; b < authentic.size(); ++b) {
-        if (a != b) total += Similarity(authentic[a].hits, authentic[b].hits, k, options_.overlap_weight);
-      }
-      if (total > best) {
-        best = total;
-        medoid = a;
-      }
+  if (authentic.empty()) return answer;
+  // The authentic reply closest to the others (their medoid).
+  size_t medoid = 0;
+  double best = -1;
+  for (size_t a = 0; a < authentic.size(); ++a) {
+    double total = 0;
+    for (size_t b = 0; b < authentic.size(); ++b) {
+      if (a != b) total += Similarity(authentic[a].hits, authentic[b].hits, k, options_.overlap_weight);
     }
-    answer.hits = authentic[medoid].hits;
-    std::sort(answer.hits.begin(), answer.hits.end(), HitLess);
-    if (answer.hits.size() > static_cast<size_t>(std::max(k, 0))) answer.hits.resize(static_cast<size_t>(std::max(k, 0)));
-    answer.group = {authentic_replica[medoid]};
-    answer.index_version = authentic[medoid].index_version;
+    if (total > best) {
+      best = total;
+      medoid = a;
+    }
   }
+  answer.hits = authentic[medoid].hits;
+  std::sort(answer.hits.begin(), answer.hits.end(), HitLess);
+  if (answer.hits.size() > static_cast<size_t>(std::max(k, 0))) answer.hits.resize(static_cast<size_t>(std::max(k, 0)));
+  answer.group = {authentic_replica[medoid]};
+  answer.index_version = authentic[medoid].index_version;
   return answer;
 }
 

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,14 @@ class Verifier {
   static std::vector<SignedHit> Consensus(const std::vector<const std::vector<SignedHit>*>& members, int k);
 
  private:
+  // A group from the authentic replies so far (replica indices parallel to the replies), with
+  // `so_far`'s counters; nullopt while none meets quorum, zones and threshold.
+  std::optional<ShardAnswer> TryAgreement(const ReplicaSet& replicas, const std::vector<int>& authentic_replica,
+                                          const std::vector<ReplicaReply>& authentic, int k,
+                                          const ShardAnswer& so_far) const;
+  // The unverified answer: why no group formed, and the medoid of the authentic replies.
+  ShardAnswer BestEffort(const ReplicaSet& replicas, ShardAnswer answer, const std::vector<int>& authentic_replica,
+                         const std::vector<ReplicaReply>& authentic, int k, bool deadline_passed) const;
   std::chrono::steady_clock::duration HedgeDelay() const;
   void ObserveReplyTime(std::chrono::steady_clock::duration d) const;
   static constexpr int64_t kMinHedgeUs = 2000;
