@@ -167,11 +167,17 @@ bool SseRelay::Event(std::string_view data) {
   }
   // An upstream error event is the end of the answer: relayed as it is, then nothing more, and
   // no [DONE] (the OpenAI encoder sends one after it, which would make a cut answer look whole).
-  if (auto err = chunk->find("error"); err != chunk->end() && err->is_object()) {
+  // Any "error" but null or false counts, an object or not: the OpenAI SDKs raise on any truthy
+  // one, so a client never reads what would follow it.
+  if (auto err = chunk->find("error"); err != chunk->end() && !err->is_null() && *err != false) {
     failed_ = true;
-    auto message = err->find("message");
-    failure_ = "sent an error event: " + (message != err->end() && message->is_string() ? message->get<std::string>()
-                                                                                       : std::string("(no message)"));
+    std::string message = "(no message)";
+    if (err->is_string()) {
+      message = err->get<std::string>();
+    } else if (auto m = err->is_object() ? err->find("message") : err->end(); m != err->end() && m->is_string()) {
+      message = m->get<std::string>();
+    }
+    failure_ = "sent an error event: " + message;
     Send(*chunk);
     return false;
   }

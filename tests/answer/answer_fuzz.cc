@@ -75,7 +75,7 @@ void Stream(uint8_t pick, std::string_view body) {
     }
     auto json = keel::ParseUntrustedJson(payload, keel::JsonLimits{});
     if (!json.ok() || !json->is_object()) Broken("a payload that is not a JSON object", out);
-    if (json->contains("error")) saw_error = ended = true;
+    if (auto err = json->find("error"); err != json->end() && !err->is_null() && *err != false) saw_error = ended = true;
   }
   if (whole != saw_done) Broken("[DONE] sent and Finish's answer disagree", out);
   if (!saw_done && !saw_error) Broken("a stream that ends in neither [DONE] nor an error", out);

@@ -131,6 +131,20 @@ TEST(SseRelayTest, BrokenUpstreamsEndWithAnErrorEventAndNoDone) {
     EXPECT_EQ(rig.out.find("data: [DONE]"), std::string::npos) << rig.out;
   }
   {
+    // An "error" that is not an object still ends the answer (the OpenAI SDKs raise on any
+    // truthy one): relayed once, then the relay's own error is not added after it.
+    Rig rig;
+    ASSERT_TRUE(rig.relay.Feed(head));
+    EXPECT_FALSE(rig.relay.Feed("data: {\"error\":\"overloaded\"}\n\n"));
+    EXPECT_FALSE(rig.relay.Finish("the upstream closed the stream"));
+    EXPECT_NE(rig.relay.failure().find("overloaded"), std::string::npos) << rig.relay.failure();
+    ASSERT_EQ(Events(rig.out).size(), 2u) << rig.out;
+    // null and false are not errors.
+    Rig quiet;
+    EXPECT_TRUE(quiet.relay.Feed("data: {\"error\":null,\"choices\":[]}\n\ndata: {\"error\":false,\"choices\":[]}\n\n"));
+    EXPECT_FALSE(quiet.relay.failed());
+  }
+  {
     Rig rig;  // bound 4096: one data line past it, and an event split over many lines past it
     EXPECT_FALSE(rig.relay.Feed("data: {\"x\":\"" + std::string(5000, 'a')));
     EXPECT_NE(rig.out.find("over 4096 bytes"), std::string::npos) << rig.out;
