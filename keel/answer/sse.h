@@ -35,7 +35,8 @@ std::string CompletionAsSse(const nlohmann::ordered_json& completion, bool inclu
 //     other than "data" are dropped; several data lines of one event are joined with "\n";
 //   - every data payload but "[DONE]" must be a JSON object (bounded like any upstream answer)
 //     and is sent on as one "data: <json>\n\n" event; an upstream error event (an "error"
-//     member other than null or false, as the OpenAI SDKs read it) is sent on and ends the relay: no [DONE] follows it, whatever the upstream sends;
+//     member other than null or false, as the OpenAI SDKs read it) is sent on and ends the
+//     relay: no [DONE] follows it, whatever the upstream sends;
 //   - the "keel" member (from `keel_member`, called once) rides on the chunk that carries a
 //     finish_reason; an upstream that sends [DONE] without one gets it on an extra chunk with
 //     "choices": [];
