@@ -84,7 +84,7 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const Model& model, std::unique
   cache->budget_bytes_ = n_blocks * slot;
   cache->chunk_value_bytes_ = per_block;
   cache->codec_compacts_ = codec->compacts();
-  cache->fingerprint_ = "model=" + model.checksum.hex() + ";codec=" + codec->fingerprint() + ";tp=0/1";
+  cache->fingerprint_ = "model=" + model.checksum.hex() + ";codec=" + codec->fingerprint() + ";tp=0/1;value=tagged1";
   cache->fingerprint_hash_ = Xxh3_128(cache->fingerprint_);
   cache->codec_ = std::move(codec);
   return cache;

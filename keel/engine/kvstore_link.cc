@@ -3,6 +3,7 @@
 #include <sys/uio.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "keel/core/log.h"
 
@@ -19,6 +20,21 @@ std::string_view KeyBytes(const Hash128& key) {
 }
 
 }  // namespace
+
+Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*, size_t>>& pieces) {
+  Hasher128 h;
+  h.update(KeyBytes(key));
+  for (const auto& [data, size] : pieces) h.update(data, size);
+  return h.digest();
+}
+
+std::optional<std::string_view> CheckChunkTag(const Hash128& key, std::string_view value) {
+  if (value.size() <= kChunkTagBytes) return std::nullopt;
+  const std::string_view blocks = value.substr(0, value.size() - kChunkTagBytes);
+  const Hash128 tag = ChunkTag(key, {{reinterpret_cast<const uint8_t*>(blocks.data()), blocks.size()}});
+  if (std::memcmp(&tag, value.data() + blocks.size(), kChunkTagBytes) != 0) return std::nullopt;
+  return blocks;
+}
 
 Result<std::unique_ptr<KvStoreLink>> KvStoreLink::Create(const KvStoreLinkOptions& options, const KvCache& cache) {
   KEEL_ASSIGN_OR_RETURN(auto host_port, kvstore::ParseHostPort(options.address));
@@ -94,17 +110,27 @@ std::shared_ptr<const FetchedPrefix> KvStoreLink::Fetch(const std::vector<int>& 
       client->set_timeout_ms(left_ms());
       Result<std::vector<kvstore::BlobPtr>> values = client->GetMany(key_views);
       if (values.ok()) {
-        // Keep the leading run that arrived whole and is not oversized (AdoptChunks validates
-        // each value fully); an entry evicted between PREFIX and MGET ends the run.
-        for (kvstore::BlobPtr& v : *values) {
+        // Keep the leading run that arrived whole, is not oversized and belongs to its key
+        // (AdoptChunks validates each block fully); an entry evicted between PREFIX and MGET
+        // ends the run.
+        for (size_t i = 0; i < values->size(); ++i) {
+          kvstore::BlobPtr& v = (*values)[i];
           if (v == nullptr) break;
-          if (v->size() == 0 || v->size() > cache_.ChunkValueBytes()) {
+          if (v->size() <= kChunkTagBytes || v->size() > cache_.ChunkValueBytes() + kChunkTagBytes) {
             rejected_chunks_.fetch_add(1, std::memory_order_relaxed);
-            Log().warn("kvstore: a fetched chunk of {} bytes is refused (a chunk is at most {}); the prompt is "
-                       "computed from there", v->size(), cache_.ChunkValueBytes());
+            Log().warn("kvstore: a fetched chunk of {} bytes is refused (a stored chunk is {}..{} bytes); the prompt "
+                       "is computed from there", v->size(), kChunkTagBytes + 1, cache_.ChunkValueBytes() + kChunkTagBytes);
+            break;
+          }
+          std::optional<std::string_view> blocks = CheckChunkTag(keys[first + i], v->view());
+          if (!blocks) {
+            rejected_chunks_.fetch_add(1, std::memory_order_relaxed);
+            Log().warn("kvstore: the fetched value of chunk {} ({} bytes) does not carry its key's tag (another key's "
+                       "value, or damaged); the prompt is computed from there", first + static_cast<int>(i), v->size());
             break;
           }
           fetched_bytes_.fetch_add(static_cast<int64_t>(v->size()), std::memory_order_relaxed);
+          out->chunks.push_back(*blocks);
           out->values.push_back(std::move(v));
         }
         fetched_chunks_.fetch_add(static_cast<int64_t>(out->values.size()), std::memory_order_relaxed);
@@ -119,6 +145,7 @@ std::shared_ptr<const FetchedPrefix> KvStoreLink::Fetch(const std::vector<int>& 
     MarkFailed();
     Log().warn("kvstore link: lookup failed, computing the prompt instead: {}", st.ToString());
     out->values.clear();
+    out->chunks.clear();
   }
   if (client && client->connected()) {
     std::lock_guard<std::mutex> lock(pool_mu_);
@@ -166,6 +193,8 @@ Status KvStoreLink::PublishJob(kvstore::Client& client, const Job& job) {
   for (const auto& [key, block] : job.chunks) keys.push_back(KeyBytes(key));
   KEEL_ASSIGN_OR_RETURN(std::vector<bool> present, client.Exists(keys));
   std::vector<kvstore::Client::PutItem> items;
+  std::vector<Hash128> tags;
+  tags.reserve(job.chunks.size());  // the items point into it: no reallocation
   int64_t bytes = 0;
   for (size_t i = 0; i < job.chunks.size(); ++i) {
     if (present[i]) {
@@ -174,10 +203,14 @@ Status KvStoreLink::PublishJob(kvstore::Client& client, const Job& job) {
     }
     kvstore::Client::PutItem item;
     item.key = keys[i];
-    for (const auto& [data, size] : cache_.ChunkPieces(job.chunks[i].second)) {
+    const std::vector<std::pair<const uint8_t*, size_t>> pieces = cache_.ChunkPieces(job.chunks[i].second);
+    for (const auto& [data, size] : pieces) {
       item.pieces.push_back({const_cast<uint8_t*>(data), size});
       bytes += static_cast<int64_t>(size);
     }
+    tags.push_back(ChunkTag(job.chunks[i].first, pieces));
+    item.pieces.push_back({&tags.back(), kChunkTagBytes});
+    bytes += static_cast<int64_t>(kChunkTagBytes);
     items.push_back(std::move(item));
   }
   if (items.empty()) return Status::Ok();
@@ -258,7 +291,8 @@ void KvStoreLink::RegisterMetrics(MetricsRegistry& registry) {
       {"keel_kvstore_link_failures_total", "Lookups or publishes that failed (store down, timeout, bad reply).",
        &failures_},
       {"keel_kvstore_link_rejected_chunks_total",
-       "Fetched KV chunks refused (wrong size, or corrupt for the codec); their tokens were computed.",
+       "Fetched KV chunks refused (wrong size, tag not of their key, or corrupt for the codec); their tokens were "
+       "computed.",
        &rejected_chunks_},
   };
   for (const Field& f : fields) {

@@ -13,6 +13,12 @@
 //    and sends the rest pipelined, reading the pinned blocks in place (one piece per layer). The
 //    scheduler unpins finished blocks at its next step. Publishing never delays a token: the
 //    hand-off is O(chunks) and a full queue drops the job (counted).
+//  * Values are bound to their keys: a published value is the chunk's block bytes followed by a
+//    16-byte tag, XXH3-128(chunk key || block bytes). A fetched value whose tag does not match the
+//    key it was fetched for (a store that mixed keys up, a value of the right shape written under
+//    another key, bytes damaged in a tier without checksums) is refused and counted like any
+//    other rejected chunk; the prompt is computed from there. The tag is not a MAC: whoever can
+//    write to the store can forge it, so the store is still trusted not to be hostile.
 #pragma once
 
 #include <atomic>
@@ -21,7 +27,9 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -43,10 +51,19 @@ struct KvStoreLinkOptions {
   int64_t ttl_ms = 0;              // TTL of published chunks (0: the store's default)
 };
 
-// Chunks of one prompt fetched from the store: values[i] is chunk first_chunk + i.
+// The tag after a stored chunk's block bytes (see above).
+inline constexpr size_t kChunkTagBytes = sizeof(Hash128);
+// The tag of a chunk under `key` whose block bytes are `pieces` (in order).
+Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*, size_t>>& pieces);
+// The block bytes of stored value `value` if its tag matches `key`; nullopt otherwise.
+std::optional<std::string_view> CheckChunkTag(const Hash128& key, std::string_view value);
+
+// Chunks of one prompt fetched from the store: values[i] is chunk first_chunk + i, as stored
+// (tag included); chunks[i] is its block bytes, checked against its key (a view into values[i]).
 struct FetchedPrefix {
   int first_chunk = 0;
   std::vector<kvstore::BlobPtr> values;
+  std::vector<std::string_view> chunks;
 };
 
 struct KvStoreLinkStats {
@@ -59,7 +76,7 @@ struct KvStoreLinkStats {
   int64_t skipped_existing = 0; // chunks the store already had
   int64_t dropped_jobs = 0;     // publish jobs dropped (queue full or store down)
   int64_t failures = 0;         // lookups or publishes that failed (store down, timeout, bad reply)
-  int64_t rejected_chunks = 0;  // fetched values refused (wrong size, or the codec found them corrupt)
+  int64_t rejected_chunks = 0;  // fetched values refused (wrong size, tag not of their key, or corrupt for the codec)
 };
 
 class KvStoreLink {

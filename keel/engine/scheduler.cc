@@ -169,9 +169,7 @@ void Scheduler::Admit() {
     int adopted = 0;
     if (reused.ok() && !resumed && a->req->fetched && !a->req->fetched->values.empty()) {
       const FetchedPrefix& f = *a->req->fetched;
-      std::vector<std::string_view> views;
-      views.reserve(f.values.size());
-      for (const auto& v : f.values) views.push_back(v->view());
+      const std::vector<std::string_view>& views = f.chunks;
       Result<int> got = cache_->AdoptChunks(a->seq, a->context, f.first_chunk, views);
       if (got.ok()) {
         adopted = *got;
