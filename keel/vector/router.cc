@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "keel/core/http_metrics.h"
+#include "keel/core/json_reader.h"
 #include "keel/core/log.h"
 #include "keel/core/signal.h"
 #include "keel/vector/router_impl.h"
@@ -158,9 +159,41 @@ void Router::Impl::HandleStats(const HttpRequest&, HttpResponder& res) {
 }
 
 // Every replica snapshots (and truncates its log) — what POST /v1/snapshot does on one shard.
-// A replica behind its peers can no longer catch up past a truncated log (410), so this is for
-// when every replica is current; the answer names any that failed.
-void Router::Impl::HandleSnapshot(const HttpRequest&, HttpResponder& res) {
+// A replica behind its peers can no longer catch up past a truncated log (410), so the router
+// first brings laggards up and refuses (409, naming them) while any replica is unreachable or
+// still behind: snapshotting the others would strand it. {"force": true} snapshots anyway (a
+// replica that is gone for good). The answer names any replica whose snapshot failed.
+void Router::Impl::HandleSnapshot(const HttpRequest& req, HttpResponder& res) {
+  bool force = false;
+  if (!req.body.empty()) {
+    auto body = ParseUntrustedJson(req.body, JsonLimits{.max_depth = 2, .max_values = 16, .require_object = true});
+    if (!body.ok()) return SendRouterError(res, 400, body.status().message());
+    if (auto f = body->find("force"); f != body->end()) {
+      if (!f->is_boolean()) return SendRouterError(res, 400, "force must be true or false");
+      force = f->get<bool>();
+    }
+  }
+  if (!force) {
+    std::string behind;
+    for (auto& s : shards) {
+      SyncShard(*s, /*catch_up=*/true);
+      const uint64_t head = s->head();
+      for (auto& r : s->replicas) {
+        std::string why;
+        if (!r->reachable.load() || !r->known.load()) {
+          why = "unreachable";
+        } else if (r->version.load() < head) {
+          why = fmt::format("at version {} of {}", r->version.load(), head);
+        }
+        if (!why.empty()) behind += (behind.empty() ? "" : "; ") + r->info.id + " (" + why + ")";
+      }
+    }
+    if (!behind.empty()) {
+      return SendRouterError(res, 409,
+                             "not snapshotting: a replica behind its peers cannot catch up from their logs once they "
+                             "are truncated; behind: " + behind + ". Bring it up, or send {\"force\": true}");
+    }
+  }
   std::vector<ReplicaState*> all;
   for (auto& s : shards) {
     for (auto& r : s->replicas) all.push_back(r.get());

@@ -108,6 +108,38 @@ TEST_F(RouterTest, ReplicaStoppedDuringWritesCatchesUpAfterRestart) {
   EXPECT_GE(MetricValue(Call(router_->port(), "GET", "/metrics").body, "keel_router_catch_ups_total"), 1);
 }
 
+// Snapshotting truncates every replica's log, after which a replica that missed writes cannot
+// copy them from its peers: the router refuses while one is down or behind, says which, and
+// snapshots once it caught up (or when forced).
+TEST_F(RouterTest, SnapshotIsRefusedWhileAReplicaIsDownOrBehind) {
+  StartCluster();
+  StartRouter(Config("trust"), /*sync_interval_ms=*/0);
+  LoadAll();
+  StopReplica(0, 2);
+  ASSERT_EQ(Post("/v1/upsert", Batch(2000, 2050)).status, 200);
+  const int64_t wal_before = replicas_[0][0]->shard().Stats().wal_bytes;
+  HttpTestResponse res = Call(router_->port(), "POST", "/v1/snapshot", "{}");
+  EXPECT_EQ(res.status, 409) << res.body;
+  EXPECT_NE(res.body.find("s0-c (unreachable)"), std::string::npos) << res.body;
+  EXPECT_EQ(replicas_[0][0]->shard().Stats().wal_bytes, wal_before) << "nothing is snapshotted";
+  EXPECT_EQ(Call(router_->port(), "POST", "/v1/snapshot", "{\"force\": 1}").status, 400);
+  EXPECT_EQ(Call(router_->port(), "POST", "/v1/snapshot", "[1]").status, 400);
+
+  // Back up: the snapshot catches it up first, then every replica snapshots.
+  StartReplica(0, 2);
+  res = Call(router_->port(), "POST", "/v1/snapshot", "");
+  ASSERT_EQ(res.status, 200) << res.body;
+  EXPECT_EQ(ReplicaVersion(0, 2), ReplicaVersion(0, 0));
+  EXPECT_EQ(replicas_[0][2]->shard().Stats().wal_bytes, static_cast<int64_t>(Wal::kHeaderBytes));
+
+  // Gone for good: forced, the others snapshot and the answer names the one that failed.
+  StopReplica(1, 0);
+  res = Call(router_->port(), "POST", "/v1/snapshot", "{\"force\": true}");
+  EXPECT_EQ(res.status, 503) << res.body;
+  EXPECT_NE(res.body.find("s1-a"), std::string::npos) << res.body;
+  EXPECT_EQ(replicas_[1][1]->shard().Stats().wal_bytes, static_cast<int64_t>(Wal::kHeaderBytes));
+}
+
 TEST_F(RouterTest, WriteCatchesALaggingReplicaUpBeforeApplyingIt) {
   StartCluster();
   StartRouter(Config("trust"), /*sync_interval_ms=*/0);  // no background loop: the write must do it
