@@ -45,13 +45,6 @@ std::string_view IndexKindName(IndexKind kind) {
   return "unknown";
 }
 
-Result<QueryKind> ParseQueryKind(std::string_view name) {
-  if (name == "text") return QueryKind::kText;
-  if (name == "multimodal") return QueryKind::kMultimodal;
-  if (name == "image") return QueryKind::kImage;
-  return Status::InvalidArgument("unknown query kind \"" + std::string(name) + "\" (text, multimodal, image)");
-}
-
 namespace {
 
 // Item ids are shifted left once to make vector keys, so the top bit is not available.

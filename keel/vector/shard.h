@@ -89,7 +89,6 @@ struct Item {
 Status CheckVector(const std::vector<float>& v, int dim, const char* what, const std::string& where);
 
 enum class QueryKind { kText, kMultimodal, kImage };
-Result<QueryKind> ParseQueryKind(std::string_view name);  // "text" | "multimodal" | "image"
 
 struct SearchRequest {
   QueryKind kind = QueryKind::kText;

@@ -6,6 +6,13 @@
 
 namespace keel::vector::wire {
 
+Result<QueryKind> ParseQueryKind(std::string_view name) {
+  if (name == "text") return QueryKind::kText;
+  if (name == "multimodal") return QueryKind::kMultimodal;
+  if (name == "image") return QueryKind::kImage;
+  return Status::InvalidArgument("unknown query kind \"" + std::string(name) + "\" (text, multimodal, image)");
+}
+
 using json = nlohmann::json;
 
 Result<json> ParseBody(std::string_view text, size_t max_values) {

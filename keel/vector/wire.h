@@ -25,6 +25,9 @@ namespace keel::vector::wire {
 // holding at most `max_values` values (keel/core/json_reader.h), checked before parsing.
 Result<nlohmann::json> ParseBody(std::string_view body, size_t max_values);
 
+// A query kind by name: "text" | "multimodal" | "image".
+Result<QueryKind> ParseQueryKind(std::string_view name);
+
 // /v1/search: kind, text, image, ids (at most max_k), k in [1, max_k], ef in [0, 2^16],
 // nprobe in [0, 2^20], rerank in [-1, 2^16] (the shard bounds it further), filter,
 // include_vectors. Numbers must be finite as float32. Text and
