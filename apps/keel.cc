@@ -1,9 +1,12 @@
 // keel: the command-line front end. Each subcommand is a thin layer over a library call; the
 // commands live in apps/cmd_*.cc and register themselves through apps/cli.h.
+#include <malloc.h>
+
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -55,6 +58,17 @@ int main(int argc, char** argv) {
   // A peer that closed its socket must be an EPIPE error where the write happens, not the
   // process's death: Keel's own sockets send with MSG_NOSIGNAL, but libraries (hiredis) write().
   std::signal(SIGPIPE, SIG_IGN);
+  // Servers read request bodies (up to tens of MiB) into memory, and a client may abandon one
+  // half sent. glibc raises its mmap threshold to the largest block freed so far, so after the
+  // first large body every later one came from the heap arenas and stayed with the process once
+  // freed: 557 MiB (gateway) and 379 MiB (vector) after 1,000 abandoned 4 MiB uploads, 18 MiB
+  // with a fixed threshold (docs/results.md). Blocks of 1 MiB and more get their own mappings,
+  // returned to the system when freed. An operator's own setting (glibc's environment) wins.
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr &&
+      (tunables == nullptr || std::string_view(tunables).find("mmap_threshold") == std::string_view::npos)) {
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  }
   CLI::App app{"keel: LLM and retrieval services under tight resources"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level may follow the subcommand too
