@@ -561,15 +561,17 @@ TEST_F(HiloLevelTest, MeterCountsArrivalsShedsAndFinishes) {
   // The engine's probe reports the scheduler's queue; without it the meter's own count shows
   // whether every arrival left the queue again (Shed or Started).
   meter.SetQueueDepthProbe(nullptr);
-  std::vector<HttpTestResponse> out(4);
+  std::vector<HttpTestResponse> out(4);  // each written by its client; read here after the joins
+  std::atomic<int> refused{0};           // what this thread may read while the clients still run
   std::vector<std::thread> clients;
-  for (int i = 0; i < 4; ++i) clients.emplace_back([&, i] { out[i] = Complete(kPrompt, 5); });
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      out[i] = Complete(kPrompt, 5);
+      if (out[i].status == 429) ++refused;
+    });
+  }
   // Two wait in the queue (nobody steps the scheduler), two are refused with 429.
-  ASSERT_TRUE(Eventually([&] {
-    int refused = 0;
-    for (const auto& r : out) refused += r.status == 429;
-    return refused == 2 && engine_->scheduler().QueueDepth() == 2;
-  }));
+  ASSERT_TRUE(Eventually([&] { return refused.load() == 2 && engine_->scheduler().QueueDepth() == 2; }));
   now_ms += 1000;
   hilo::LoadReport r1 = meter.Take(now_ms.load());
   EXPECT_DOUBLE_EQ(r1.arrival_rate, 4.0);  // sheds count as arrivals
