@@ -418,6 +418,13 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
     keel["generate_ms"] = generate_ms;
     return keel;
   };
+  // A client that left while its request waited for the search is not generated for: the gateway
+  // cannot tell a non-streaming caller left, so under overload that is engine time spent on
+  // answers nobody reads (a client that timed out, or a load generator's cut-off).
+  if (res.ClientGone()) {
+    res.Abandon();
+    return;
+  }
   const std::string prompt = BuildPrompt(docs, q.question, opt_.context_bytes, q.history, opt_.history_bytes);
   if (q.stream) {
     // Errors before the stream opens are answered as JSON with their status, as OpenAI does.

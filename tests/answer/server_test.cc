@@ -629,6 +629,73 @@ TEST_F(AnswerServerTest, AGatewayAnswerWithoutReadableChoicesIs502) {
   answer_->Stop();
 }
 
+// A client that hung up while its search ran gets no generation: the gateway is never asked. One
+// that stays gets its answer. The vector service here holds each search until the test lets it go.
+TEST_F(AnswerServerTest, AClientThatLeftDuringTheSearchIsNotGeneratedFor) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int searches = 0;
+  bool release = false;
+  HttpServerOptions ho;
+  ho.host = "127.0.0.1";
+  ho.port = 0;
+  HttpServer vector(ho, [&](const HttpRequest&, HttpResponder& res) {
+    std::unique_lock lock(mu);
+    ++searches;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(30), [&] { return release; });
+    res.Send(200, "application/json", R"({"hits":[{"id":1},{"id":2}]})");
+  });
+  std::atomic<int> generations{0};
+  HttpServer gateway(ho, [&](const HttpRequest&, HttpResponder& res) {
+    ++generations;
+    res.Send(200, "application/json",
+             R"({"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]})");
+  });
+  ASSERT_TRUE(vector.Start().ok());
+  ASSERT_TRUE(gateway.Start().ok());
+  AnswerServerOptions o;
+  o.vector_url = Url(vector.port());
+  o.gateway_url = Url(gateway.port());
+  StartAnswer(o);
+
+  // The client sends its request and hangs up while the search is held.
+  const std::string body = AskBody((*eval_)[0]).dump();
+  const std::string request = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(answer_->port()));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return searches == 1; }));
+  }
+  ::close(fd);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  // Counted as the client's 499 once the worker saw it leave.
+  ASSERT_TRUE(Eventually([&] {
+    HttpTestClient c(answer_->port());
+    const std::string m = c.Request("GET", "/metrics").body;
+    return m.find("keel_answer_requests_total{route=\"/v1/chat/completions\",code=\"499\"} 1") != std::string::npos &&
+           m.find("\nkeel_answer_inflight 0") != std::string::npos;
+  }));
+  EXPECT_EQ(generations.load(), 0) << "the gateway was asked for an answer nobody waited for";
+
+  // A client that waits gets its answer (the search is no longer held).
+  HttpTestResponse r = Ask(body);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(generations.load(), 1);
+  answer_->Stop();
+}
+
 TEST_F(AnswerServerTest, ModelsAreTheGatewaysForTheClientsKey) {
   StartAnswer({});
   HttpTestClient c(answer_->port());
