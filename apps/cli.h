@@ -28,6 +28,10 @@ int Fail(const Status& s);
 // status (`stop`'s error, or waiting's, through Fail).
 int StopOnSignal(const std::function<Status()>& stop, const char* what = "stopping");
 
+// A secret (token or key) from a file: its first line, 16..256 printable ASCII bytes without
+// spaces, so a short guessable one is refused. `what` names it in errors ("admin token").
+Result<std::string> ReadSecretFile(const std::string& path, const char* what);
+
 void AddEngineCommands(CLI::App& app, Commands& out);   // generate, serve, bench, inspect, convert, make-model
 void AddKvstoreCommands(CLI::App& app, Commands& out);  // kvstore
 void AddVectorCommands(CLI::App& app, Commands& out);   // vector (+ keygen), vector-router

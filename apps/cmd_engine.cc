@@ -125,6 +125,12 @@ Status ApplyMoeFlags(const MoeArgs& a, EngineOptions& o) {
   return Status::Ok();
 }
 
+// --kvstore and its flags: the link's options, and the file holding the tag key (read at run).
+struct KvStoreLinkArgs {
+  KvStoreLinkOptions o;
+  std::string key_file;
+};
+
 struct GenerateArgs {
   std::string model, tokenizer, prompt;
   KvCodecArgs kv;
@@ -135,21 +141,25 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool print_ids = false;
   int logprobs = -1;
-  KvStoreLinkOptions kvstore;
+  KvStoreLinkArgs kvstore;
   MoeArgs moe;
 };
 
 // The engine options generate and serve share: model, tokenizer, KV codec, offloaded MoE, kvstore
 // link. `switchable`: a HiLO level may switch the codec at run time (CheckBellows).
 Status CommonEngineOptions(const std::string& model, const std::string& tokenizer, const KvCodecArgs& kv,
-                           const MoeArgs& moe, const KvStoreLinkOptions& kvstore, bool switchable, EngineOptions* opt) {
+                           const MoeArgs& moe, const KvStoreLinkArgs& kvstore, bool switchable, EngineOptions* opt) {
   KEEL_RETURN_IF_ERROR(kv.CheckBellows(switchable));
   KEEL_RETURN_IF_ERROR(ApplyMoeFlags(moe, *opt));
   opt->model_path = model;
   opt->tokenizer_path = tokenizer;
   opt->kv_codec = kv.codec;
   opt->kv.codec_params = kv.Params();
-  opt->kvstore = kvstore;
+  opt->kvstore = kvstore.o;
+  if (!kvstore.key_file.empty()) {
+    if (kvstore.o.address.empty()) return Status::InvalidArgument("--kvstore-key-file needs --kvstore");
+    KEEL_ASSIGN_OR_RETURN(opt->kvstore.tag_key, ReadSecretFile(kvstore.key_file, "kvstore key"));
+  }
   return Status::Ok();
 }
 
@@ -217,7 +227,7 @@ struct ServeArgs {
   size_t kv_mb = 256;
   bool prefix_cache = true;
   double drain = 10;
-  KvStoreLinkOptions kvstore;
+  KvStoreLinkArgs kvstore;
   MoeArgs moe;
   HiloFlags hilo;              // engine-hilo
   int hilo_drain_ms = 1000;    // engine-hilo
@@ -293,11 +303,16 @@ int RunServe(const ServeArgs& a) {
   return 0;
 }
 
-void AddKvStoreLinkFlags(CLI::App* cmd, KvStoreLinkOptions& o) {
-  cmd->add_option("--kvstore", o.address, "share prefix KV through a `keel kvstore` at host:port");
-  cmd->add_option("--kvstore-timeout-ms", o.lookup_timeout_ms, "deadline for one prompt's store lookup")
+void AddKvStoreLinkFlags(CLI::App* cmd, KvStoreLinkArgs& a) {
+  cmd->add_option("--kvstore", a.o.address, "share prefix KV through a `keel kvstore` at host:port");
+  cmd->add_option("--kvstore-timeout-ms", a.o.lookup_timeout_ms, "deadline for one prompt's store lookup")
       ->capture_default_str()->check(CLI::Range(1, 600000));
+  cmd->add_option("--kvstore-key-file", a.key_file,
+                  "file whose first line (16..256 printable bytes) keys the chunk tags (HMAC-SHA256), the same on "
+                  "every instance: values written by anyone without it are refused")
+      ->check(CLI::ExistingFile);
 }
+
 
 struct BenchArgs {
   std::string model;

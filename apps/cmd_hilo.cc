@@ -40,17 +40,6 @@ Status ResolveFingerprint(HiloArgs& a) {
   return Status::Ok();
 }
 
-// The admin token: the file's first line, 16..256 printable bytes (so a short guessable one is refused).
-Result<std::string> ReadAdminToken(const std::string& path) {
-  KEEL_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, 64 << 10));
-  const size_t nl = text.find_first_of("\r\n");
-  if (nl != std::string::npos) text.resize(nl);
-  if (text.size() < 16 || text.size() > 256) return Status::InvalidArgument(path + ": admin token must be 16..256 bytes on the first line");
-  for (unsigned char c : text) {
-    if (c < 0x21 || c > 0x7e) return Status::InvalidArgument(path + ": admin token must be printable ASCII without spaces");
-  }
-  return text;
-}
 
 
 int64_t UnixSecondsNow() {
@@ -60,7 +49,7 @@ int64_t UnixSecondsNow() {
 int RunHiloServe(HiloArgs a) {
   if (Status s = ResolveFingerprint(a); !s.ok()) return Fail(s);
   if (!a.admin_token_file.empty()) {
-    auto token = ReadAdminToken(a.admin_token_file);
+    auto token = ReadSecretFile(a.admin_token_file, "admin token");
     if (!token.ok()) return Fail(token.status());
     a.o.admin_token = std::move(*token);
   }
@@ -157,7 +146,7 @@ Result<std::vector<answer::EvalQuery>> LoadHiloEvalSet(const std::string& corpus
 int RunHiloValidate(HiloValidateArgs a) {
   auto cat = hilo::ReadCatalogFile(a.catalog);
   if (!cat.ok()) return Fail(cat.status());
-  auto token = ReadAdminToken(a.admin_token_file);
+  auto token = ReadSecretFile(a.admin_token_file, "admin token");
   if (!token.ok()) return Fail(token.status());
   a.o.admin_token = std::move(*token);
   auto eval = LoadHiloEvalSet(a.corpus, a.vectors, a.queries);

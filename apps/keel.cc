@@ -13,6 +13,7 @@
 #include "apps/cli.h"
 #include "keel/core/cpu.h"
 #include "keel/core/log.h"
+#include "keel/core/mapped_file.h"
 #include "keel/core/signal.h"
 
 namespace keel::cli {
@@ -28,6 +29,19 @@ int StopOnSignal(const std::function<Status()>& stop, const char* what) {
   Log().info("received {}; {}", SignalName(*sig), what);
   if (Status s = stop(); !s.ok()) return Fail(s);
   return 0;
+}
+
+Result<std::string> ReadSecretFile(const std::string& path, const char* what) {
+  KEEL_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, 64 << 10));
+  const size_t nl = text.find_first_of("\r\n");
+  if (nl != std::string::npos) text.resize(nl);
+  if (text.size() < 16 || text.size() > 256) {
+    return Status::InvalidArgument(path + ": " + what + " must be 16..256 bytes on the first line");
+  }
+  for (unsigned char c : text) {
+    if (c < 0x21 || c > 0x7e) return Status::InvalidArgument(path + ": " + what + " must be printable ASCII without spaces");
+  }
+  return text;
 }
 
 }  // namespace keel::cli

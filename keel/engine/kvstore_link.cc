@@ -1,5 +1,9 @@
 #include "keel/engine/kvstore_link.h"
 
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 #include <sys/uio.h>
 
 #include <chrono>
@@ -21,18 +25,40 @@ std::string_view KeyBytes(const Hash128& key) {
 
 }  // namespace
 
-Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*, size_t>>& pieces) {
-  Hasher128 h;
-  h.update(KeyBytes(key));
-  for (const auto& [data, size] : pieces) h.update(data, size);
-  return h.digest();
+Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*, size_t>>& pieces,
+                 std::string_view tag_key) {
+  if (tag_key.empty()) {
+    Hasher128 h;
+    h.update(KeyBytes(key));
+    for (const auto& [data, size] : pieces) h.update(data, size);
+    return h.digest();
+  }
+  // HMAC-SHA256 through OpenSSL 3's EVP_MAC; a failure (no HMAC in the provider) gives an
+  // all-zero tag, which no value carries by chance, so every value is refused, not accepted.
+  Hash128 tag;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  size_t mac_len = 0;
+  EVP_MAC* hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  EVP_MAC_CTX* ctx = hmac != nullptr ? EVP_MAC_CTX_new(hmac) : nullptr;
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
+  bool ok = ctx != nullptr &&
+            EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(tag_key.data()), tag_key.size(), params) == 1 &&
+            EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(&key), sizeof(key)) == 1;
+  for (const auto& [data, size] : pieces) ok = ok && EVP_MAC_update(ctx, data, size) == 1;
+  ok = ok && EVP_MAC_final(ctx, mac, &mac_len, sizeof(mac)) == 1 && mac_len >= sizeof(tag);
+  if (ok) std::memcpy(&tag, mac, sizeof(tag));
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(hmac);
+  return tag;
 }
 
-std::optional<std::string_view> CheckChunkTag(const Hash128& key, std::string_view value) {
+std::optional<std::string_view> CheckChunkTag(const Hash128& key, std::string_view value, std::string_view tag_key) {
   if (value.size() <= kChunkTagBytes) return std::nullopt;
   const std::string_view blocks = value.substr(0, value.size() - kChunkTagBytes);
-  const Hash128 tag = ChunkTag(key, {{reinterpret_cast<const uint8_t*>(blocks.data()), blocks.size()}});
-  if (std::memcmp(&tag, value.data() + blocks.size(), kChunkTagBytes) != 0) return std::nullopt;
+  const Hash128 tag = ChunkTag(key, {{reinterpret_cast<const uint8_t*>(blocks.data()), blocks.size()}}, tag_key);
+  if (tag == Hash128{}) return std::nullopt;
+  if (CRYPTO_memcmp(&tag, value.data() + blocks.size(), kChunkTagBytes) != 0) return std::nullopt;
   return blocks;
 }
 
@@ -122,7 +148,7 @@ std::shared_ptr<const FetchedPrefix> KvStoreLink::Fetch(const std::vector<int>& 
                        "is computed from there", v->size(), kChunkTagBytes + 1, cache_.ChunkValueBytes() + kChunkTagBytes);
             break;
           }
-          std::optional<std::string_view> blocks = CheckChunkTag(keys[first + i], v->view());
+          std::optional<std::string_view> blocks = CheckChunkTag(keys[first + i], v->view(), options_.tag_key);
           if (!blocks) {
             rejected_chunks_.fetch_add(1, std::memory_order_relaxed);
             Log().warn("kvstore: the fetched value of chunk {} ({} bytes) does not carry its key's tag (another key's "
@@ -208,7 +234,7 @@ Status KvStoreLink::PublishJob(kvstore::Client& client, const Job& job) {
       item.pieces.push_back({const_cast<uint8_t*>(data), size});
       bytes += static_cast<int64_t>(size);
     }
-    tags.push_back(ChunkTag(job.chunks[i].first, pieces));
+    tags.push_back(ChunkTag(job.chunks[i].first, pieces, options_.tag_key));
     item.pieces.push_back({&tags.back(), kChunkTagBytes});
     bytes += static_cast<int64_t>(kChunkTagBytes);
     items.push_back(std::move(item));

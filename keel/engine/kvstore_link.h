@@ -17,8 +17,10 @@
 //    16-byte tag, XXH3-128(chunk key || block bytes). A fetched value whose tag does not match the
 //    key it was fetched for (a store that mixed keys up, a value of the right shape written under
 //    another key, bytes damaged in a tier without checksums) is refused and counted like any
-//    other rejected chunk; the prompt is computed from there. The tag is not a MAC: whoever can
-//    write to the store can forge it, so the store is still trusted not to be hostile.
+//    other rejected chunk; the prompt is computed from there. By default the tag is not a MAC:
+//    whoever can write to the store can forge it. With `tag_key` (`--kvstore-key-file`, the same
+//    on every instance) it is HMAC-SHA256(tag_key, chunk key || block bytes) cut to 16 bytes, so
+//    a writer without the key cannot make the engines use a value it wrote.
 #pragma once
 
 #include <atomic>
@@ -49,14 +51,17 @@ struct KvStoreLinkOptions {
   int retry_after_ms = 2000;       // after a failure, the store is skipped this long
   int max_pinned_blocks = 0;       // blocks held for publishing at once; 0: a quarter of the cache
   int64_t ttl_ms = 0;              // TTL of published chunks (0: the store's default)
+  std::string tag_key;             // non-empty: chunk tags are keyed (HMAC-SHA256); see above
 };
 
 // The tag after a stored chunk's block bytes (see above).
 inline constexpr size_t kChunkTagBytes = sizeof(Hash128);
-// The tag of a chunk under `key` whose block bytes are `pieces` (in order).
-Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*, size_t>>& pieces);
+// The tag of a chunk under `key` whose block bytes are `pieces` (in order): XXH3-128, or with a
+// non-empty `tag_key` HMAC-SHA256 cut to 16 bytes.
+Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*, size_t>>& pieces,
+                 std::string_view tag_key = {});
 // The block bytes of stored value `value` if its tag matches `key`; nullopt otherwise.
-std::optional<std::string_view> CheckChunkTag(const Hash128& key, std::string_view value);
+std::optional<std::string_view> CheckChunkTag(const Hash128& key, std::string_view value, std::string_view tag_key = {});
 
 // Chunks of one prompt fetched from the store: values[i] is chunk first_chunk + i, as stored
 // (tag included); chunks[i] is its block bytes, checked against its key (a view into values[i]).

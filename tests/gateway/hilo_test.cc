@@ -419,7 +419,8 @@ TEST_F(GatewayHilo, FollowsARealControllerAndReportsItsLoad) {
     test::HttpTestClient c((*server)->port(), 5);
     return c.Request("GET", "/metrics").body.find("keel_hilo_reports_total{service=\"gateway\"}") != std::string::npos;
   }));
-  EXPECT_GT(gateway_->hilo_link()->reports_ok(), 0u);
+  // The controller counts a report before the link has read its answer: wait for the link too.
+  EXPECT_TRUE(WaitFor([&] { return gateway_->hilo_link()->reports_ok() > 0u; }));
   gateway_.reset();  // before the controller: the link's long-poll ends with the gateway
   (*server)->Stop();
 }

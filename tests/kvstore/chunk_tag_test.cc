@@ -132,6 +132,38 @@ TEST_F(ChunkTagTest, UntaggedDamagedOrTruncatedValuesAreRefused) {
   EXPECT_EQ(link_->Stats().rejected_chunks, 5);
 }
 
+// With a tag key (--kvstore-key-file), only values tagged under that key are used: an unkeyed
+// tag, or one made with another key, is what a writer without the key can produce.
+TEST_F(ChunkTagTest, AKeyedLinkUsesOnlyValuesTaggedWithItsKey) {
+  const std::string secret = "0123456789abcdef-tag-key", other = "0123456789abcdef-another";
+  KvStoreLinkOptions lo;
+  lo.address = "127.0.0.1:" + std::to_string(service_->port());
+  lo.lookup_timeout_ms = 5000;
+  lo.tag_key = secret;
+  auto keyed = KvStoreLink::Create(lo, *cache_);
+  ASSERT_TRUE(keyed.ok()) << keyed.status().ToString();
+  auto tagged = [&](int c, const std::string& k) {
+    const std::string b = Blocks(c);
+    const Hash128 tag = ChunkTag(keys_[c], {{reinterpret_cast<const uint8_t*>(b.data()), b.size()}}, k);
+    return b + std::string(reinterpret_cast<const char*>(&tag), sizeof(tag));
+  };
+  Put(0, tagged(0, secret));
+  Put(1, tagged(1, ""));     // unkeyed: anyone can compute it
+  Put(2, tagged(2, other));  // keyed, with another key
+  auto f = (*keyed)->Fetch(prompt_);
+  ASSERT_EQ(f->chunks.size(), 1u);
+  EXPECT_EQ(f->chunks[0], Blocks(0));
+  EXPECT_EQ((*keyed)->Stats().rejected_chunks, 1);
+  Put(1, tagged(1, secret));
+  EXPECT_EQ((*keyed)->Fetch(prompt_)->chunks.size(), 2u) << "chunk 2 is still another key's";
+  Put(2, tagged(2, secret));
+  EXPECT_EQ((*keyed)->Fetch(prompt_)->chunks.size(), 3u);
+  // The unkeyed link refuses keyed values in turn, and the two tags differ.
+  EXPECT_TRUE(link_->Fetch(prompt_)->chunks.empty());
+  EXPECT_NE(tagged(0, secret), tagged(0, "")) << "the key changes the tag";
+  EXPECT_NE(tagged(0, secret), tagged(0, other));
+}
+
 TEST_F(ChunkTagTest, CheckChunkTagNeedsTheKeyItWasMadeFor) {
   const std::string v = Tagged(keys_[1], Blocks(1));
   auto ok = CheckChunkTag(keys_[1], v);

@@ -128,6 +128,55 @@ TEST_P(SharedPrefix, InstanceBReusesInstanceAsPrefixAndMatchesARunWithoutAStore)
   EXPECT_GE(Metric(b_port, "keel_kvstore_link_failures_total"), 0);
 }
 
+// Instances sharing a tag key (--kvstore-key-file) reuse each other's chunks; one with another
+// key refuses them (counted), computes the prompt and answers the same.
+TEST(SharedPrefixKeyed, OnlyInstancesWithTheSameKeyUseEachOthersChunks) {
+  test::TempDir dir("keel-kvkey");
+  auto write_key = [&](const std::string& name, const std::string& key) {
+    const std::string path = dir.file(name);
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs((key + "\n").c_str(), f);
+    std::fclose(f);
+    return path;
+  };
+  const std::string key = write_key("a.key", "kvstore-key-0123456789-shared"),
+                    other = write_key("b.key", "kvstore-key-0123456789-other!"),
+                    short_key = write_key("c.key", "short");
+  const std::string model = test::ModelsDir() + "/aidreams260K.bin";
+  const int store_port = test::FreeLoopbackPort();
+  const int a_port = test::FreeLoopbackPort(), b_port = test::FreeLoopbackPort(), d_port = test::FreeLoopbackPort();
+  Process store("kvstore --port " + std::to_string(store_port) + " --http-port -1 --dram-mb 64", store_port);
+  ASSERT_TRUE(store.up());
+  const std::string link = " --kvstore 127.0.0.1:" + std::to_string(store_port) + " --kvstore-timeout-ms 2000";
+  Process a("serve -m " + model + " --port " + std::to_string(a_port) + link + " --kvstore-key-file " + key, a_port);
+  Process b("serve -m " + model + " --port " + std::to_string(b_port) + link + " --kvstore-key-file " + key, b_port);
+  Process d("serve -m " + model + " --port " + std::to_string(d_port) + link + " --kvstore-key-file " + other, d_port);
+  ASSERT_TRUE(a.up() && b.up() && d.up());
+  // A key too short to be a secret is refused at start.
+  const std::string bad = std::string(KEEL_BINARY) + " serve -m " + model + " --port 0" + link +
+                          " --kvstore-key-file " + short_key + " 2>/dev/null";
+  EXPECT_NE(std::system(bad.c_str()), 0);
+
+  const std::string prefix =
+      "Once upon a time there was a little girl named Lily who loved to play in the park with her dog Max. "
+      "Every morning they ran to the big tree by the pond.";
+  ASSERT_FALSE(Complete(a_port, prefix + " One day Lily found a red ball").is_null());
+  for (int i = 0; i < 200 && Metric(a_port, "keel_kvstore_link_published_chunks_total") <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(Metric(a_port, "keel_kvstore_link_published_chunks_total"), 0);
+
+  const std::string prompt = prefix + " Then a big storm came and";
+  nlohmann::json rb = Complete(b_port, prompt);
+  nlohmann::json rd = Complete(d_port, prompt);
+  ASSERT_FALSE(rb.is_null());
+  ASSERT_FALSE(rd.is_null());
+  EXPECT_GT(Metric(b_port, "keel_kvstore_link_hit_tokens_total"), 0) << "same key: B reuses A's prefix";
+  EXPECT_EQ(Metric(d_port, "keel_kvstore_link_hit_tokens_total"), 0) << "another key: D uses none of it";
+  EXPECT_GT(Metric(d_port, "keel_kvstore_link_rejected_chunks_total"), 0);
+  EXPECT_EQ(rb["choices"][0]["text"], rd["choices"][0]["text"]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, SharedPrefix, ::testing::Values("raw", "zipfusion", "bellows"),
                          [](const auto& info) { return info.param; });
 
