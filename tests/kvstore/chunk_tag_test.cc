@@ -62,8 +62,8 @@ class ChunkTagTest : public ::testing::Test {
     for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>((i * 7 + chunk * 13) & 0x3f);
     return b;
   }
-  static std::string Tagged(const Hash128& key, const std::string& blocks) {
-    const Hash128 tag = ChunkTag(key, {{reinterpret_cast<const uint8_t*>(blocks.data()), blocks.size()}});
+  static std::string Tagged(const Hash128& key, const std::string& blocks, const std::string& tag_key = "") {
+    const Hash128 tag = ChunkTag(key, {{reinterpret_cast<const uint8_t*>(blocks.data()), blocks.size()}}, tag_key);
     return blocks + std::string(reinterpret_cast<const char*>(&tag), sizeof(tag));
   }
   void Put(int chunk, const std::string& value) {
@@ -142,11 +142,7 @@ TEST_F(ChunkTagTest, AKeyedLinkUsesOnlyValuesTaggedWithItsKey) {
   lo.tag_key = secret;
   auto keyed = KvStoreLink::Create(lo, *cache_);
   ASSERT_TRUE(keyed.ok()) << keyed.status().ToString();
-  auto tagged = [&](int c, const std::string& k) {
-    const std::string b = Blocks(c);
-    const Hash128 tag = ChunkTag(keys_[c], {{reinterpret_cast<const uint8_t*>(b.data()), b.size()}}, k);
-    return b + std::string(reinterpret_cast<const char*>(&tag), sizeof(tag));
-  };
+  auto tagged = [&](int c, const std::string& k) { return Tagged(keys_[c], Blocks(c), k); };
   Put(0, tagged(0, secret));
   Put(1, tagged(1, ""));     // unkeyed: anyone can compute it
   Put(2, tagged(2, other));  // keyed, with another key
