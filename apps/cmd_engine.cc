@@ -313,7 +313,6 @@ void AddKvStoreLinkFlags(CLI::App* cmd, KvStoreLinkArgs& a) {
       ->check(CLI::ExistingFile);
 }
 
-
 struct BenchArgs {
   std::string model;
   KvCodecArgs kv;

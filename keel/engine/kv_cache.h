@@ -10,8 +10,8 @@
 //   key_i = XXH3-128(key_{i-1} || token ids of chunk i || fingerprint)
 // where the fingerprint covers the model checksum, the codec and its parameters, the block
 // layout and the stored value's format (KvStoreLink's key tag), so values written in an older
-// format are never looked up. A new sequence whose prompt starts with registered chunks reuses those blocks instead
-// of recomputing them. Blocks whose refcount drops to zero stay cached (and findable) until the
+// format are never looked up. A new sequence whose prompt starts with registered chunks reuses
+// those blocks instead of recomputing them. Blocks whose refcount drops to zero stay cached (and findable) until the
 // allocator needs them, least recently released first.
 //
 // The byte budget is fixed at creation; allocation beyond it (after evicting cached prefixes)

@@ -33,12 +33,13 @@ Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*,
     for (const auto& [data, size] : pieces) h.update(data, size);
     return h.digest();
   }
-  // HMAC-SHA256 through OpenSSL 3's EVP_MAC; a failure (no HMAC in the provider) gives an
-  // all-zero tag, which no value carries by chance, so every value is refused, not accepted.
+  // HMAC-SHA256 through OpenSSL 3's EVP_MAC, fetched once (a provider lookup per chunk would
+  // only repeat it); a failure (no HMAC in the provider) gives an all-zero tag, which no value
+  // carries by chance, so every value is refused, not accepted.
+  static EVP_MAC* const hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
   Hash128 tag;
   unsigned char mac[EVP_MAX_MD_SIZE];
   size_t mac_len = 0;
-  EVP_MAC* hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
   EVP_MAC_CTX* ctx = hmac != nullptr ? EVP_MAC_CTX_new(hmac) : nullptr;
   char digest[] = "SHA256";
   const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
@@ -49,7 +50,6 @@ Hash128 ChunkTag(const Hash128& key, const std::vector<std::pair<const uint8_t*,
   ok = ok && EVP_MAC_final(ctx, mac, &mac_len, sizeof(mac)) == 1 && mac_len >= sizeof(tag);
   if (ok) std::memcpy(&tag, mac, sizeof(tag));
   EVP_MAC_CTX_free(ctx);
-  EVP_MAC_free(hmac);
   return tag;
 }
 
