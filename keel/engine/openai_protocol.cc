@@ -119,10 +119,14 @@ std::optional<ApiError> ParseCommon(const json& body, const std::string& model_n
   bool present = false;
   int64_t n = 1;
   if (auto e = GetInt(body, "n", &n, &present)) return e;
-  if (present && n != 1) return BadParam("n", "only n = 1 is supported");
-  int64_t best_of = 1;
+  if (n < 1 || n > kMaxChoicesPerRequest) {
+    return BadParam("n", fmt::format("'n' must be between 1 and {}", kMaxChoicesPerRequest));
+  }
+  job->n = static_cast<int>(n);
+  int64_t best_of = n;
   if (auto e = GetInt(body, "best_of", &best_of, &present)) return e;
-  if (present && best_of != 1) return BadParam("best_of", "only best_of = 1 is supported");
+  // best_of > n asks for extra candidates ranked by likelihood, which Keel does not generate.
+  if (best_of != n) return BadParam("best_of", fmt::format("'best_of' must equal 'n' ({}) when given", n));
 
   SamplingOptions& s = job->params.sampling;
   double temperature = 1.0;
@@ -197,23 +201,12 @@ std::optional<ApiError> ParseCommon(const json& body, const std::string& model_n
   return std::nullopt;
 }
 
-// Prompt of /v1/completions: a string, an array of one string, an array of token ids, or an
-// array of one array of token ids. Token ids are used as given (no BOS added).
-std::optional<ApiError> ParsePrompt(const json& body, const Tokenizer& tok, int vocab, std::vector<int>* out) {
-  auto p = body.find("prompt");
-  if (p == body.end() || p->is_null()) return BadParam("prompt", "'prompt' is required");
-  const json* v = &*p;
-  if (v->is_array() && v->size() == 1 && ((*v)[0].is_string() || (*v)[0].is_array())) v = &(*v)[0];
-  if (v->is_string()) {
-    *out = tok.Encode(v->get<std::string>(), /*bos=*/true);
-    return std::nullopt;
-  }
-  if (!v->is_array()) {
-    return BadParam("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
-  }
-  if (v->empty()) return BadParam("prompt", "'prompt' must not be empty");
-  for (const auto& t : *v) {
-    if (t.is_string() || t.is_array()) return BadParam("prompt", "only one prompt per request is supported");
+namespace {
+
+// One prompt given as token ids, appended to *out.
+std::optional<ApiError> ParseTokenIds(const json& ids, int vocab, std::vector<int>* out) {
+  if (ids.empty()) return BadParam("prompt", "'prompt' must not be empty");
+  for (const auto& t : ids) {
     if (!t.is_number_integer()) return BadParam("prompt", "token ids must be integers");
     int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(vocab)
                      ? static_cast<int64_t>(vocab)
@@ -222,6 +215,43 @@ std::optional<ApiError> ParsePrompt(const json& body, const Tokenizer& tok, int 
       return BadParam("prompt", fmt::format("token id {} is outside the vocabulary (0..{})", t.dump(), vocab - 1));
     }
     out->push_back(static_cast<int>(id));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Prompts of /v1/completions: a string, an array of token ids, or an array of strings or of
+// arrays of token ids. Token ids are used as given (no BOS added).
+std::optional<ApiError> ParsePrompt(const json& body, const Tokenizer& tok, int vocab,
+                                    std::vector<std::vector<int>>* out) {
+  auto p = body.find("prompt");
+  if (p == body.end() || p->is_null()) return BadParam("prompt", "'prompt' is required");
+  if (p->is_string()) {
+    out->push_back(tok.Encode(p->get<std::string>(), /*bos=*/true));
+    return std::nullopt;
+  }
+  if (!p->is_array()) {
+    return BadParam("prompt", "'prompt' must be a string, an array of strings, or an array of token ids");
+  }
+  if (p->empty()) return BadParam("prompt", "'prompt' must not be empty");
+  const bool several = (*p)[0].is_string() || (*p)[0].is_array();
+  if (!several) {
+    out->emplace_back();
+    return ParseTokenIds(*p, vocab, &out->back());
+  }
+  if (p->size() > static_cast<size_t>(kMaxPromptsPerRequest)) {
+    return BadParam("prompt", fmt::format("'prompt' holds at most {} prompts", kMaxPromptsPerRequest));
+  }
+  for (const auto& one : *p) {
+    if (one.is_string()) {
+      out->push_back(tok.Encode(one.get<std::string>(), /*bos=*/true));
+    } else if (one.is_array()) {
+      out->emplace_back();
+      if (auto e = ParseTokenIds(one, vocab, &out->back())) return e;
+    } else {
+      return BadParam("prompt", "an array of prompts must hold only strings or arrays of token ids");
+    }
   }
   return std::nullopt;
 }
@@ -451,13 +481,51 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool 
   if (!err) err = ParseLogprobs(body, chat, &job->params);
   if (!err) err = ParseLogitBias(body, vocab, &job->params.sampling);
   if (!err) err = RejectUnsupported(body, chat);
+  std::vector<std::vector<int>> prompts;
   if (!err) {
-    err = chat ? ParseMessages(body, tok, &job->prompt) : ParsePrompt(body, tok, vocab, &job->prompt);
+    if (chat) {
+      prompts.emplace_back();
+      err = ParseMessages(body, tok, &prompts.back());
+    } else {
+      err = ParsePrompt(body, tok, vocab, &prompts);
+    }
   }
-  if (!err && max_prompt_tokens > 0) job->prompt_tokens_cut = CutPromptFront(&job->prompt, max_prompt_tokens);
-  if (!err) err = ParseMaxTokens(body, chat, static_cast<int>(job->prompt.size()), context, &job->params);
-  if (!err && job->prompt.empty()) err = BadParam(chat ? "messages" : "prompt", "the prompt is empty");
-  return err;
+  if (err) return err;
+  job->prompts.clear();
+  for (std::vector<int>& tokens : prompts) {
+    JobPrompt p;
+    p.tokens = std::move(tokens);
+    if (max_prompt_tokens > 0) p.tokens_cut = CutPromptFront(&p.tokens, max_prompt_tokens);
+    GenerationParams fitted;
+    if (auto e = ParseMaxTokens(body, chat, static_cast<int>(p.tokens.size()), context, &fitted)) return e;
+    p.max_tokens = fitted.max_tokens;
+    if (p.tokens.empty()) return BadParam(chat ? "messages" : "prompt", "the prompt is empty");
+    job->prompts.push_back(std::move(p));
+  }
+  if (job->choices() > kMaxChoicesPerRequest) {
+    return BadParam("n", fmt::format("{} prompts x n = {} asks for {} choices; at most {} per request",
+                                     job->prompts.size(), job->n, job->choices(), kMaxChoicesPerRequest));
+  }
+  return std::nullopt;
+}
+
+GenerationParams ServerJob::params_of(int choice) const {
+  GenerationParams p = params;
+  p.max_tokens = prompt_of(choice).max_tokens;
+  p.sampling.seed += static_cast<uint64_t>(choice % n);  // wraps, as seeds may
+  return p;
+}
+
+int ServerJob::prompt_tokens() const {
+  int total = 0;
+  for (const JobPrompt& p : prompts) total += static_cast<int>(p.tokens.size());
+  return total;
+}
+
+int ServerJob::prompt_tokens_cut() const {
+  int total = 0;
+  for (const JobPrompt& p : prompts) total += p.tokens_cut;
+  return total;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,10 +541,10 @@ const char* OpenAiFinishReason(FinishReason r) {
 
 std::string SseEvent(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
-json UsageObject(const GenerationEvent& ev) {
-  return json{{"prompt_tokens", ev.prompt_tokens},
-              {"completion_tokens", ev.completion_tokens},
-              {"total_tokens", ev.prompt_tokens + ev.completion_tokens}};
+json UsageObject(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
 json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogprob>& entries,
@@ -521,10 +589,10 @@ json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogp
               {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
 }
 
-std::string StreamChunk(const ServerJob& job, const std::string& model, const std::string& text,
+std::string StreamChunk(const ServerJob& job, const std::string& model, int index, const std::string& text,
                         const char* finish, bool first, const json& logprobs) {
   const std::string object = job.chat ? "chat.completion.chunk" : "text_completion";
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+  json choice = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
   if (job.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -539,25 +607,30 @@ std::string StreamChunk(const ServerJob& job, const std::string& model, const st
   return SseEvent(j);
 }
 
-std::string UsageChunk(const ServerJob& job, const std::string& model, const GenerationEvent& ev) {
+std::string UsageChunk(const ServerJob& job, const std::string& model, const Usage& usage) {
   const std::string object = job.chat ? "chat.completion.chunk" : "text_completion";
   json j = {{"id", job.id}, {"object", object}, {"created", job.created},
-            {"model", model}, {"choices", json::array()}, {"usage", UsageObject(ev)}};
+            {"model", model}, {"choices", json::array()}, {"usage", UsageObject(usage)}};
   return SseEvent(j);
 }
 
-json CompletionBody(const ServerJob& job, const std::string& model, const std::string& text,
-                    const char* finish, const GenerationEvent& ev, const json& logprobs) {
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}};
-  if (job.chat) {
-    // refusal and annotations as OpenAI sends them: SDK code reads message.refusal === null.
-    choice["message"] = {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}, {"annotations", json::array()}};
-  } else {
-    choice["text"] = text;
+json CompletionBody(const ServerJob& job, const std::string& model, const std::vector<ChoiceResult>& choices,
+                    const Usage& usage) {
+  json out = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish ? json(c.finish) : json(nullptr)}};
+    if (job.chat) {
+      // refusal and annotations as OpenAI sends them: SDK code reads message.refusal === null.
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}, {"annotations", json::array()}};
+    } else {
+      choice["text"] = c.text;
+    }
+    out.push_back(std::move(choice));
   }
   return json{{"id", job.id}, {"object", job.chat ? "chat.completion" : "text_completion"},
               {"created", job.created}, {"model", model},
-              {"choices", json::array({choice})}, {"usage", UsageObject(ev)}};
+              {"choices", std::move(out)}, {"usage", UsageObject(usage)}};
 }
 
 }  // namespace keel::engine

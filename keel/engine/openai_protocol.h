@@ -34,18 +34,41 @@ struct ApiError {
   std::optional<std::string> code;
 };
 
-// Everything about one generation request, parsed and validated.
+// One prompt of a request, parsed and validated: what its choices are generated from.
+struct JobPrompt {
+  std::vector<int> tokens;
+  int max_tokens = 16;   // generated tokens at most, fitted to this prompt and the context
+  int tokens_cut = 0;    // dropped from the front of a prompt over max_prompt_tokens
+};
+
+// How many prompts one /v1/completions request may carry, and how many choices (prompts x n) a
+// request may ask for: each choice is a sequence in the batch, so this bounds what one request
+// can take of the scheduler's queue (OpenAI's own cap on n is 128).
+inline constexpr int kMaxPromptsPerRequest = 64;
+inline constexpr int kMaxChoicesPerRequest = 128;
+
+// Everything about one generation request, parsed and validated. Choice i = p * n + j is the
+// j-th sample of prompt p; it samples with seed + j, so choice 0 of a request with n > 1 is what
+// the same request with n = 1 answers, and a request with a seed repeats exactly.
 struct ServerJob {
   bool chat = false;
   std::string route;
-  std::vector<int> prompt;
-  GenerationParams params;
+  std::vector<JobPrompt> prompts;  // chat: one
+  int n = 1;                       // samples per prompt
+  GenerationParams params;         // shared by every choice (max_tokens: see JobPrompt)
   bool stream = false;
   bool include_usage = false;
-  int prompt_tokens_cut = 0;  // dropped from the front of a prompt over max_prompt_tokens
   std::string id;
   int64_t created = 0;
   std::chrono::steady_clock::time_point start;
+
+  int choices() const { return static_cast<int>(prompts.size()) * n; }
+  const JobPrompt& prompt_of(int choice) const { return prompts[static_cast<size_t>(choice / n)]; }
+  // The generation parameters of one choice: the shared ones, its prompt's max_tokens, and its
+  // seed (seed + j for the j-th sample).
+  GenerationParams params_of(int choice) const;
+  int prompt_tokens() const;       // over all prompts, each counted once (not n times)
+  int prompt_tokens_cut() const;   // over all prompts
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -85,18 +108,20 @@ std::optional<ApiError> GetBool(const nlohmann::json& body, const char* name, bo
 std::string RenderChat(const std::vector<std::string>& contents);
 
 // The fields common to both endpoints: model (required; a name other than `model_name` is a
-// 404 with code "model_not_found"), n and best_of (only 1), temperature [0, 2], top_p (0, 1],
+// 404 with code "model_not_found"), n (1..kMaxChoicesPerRequest) and best_of (absent or equal to
+// n: Keel does not generate extra candidates to rank), temperature [0, 2], top_p (0, 1],
 // top_k >= 0, seed (any integer; a random one when absent), stop (a string or up to 4
 // non-empty strings), stream, stream_options.include_usage, user. Fills job->params.sampling,
-// job->params.stop, job->stream and job->include_usage.
+// job->n, job->params.stop, job->stream and job->include_usage.
 std::optional<ApiError> ParseCommon(const nlohmann::json& body, const std::string& model_name, ServerJob* job);
 
-// The prompt of /v1/completions into *out (appended to when given as ids): a string, an array
-// of one string, an array of token ids, or an array of one array of token ids. Strings are
-// encoded with BOS; token ids are used as given (no BOS) and must lie in [0, vocab). Missing,
-// empty, several prompts and ids out of range are errors on "prompt".
+// The prompts of /v1/completions into *out (each appended as one entry): a string, an array of
+// token ids, or an array of up to kMaxPromptsPerRequest strings or arrays of token ids, as
+// OpenAI takes them. Strings are encoded with BOS; token ids are used as given (no BOS) and must
+// lie in [0, vocab). Missing or empty prompts, mixed forms and ids out of range are errors on
+// "prompt".
 std::optional<ApiError> ParsePrompt(const nlohmann::json& body, const Tokenizer& tok, int vocab,
-                                    std::vector<int>* out);
+                                    std::vector<std::vector<int>>* out);
 
 // The messages of /v1/chat/completions into *out: a non-empty array of {role, content}, role
 // one of system, developer, user, assistant, tool (which needs a string tool_call_id); content a
@@ -128,9 +153,10 @@ int CutPromptFront(std::vector<int>* prompt, int max_tokens);
 
 // The whole request body of either endpoint, in the order the server checks it: nesting (at
 // most 32 levels), JSON syntax, a top-level object, ParseCommon, ParseLogprobs, RejectUnsupported, the prompt
-// (ParseMessages or ParsePrompt), CutPromptFront to `max_prompt_tokens` when it is > 0 (HiLO's
-// max_context; job->prompt_tokens_cut), ParseMaxTokens against `context`, then a non-empty
-// prompt. Fills the parsed fields of *job (job->chat, id, created and start are the caller's).
+// (ParseMessages or ParsePrompt), then for each prompt CutPromptFront to `max_prompt_tokens` when
+// it is > 0 (HiLO's max_context; JobPrompt::tokens_cut), ParseMaxTokens against `context` and a
+// non-empty prompt; then prompts x n <= kMaxChoicesPerRequest. Fills the parsed fields of *job
+// (job->chat, id, created and start are the caller's).
 std::optional<ApiError> ParseGenerateRequest(const std::string& body, bool chat, const std::string& model_name,
                                              const Tokenizer& tok, int vocab, int context, ServerJob* job,
                                              int max_prompt_tokens = 0);
@@ -143,8 +169,13 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body, bool chat,
 const char* OpenAiFinishReason(FinishReason r);
 // One server-sent event: "data: <json>\n\n".
 std::string SseEvent(const nlohmann::json& j);
-// {"prompt_tokens","completion_tokens","total_tokens"} of a finished sequence.
-nlohmann::json UsageObject(const GenerationEvent& ev);
+// A request's token counts: its prompts (each once) and every choice's completion.
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+// {"prompt_tokens","completion_tokens","total_tokens"}.
+nlohmann::json UsageObject(const Usage& u);
 // The "logprobs" object of a choice, for the generated tokens `entries` (all of a response, or
 // those of one streamed chunk). Token strings are the bytes each token adds to the text (invalid
 // UTF-8 is replaced when serialised; chat's "bytes" holds the exact bytes).
@@ -156,17 +187,22 @@ nlohmann::json UsageObject(const GenerationEvent& ev);
 //                 from *text_offset, which is advanced (a stream carries it across chunks).
 nlohmann::json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogprob>& entries,
                               size_t* text_offset);
-// One streamed chunk as an SSE event: `text` as a delta (chat: the first chunk also carries
-// role "assistant" and content even when empty) or as "text"; finish_reason `finish` or null;
-// `logprobs` (null, or a LogprobsObject); "usage": null when job.include_usage.
-std::string StreamChunk(const ServerJob& job, const std::string& model, const std::string& text,
+// One streamed chunk of choice `index` as an SSE event: `text` as a delta (chat: a choice's
+// first chunk also carries role "assistant" and content even when empty) or as "text";
+// finish_reason `finish` or null; `logprobs` (null, or a LogprobsObject); "usage": null when
+// job.include_usage.
+std::string StreamChunk(const ServerJob& job, const std::string& model, int index, const std::string& text,
                         const char* finish, bool first, const nlohmann::json& logprobs = nullptr);
 // The final usage-only chunk of a stream with include_usage (empty choices), as an SSE event.
-std::string UsageChunk(const ServerJob& job, const std::string& model, const GenerationEvent& ev);
-// The body of a non-streamed response: one choice holding `text`, `finish` and `logprobs`
-// (null, or a LogprobsObject), plus usage.
-nlohmann::json CompletionBody(const ServerJob& job, const std::string& model, const std::string& text,
-                              const char* finish, const GenerationEvent& ev,
-                              const nlohmann::json& logprobs = nullptr);
+std::string UsageChunk(const ServerJob& job, const std::string& model, const Usage& usage);
+// One finished choice of a non-streamed response.
+struct ChoiceResult {
+  std::string text;
+  const char* finish = nullptr;  // OpenAiFinishReason
+  nlohmann::json logprobs;       // null, or a LogprobsObject
+};
+// The body of a non-streamed response: `choices` in index order, plus usage.
+nlohmann::json CompletionBody(const ServerJob& job, const std::string& model, const std::vector<ChoiceResult>& choices,
+                              const Usage& usage);
 
 }  // namespace keel::engine

@@ -123,23 +123,29 @@ SchedulerObserver ObserverFor(std::shared_ptr<EngineMetrics> metrics) {
 
 namespace {
 
+struct ChoiceEvent {
+  int choice = 0;
+  GenerationEvent ev;
+};
+
+// One queue per HTTP request, shared by its choices' sequences.
 struct EventQueue {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<GenerationEvent> events;
+  std::deque<ChoiceEvent> events;
 
   // `wake`: notify the connection thread now. A whole (non-streamed) answer needs only the last
   // event; waking its thread for every token cost a futex wake and a context switch per token,
   // about a tenth of a busy engine's CPU. The thread still wakes on its own every poll to drain.
-  void Push(const GenerationEvent& ev, bool wake) {
+  void Push(int choice, const GenerationEvent& ev, bool wake) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      events.push_back(ev);
+      events.push_back(ChoiceEvent{choice, ev});
     }
     if (wake) cv.notify_one();
   }
   // Takes the next event, waiting up to `timeout`. False on timeout.
-  bool Pop(GenerationEvent* out, std::chrono::milliseconds timeout) {
+  bool Pop(ChoiceEvent* out, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu);
     if (!cv.wait_for(lock, timeout, [&] { return !events.empty(); })) return false;
     *out = std::move(events.front());
@@ -147,6 +153,22 @@ struct EventQueue {
     return true;
   }
 };
+
+// What the connection thread keeps of one choice while it is generated.
+struct ChoiceState {
+  std::shared_ptr<Request> request;
+  std::string text;                    // non-streamed answers
+  std::vector<TokenLogprob> logprobs;  // non-streamed answers with logprobs
+  size_t text_offset = 0;              // of the next token (completions' text_offset)
+  bool finished = false;
+  GenerationEvent last;                // the final event: finish reason, error, token counts
+};
+
+void CancelAll(const std::vector<ChoiceState>& choices) {
+  for (const ChoiceState& c : choices) {
+    if (c.request) c.request->cancelled = true;  // the scheduler drops it at its next step
+  }
+}
 
 }  // namespace
 
@@ -362,12 +384,25 @@ void Server::HandleGenerate(const HttpRequest& req, HttpResponder& res, bool cha
     SendError(res, *err, headers);
     return;
   }
-  if (level) job.params.max_tokens = std::min(job.params.max_tokens, level->max_new_tokens);
-  if (job.prompt_tokens_cut > 0) headers.emplace_back("x-keel-prompt-tokens-cut", std::to_string(job.prompt_tokens_cut));
+  if (level) {
+    for (JobPrompt& p : job.prompts) p.max_tokens = std::min(p.max_tokens, level->max_new_tokens);
+  }
+  if (job.prompt_tokens_cut() > 0) headers.emplace_back("x-keel-prompt-tokens-cut", std::to_string(job.prompt_tokens_cut()));
   RunJob(job, res, headers);
 }
 
 namespace {
+
+// The answer to a request the scheduler refused at Submit.
+ApiError SubmitError(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument: return ApiError{400, st.message(), "invalid_request_error", {}, {}};
+    case StatusCode::kResourceExhausted:
+      return ApiError{429, st.message(), "rate_limit_exceeded", {}, "rate_limit_exceeded"};
+    case StatusCode::kUnavailable: return ApiError{503, st.message(), "server_error", {}, "server_shutting_down"};
+    default: return ApiError{500, st.message(), "server_error", {}, {}};
+  }
+}
 
 // One request's passage through the HiLO load meter: exactly one of Shed (never admitted) or
 // Started then Finish, whichever of the scheduler thread (admission) and the connection thread
@@ -402,24 +437,11 @@ struct MeterTicket {
 
 void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& headers) {
   auto queue = std::make_shared<EventQueue>();
-  auto request = std::make_shared<Request>();
-  request->prompt = job.prompt;
-  request->params = job.params;
-  std::shared_ptr<EngineMetrics> metrics = metrics_;
-  // Runs on the scheduler thread: copy and hand off, never touch the socket.
-  request->on_event = [queue, metrics, last = 0, stream = job.stream](const GenerationEvent& ev) mutable {
-    if (ev.completion_tokens > last) {
-      metrics->generation_tokens.Inc(ev.completion_tokens - last);
-      last = ev.completion_tokens;
-    }
-    queue->Push(ev, stream || ev.finished);
-  };
   std::shared_ptr<MeterTicket> ticket;
   if (options_.hilo != nullptr) {
     ticket = std::make_shared<MeterTicket>();
     ticket->meter = &options_.hilo->meter();
     ticket->start = job.start;
-    request->on_admitted = [ticket] { ticket->Admitted(); };
     ticket->meter->Arrive();
   }
   struct CloseTicket {
@@ -429,48 +451,54 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     }
   } close_ticket{ticket.get()};
 
-  Status st = scheduler_.Submit(request);
-  if (!st.ok()) {
-    if (ticket) ticket->Close();  // before the answer, so a client holding it sees it counted
-    switch (st.code()) {
-      case StatusCode::kInvalidArgument:
-        SendError(res, ApiError{400, st.message(), "invalid_request_error", {}, {}}, headers);
-        break;
-      case StatusCode::kResourceExhausted:
-        SendError(res, ApiError{429, st.message(), "rate_limit_exceeded", {}, "rate_limit_exceeded"}, headers);
-        break;
-      case StatusCode::kUnavailable:
-        SendError(res, ApiError{503, st.message(), "server_error", {}, "server_shutting_down"}, headers);
-        break;
-      default:
-        SendError(res, ApiError{500, st.message(), "server_error", {}, {}}, headers);
-        break;
+  // Every choice is submitted, or none runs: a refusal part-way cancels those already queued.
+  std::vector<ChoiceState> choices(static_cast<size_t>(job.choices()));
+  std::shared_ptr<EngineMetrics> metrics = metrics_;
+  for (int i = 0; i < job.choices(); ++i) {
+    auto request = std::make_shared<Request>();
+    request->prompt = job.prompt_of(i).tokens;
+    request->params = job.params_of(i);
+    // Runs on the scheduler thread: copy and hand off, never touch the socket.
+    request->on_event = [queue, metrics, i, last = 0, stream = job.stream](const GenerationEvent& ev) mutable {
+      if (ev.completion_tokens > last) {
+        metrics->generation_tokens.Inc(ev.completion_tokens - last);
+        last = ev.completion_tokens;
+      }
+      queue->Push(i, ev, stream || ev.finished);
+    };
+    if (ticket) request->on_admitted = [ticket] { ticket->Admitted(); };
+    Status st = scheduler_.Submit(request);
+    if (!st.ok()) {
+      CancelAll(choices);
+      if (ticket) ticket->Close();  // before the answer, so a client holding it sees it counted
+      SendError(res, SubmitError(st), headers);
+      return;
     }
-    return;
+    choices[static_cast<size_t>(i)].request = std::move(request);
   }
-  metrics_->prompt_tokens.Inc(static_cast<double>(job.prompt.size()));
+  metrics_->prompt_tokens.Inc(static_cast<double>(job.prompt_tokens()));
 
-  bool client_ok = true;
+  bool gone = false;
   if (job.stream) {
     HttpHeaderList stream_headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
     stream_headers.insert(stream_headers.end(), headers.begin(), headers.end());
-    client_ok = res.BeginStream(200, "text/event-stream", stream_headers);
-    if (client_ok && job.chat) client_ok = res.WriteChunk(StreamChunk(job, options_.model_name, "", nullptr, true));
+    gone = !res.BeginStream(200, "text/event-stream", stream_headers);
+    for (int i = 0; job.chat && !gone && i < job.choices(); ++i) {
+      gone = !res.WriteChunk(StreamChunk(job, options_.model_name, i, "", nullptr, true));
+    }
   }
 
-  std::string text;
-  std::vector<TokenLogprob> logprobs;  // non-streamed responses with logprobs
-  size_t text_offset = 0;              // of the next token (completions' text_offset)
+  // Until every choice has finished, one has failed, or the client has gone. A client that went
+  // away is looked for at least every poll, also while events keep coming, so that a long
+  // generation for nobody is cancelled early.
   const bool want_logprobs = job.params.logprobs >= 0;
-  GenerationEvent ev;
-  bool finished = false;
-  bool gone = !client_ok;
-  // A client that went away is looked for at least every poll, also while events keep coming,
-  // so that a long generation for nobody is cancelled early.
+  int unfinished = job.choices();
+  const ChoiceState* failed = nullptr;
   constexpr auto kPoll = std::chrono::milliseconds(50);
   Clock::time_point next_client_check = Clock::now() + kPoll;
-  while (!finished && !gone) {
-    const bool got = queue->Pop(&ev, kPoll);
+  ChoiceEvent ce;
+  while (unfinished > 0 && failed == nullptr && !gone) {
+    const bool got = queue->Pop(&ce, kPoll);
     if (!got || Clock::now() >= next_client_check) {
       if (res.ClientGone()) gone = true;
       next_client_check = Clock::now() + kPoll;
@@ -479,37 +507,48 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
       if (hard_stop_) break;
       continue;
     }
-    finished = ev.finished;
+    ChoiceState& c = choices[static_cast<size_t>(ce.choice)];
+    const GenerationEvent& ev = ce.ev;
     if (job.stream) {
       // A chunk for new text, and for tokens that added none (a stop sequence held back, an
       // incomplete UTF-8 character) when their log-probabilities were asked for.
       const bool lp = want_logprobs && !ev.logprobs.empty();
       if (!ev.text.empty() || lp) {
-        json lp_obj = lp ? LogprobsObject(job.chat, tokenizer_, ev.logprobs, &text_offset) : json(nullptr);
-        if (!res.WriteChunk(StreamChunk(job, options_.model_name, ev.text, nullptr, false, lp_obj))) gone = true;
+        json lp_obj = lp ? LogprobsObject(job.chat, tokenizer_, ev.logprobs, &c.text_offset) : json(nullptr);
+        if (!res.WriteChunk(StreamChunk(job, options_.model_name, ce.choice, ev.text, nullptr, false, lp_obj))) {
+          gone = true;
+        }
       }
     } else {
-      text += ev.text;
-      if (want_logprobs) logprobs.insert(logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+      c.text += ev.text;
+      if (want_logprobs) c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+    }
+    if (!ev.finished) continue;
+    c.finished = true;
+    c.last = ev;
+    --unfinished;
+    const char* finish = OpenAiFinishReason(ev.finish_reason);
+    if (finish == nullptr) {
+      failed = &c;
+    } else if (job.stream && !gone) {
+      gone = !res.WriteChunk(StreamChunk(job, options_.model_name, ce.choice, "", finish, false));
     }
   }
+  if (unfinished > 0 || failed != nullptr) CancelAll(choices);
   if (gone) {
-    request->cancelled = true;  // the scheduler drops it at its next step
     metrics_->request_duration.Observe(std::chrono::duration<double>(Clock::now() - job.start).count());
     res.Abandon();  // a client that left is no server error (was answered and counted 500)
     return;
   }
 
-  const char* finish = finished ? OpenAiFinishReason(ev.finish_reason) : nullptr;
   // Observed before the final write, so a client holding its response sees it counted.
   metrics_->request_duration.Observe(std::chrono::duration<double>(Clock::now() - job.start).count());
   if (ticket) ticket->Close();
-  if (!finish) {
+  if (unfinished > 0 || failed != nullptr) {
     // Cancelled (by shutdown), failed, or abandoned at the hard stop.
-    request->cancelled = true;
     ApiError e;
-    if (finished && ev.finish_reason == FinishReason::kError) {
-      e = ApiError{500, "generation failed: " + ev.error.ToString(), "server_error", {}, {}};
+    if (failed != nullptr && failed->last.finish_reason == FinishReason::kError) {
+      e = ApiError{500, "generation failed: " + failed->last.error.ToString(), "server_error", {}, {}};
     } else if (!accepting_) {
       e = ApiError{503, "request cancelled: the server is shutting down", "server_error", {}, "server_shutting_down"};
     } else {
@@ -522,16 +561,25 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     } else {
       SendError(res, e, headers);
     }
-  } else if (job.stream) {
-    bool ok = res.WriteChunk(StreamChunk(job, options_.model_name, "", finish, false));
-    if (ok && job.include_usage) ok = res.WriteChunk(UsageChunk(job, options_.model_name, ev));
+    return;
+  }
+
+  Usage usage;
+  usage.prompt_tokens = job.prompt_tokens();
+  for (const ChoiceState& c : choices) usage.completion_tokens += c.last.completion_tokens;
+  if (job.stream) {
+    bool ok = !job.include_usage || res.WriteChunk(UsageChunk(job, options_.model_name, usage));
     if (ok) ok = res.WriteChunk("data: [DONE]\n\n");
     if (ok) res.EndStream();
-  } else {
-    json lp_obj = want_logprobs ? LogprobsObject(job.chat, tokenizer_, logprobs, &text_offset) : json(nullptr);
-    res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, text, finish, ev, lp_obj)),
-             headers);
+    return;
   }
+  std::vector<ChoiceResult> results;
+  results.reserve(choices.size());
+  for (ChoiceState& c : choices) {
+    json lp_obj = want_logprobs ? LogprobsObject(job.chat, tokenizer_, c.logprobs, &c.text_offset) : json(nullptr);
+    results.push_back(ChoiceResult{std::move(c.text), OpenAiFinishReason(c.last.finish_reason), std::move(lp_obj)});
+  }
+  res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, results, usage)), headers);
 }
 
 // ---------------------------------------------------------------------------------------------

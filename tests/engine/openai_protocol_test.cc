@@ -2,6 +2,7 @@
 // The end-to-end behaviour over real HTTP is covered by server_test.cc.
 #include "keel/engine/openai_protocol.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -147,18 +148,30 @@ TEST(OpenAiProtocol, ParseMaxTokensBounds) {
 TEST(OpenAiProtocol, ParsePromptForms) {
   Tokenizer tok = LoadAidreams();
   const std::vector<int> hello = tok.Encode("Hello", /*bos=*/true);
-  std::vector<int> out;
+  const std::vector<int> world = tok.Encode("World", /*bos=*/true);
+  using Prompts = std::vector<std::vector<int>>;
+  Prompts out;
   EXPECT_FALSE(ParsePrompt({{"prompt", "Hello"}}, tok, 512, &out));
-  EXPECT_EQ(out, hello);
+  EXPECT_EQ(out, Prompts{hello});
   out.clear();
   EXPECT_FALSE(ParsePrompt(json::parse(R"({"prompt":["Hello"]})"), tok, 512, &out));
-  EXPECT_EQ(out, hello);
+  EXPECT_EQ(out, Prompts{hello});
   out.clear();
   EXPECT_FALSE(ParsePrompt(json::parse(R"({"prompt":[5,6,511]})"), tok, 512, &out));
-  EXPECT_EQ(out, (std::vector<int>{5, 6, 511}));  // no BOS added to ids
+  EXPECT_EQ(out, (Prompts{{5, 6, 511}}));  // no BOS added to ids
   out.clear();
   EXPECT_FALSE(ParsePrompt(json::parse(R"({"prompt":[[7,8]]})"), tok, 512, &out));
-  EXPECT_EQ(out, (std::vector<int>{7, 8}));
+  EXPECT_EQ(out, (Prompts{{7, 8}}));
+  // Several prompts, in order, in either form and mixed.
+  out.clear();
+  EXPECT_FALSE(ParsePrompt(json::parse(R"({"prompt":["Hello",[7,8],"World"]})"), tok, 512, &out));
+  EXPECT_EQ(out, (Prompts{hello, {7, 8}, world}));
+  out.clear();
+  json most = {{"prompt", json::array()}};
+  for (int i = 0; i < kMaxPromptsPerRequest; ++i) most["prompt"].push_back(json::array({i}));
+  EXPECT_FALSE(ParsePrompt(most, tok, 512, &out));
+  EXPECT_EQ(out.size(), static_cast<size_t>(kMaxPromptsPerRequest));
+  EXPECT_EQ(out.back(), std::vector<int>{kMaxPromptsPerRequest - 1});
 
   struct Bad {
     const char* body;
@@ -167,10 +180,15 @@ TEST(OpenAiProtocol, ParsePromptForms) {
   for (const Bad& b : std::vector<Bad>{
            {R"({})", "'prompt' is required"},
            {R"({"prompt":null})", "'prompt' is required"},
-           {R"({"prompt":5})", "'prompt' must be a string, an array of one string, or an array of token ids"},
+           {R"({"prompt":5})", "'prompt' must be a string, an array of strings, or an array of token ids"},
            {R"({"prompt":[]})", "'prompt' must not be empty"},
-           {R"({"prompt":["a","b"]})", "only one prompt per request is supported"},
-           {R"({"prompt":[1,"b"]})", "only one prompt per request is supported"},
+           {R"({"prompt":[[]]})", "'prompt' must not be empty"},
+           {R"({"prompt":["a",[]]})", "'prompt' must not be empty"},
+           {R"({"prompt":[1,"b"]})", "token ids must be integers"},
+           {R"({"prompt":["a",1]})", "an array of prompts must hold only strings or arrays of token ids"},
+           {R"({"prompt":["a",null]})", "an array of prompts must hold only strings or arrays of token ids"},
+           {R"({"prompt":[[1,[2]]]})", "token ids must be integers"},
+           {R"({"prompt":["a",[600]]})", "token id 600 is outside the vocabulary (0..511)"},
            {R"({"prompt":[1.5]})", "token ids must be integers"},
            {R"({"prompt":[512]})", "token id 512 is outside the vocabulary (0..511)"},
            {R"({"prompt":[-1]})", "token id -1 is outside the vocabulary (0..511)"},
@@ -184,6 +202,10 @@ TEST(OpenAiProtocol, ParsePromptForms) {
     EXPECT_EQ(e->param, "prompt") << b.body;
     EXPECT_EQ(e->message, b.message) << b.body;
   }
+  most["prompt"].push_back("one too many");
+  auto e = ParsePrompt(most, tok, 512, &out);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, fmt::format("'prompt' holds at most {} prompts", kMaxPromptsPerRequest));
 }
 
 TEST(OpenAiProtocol, ParseMessagesRendersWithTemplate) {
@@ -395,8 +417,62 @@ TEST(OpenAiProtocol, ParseGenerateRequestOrderAndBodyErrors) {
   ServerJob job;
   EXPECT_FALSE(ParseGenerateRequest(R"({"model":"m","prompt":[1,2,3],"max_tokens":4})", false, "m", tok, 512, 512,
                                     &job));
-  EXPECT_EQ(job.prompt, (std::vector<int>{1, 2, 3}));
-  EXPECT_EQ(job.params.max_tokens, 4);
+  ASSERT_EQ(job.prompts.size(), 1u);
+  EXPECT_EQ(job.prompts[0].tokens, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(job.prompts[0].max_tokens, 4);
+  EXPECT_EQ(job.n, 1);
+  EXPECT_EQ(job.choices(), 1);
+}
+
+TEST(OpenAiProtocol, SeveralPromptsAndChoices) {
+  Tokenizer tok = LoadAidreams();
+  ServerJob job;
+  // Each prompt is cut and fitted on its own: the default max_tokens is what its context leaves.
+  ASSERT_FALSE(ParseGenerateRequest(R"({"model":"m","prompt":[[1,2,3,4,5,6],[7]],"n":3,"seed":10})", false, "m",
+                                    tok, 512, 10, &job, /*max_prompt_tokens=*/4));
+  ASSERT_EQ(job.prompts.size(), 2u);
+  EXPECT_EQ(job.prompts[0].tokens, (std::vector<int>{1, 4, 5, 6}));  // BOS (1) stays
+  EXPECT_EQ(job.prompts[0].tokens_cut, 2);
+  EXPECT_EQ(job.prompts[0].max_tokens, 6);
+  EXPECT_EQ(job.prompts[1].tokens, (std::vector<int>{7}));
+  EXPECT_EQ(job.prompts[1].max_tokens, 9);
+  EXPECT_EQ(job.n, 3);
+  EXPECT_EQ(job.choices(), 6);
+  EXPECT_EQ(job.prompt_tokens(), 5);       // each prompt once, not n times
+  EXPECT_EQ(job.prompt_tokens_cut(), 2);
+  // Choice p * n + j: prompt p, seed + j.
+  EXPECT_EQ(job.prompt_of(2).tokens, job.prompts[0].tokens);
+  EXPECT_EQ(job.prompt_of(3).tokens, job.prompts[1].tokens);
+  EXPECT_EQ(job.params_of(0).sampling.seed, 10u);
+  EXPECT_EQ(job.params_of(2).sampling.seed, 12u);
+  EXPECT_EQ(job.params_of(3).sampling.seed, 10u);
+  EXPECT_EQ(job.params_of(3).max_tokens, 9);
+  EXPECT_EQ(job.params_of(1).max_tokens, 6);
+  // A seed at the top wraps instead of overflowing.
+  ServerJob top;
+  ASSERT_FALSE(ParseGenerateRequest(R"({"model":"m","prompt":"x","n":2,"seed":18446744073709551615})", false, "m",
+                                    tok, 512, 512, &top));
+  EXPECT_EQ(top.params_of(1).sampling.seed, 0u);
+
+  auto refusal = [&](const std::string& body, bool chat = false) {
+    ServerJob j;
+    auto e = ParseGenerateRequest(body, chat, "m", tok, 512, 512, &j);
+    return e ? e->param.value_or("") + ": " + e->message : std::string("accepted");
+  };
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":"x","n":0})"), "n: 'n' must be between 1 and 128");
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":"x","n":129})"), "n: 'n' must be between 1 and 128");
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":"x","n":1.5})"), "n: 'n' must be an integer");
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":"x","n":128})"), "accepted");
+  EXPECT_EQ(refusal(R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":4})", true), "accepted");
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":"x","n":2,"best_of":2})"), "accepted");
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":"x","n":2,"best_of":3})"), "best_of: 'best_of' must equal 'n' (2) when given");
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":"x","best_of":2})"), "best_of: 'best_of' must equal 'n' (1) when given");
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":["a","b","c"],"n":43})"),
+            "n: 3 prompts x n = 43 asks for 129 choices; at most 128 per request");
+  // max_tokens must fit beside every prompt, the longest included.
+  EXPECT_EQ(refusal(R"({"model":"m","prompt":[[1],[2,3]],"max_tokens":511})"),
+            "max_tokens: This model's maximum context length is 512 tokens. However, you requested 513 tokens (2 in the "
+            "prompt, 511 for the completion). Please reduce the length of the prompt or completion.");
 }
 
 TEST(OpenAiProtocol, FinishReasonsAndSse) {
@@ -418,35 +494,39 @@ TEST(OpenAiProtocol, ResponseShapes) {
   job.chat = true;
   job.id = "chatcmpl-1";
   job.created = 42;
-  json first = SsePayload(StreamChunk(job, "m", "", nullptr, true));
+  json first = SsePayload(StreamChunk(job, "m", 0, "", nullptr, true));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["index"], 0);
   EXPECT_EQ(first["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", ""}}));
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_FALSE(first.contains("usage"));
-  json last = SsePayload(StreamChunk(job, "m", "", "stop", false));
+  json last = SsePayload(StreamChunk(job, "m", 2, "", "stop", false));
+  EXPECT_EQ(last["choices"][0]["index"], 2);
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
 
-  GenerationEvent ev;
-  ev.prompt_tokens = 3;
-  ev.completion_tokens = 4;
+  Usage u{3, 4};
   job.include_usage = true;
-  EXPECT_TRUE(SsePayload(StreamChunk(job, "m", "x", nullptr, false))["usage"].is_null());
-  json usage = SsePayload(UsageChunk(job, "m", ev));
+  EXPECT_TRUE(SsePayload(StreamChunk(job, "m", 0, "x", nullptr, false))["usage"].is_null());
+  json usage = SsePayload(UsageChunk(job, "m", u));
   EXPECT_EQ(usage["choices"], json::array());
   EXPECT_EQ(usage["usage"], (json{{"prompt_tokens", 3}, {"completion_tokens", 4}, {"total_tokens", 7}}));
 
-  json chat = CompletionBody(job, "m", "hi", "length", ev);
+  json chat = CompletionBody(job, "m", {ChoiceResult{"hi", "length", nullptr}}, u);
   EXPECT_EQ(chat["object"], "chat.completion");
   EXPECT_EQ(chat["choices"][0]["message"], (json{{"role", "assistant"}, {"content", "hi"}, {"refusal", nullptr}, {"annotations", json::array()}}));
   EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(chat["usage"]["total_tokens"], 7);
 
   job.chat = false;
-  json text = CompletionBody(job, "m", "hi", "stop", ev);
+  json text = CompletionBody(job, "m", {ChoiceResult{"hi", "stop", nullptr}, ChoiceResult{"yo", "length", nullptr}}, u);
   EXPECT_EQ(text["object"], "text_completion");
+  ASSERT_EQ(text["choices"].size(), 2u);
   EXPECT_EQ(text["choices"][0]["text"], "hi");
-  EXPECT_EQ(SsePayload(StreamChunk(job, "m", "yo", nullptr, false))["choices"][0]["text"], "yo");
+  EXPECT_EQ(text["choices"][1]["index"], 1);
+  EXPECT_EQ(text["choices"][1]["text"], "yo");
+  EXPECT_EQ(text["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(SsePayload(StreamChunk(job, "m", 1, "yo", nullptr, false))["choices"][0]["text"], "yo");
 }
 
 }  // namespace

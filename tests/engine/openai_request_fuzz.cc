@@ -58,13 +58,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)Dump(ErrorObject(*error));
     return 0;
   }
-  if (job.prompt.empty()) Broken("an accepted request with an empty prompt", body);
-  if (max_prompt_tokens > 0 && static_cast<int>(job.prompt.size()) > max_prompt_tokens) Broken("a prompt past its cut", body);
-  for (int t : job.prompt) {
-    if (t < 0 || t >= kVocab) Broken("a prompt token outside the vocabulary", body);
+  if (job.prompts.empty() || job.n < 1 || job.choices() > kMaxChoicesPerRequest) {
+    Broken("an accepted request without prompts or with too many choices", body);
   }
-  if (static_cast<int64_t>(job.prompt.size()) + job.params.max_tokens > context) {
-    Broken("an accepted request that does not fit its context", body);
+  for (const JobPrompt& p : job.prompts) {
+    if (p.tokens.empty()) Broken("an accepted request with an empty prompt", body);
+    if (max_prompt_tokens > 0 && static_cast<int>(p.tokens.size()) > max_prompt_tokens) Broken("a prompt past its cut", body);
+    for (int t : p.tokens) {
+      if (t < 0 || t >= kVocab) Broken("a prompt token outside the vocabulary", body);
+    }
+    if (p.max_tokens < 1 || static_cast<int64_t>(p.tokens.size()) + p.max_tokens > context) {
+      Broken("an accepted request that does not fit its context", body);
+    }
   }
   return 0;
 }

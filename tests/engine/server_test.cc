@@ -546,7 +546,7 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
       {"/v1/completions", R"({"model":7,"prompt":""})", 400, "model"},
       {"/v1/completions", R"({"model":"aidreams"})", 400, "prompt"},
       {"/v1/completions", R"({"model":"aidreams","prompt":5})", 400, "prompt"},
-      {"/v1/completions", R"({"model":"aidreams","prompt":["a","b"]})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":["a",7]})", 400, "prompt"},
       {"/v1/completions", R"({"model":"aidreams","prompt":[1,99999]})", 400, "prompt"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":-1})", 400, "max_tokens"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","max_tokens":0})", 400, "max_tokens"},
@@ -573,7 +573,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
       {"/v1/completions", R"({"model":"aidreams","prompt":"","stop":[1]})", 400, "stop"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","stop":["a","b","c","d","e"]})", 400, "stop"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","stream":"yes"})", 400, "stream"},
-      {"/v1/completions", R"({"model":"aidreams","prompt":"","n":2})", 400, "n"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","n":200})", 400, "n"},
+      {"/v1/completions", R"({"model":"aidreams","prompt":"","best_of":2})", 400, "best_of"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","logprobs":21})", 400, "logprobs"},
       {"/v1/completions", R"({"model":"aidreams","prompt":"","logprobs":true})", 400, "logprobs"},
       {"/v1/chat/completions", R"({"model":"aidreams","messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
@@ -683,6 +684,103 @@ TEST_F(ServerTest, QueueFullIs429) {
   stop = true;
   stepper.join();
   EXPECT_GE(metrics_->requests.WithLabels({"/v1/completions", "429"}).Value(), 2);
+}
+
+// n samples per prompt and several prompts per request: choice p * n + j is what a request for
+// prompt p alone with seed + j answers, streamed or not, and usage counts each prompt once.
+TEST_F(ServerTest, SeveralPromptsAndChoicesAnswerAsSingleRequestsWould) {
+  Start();
+  auto text_of = [&](const std::string& body) {
+    HttpTestResponse r = Post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"].size(), 1u) << r.body;
+    return std::make_pair(j["choices"][0]["text"].get<std::string>(), j["usage"]);
+  };
+  const auto [a, a_usage] = text_of(R"({"model":"aidreams","prompt":"The dream","max_tokens":12,"seed":7})");
+  const auto [a8, a8_usage] = text_of(R"({"model":"aidreams","prompt":"The dream","max_tokens":12,"seed":8})");
+  const auto [b, b_usage] = text_of(R"({"model":"aidreams","prompt":[1,5,9],"max_tokens":12,"seed":7})");
+  const auto [b8, b8_usage] = text_of(R"({"model":"aidreams","prompt":[1,5,9],"max_tokens":12,"seed":8})");
+  ASSERT_NE(a, a8);  // the seeds sample differently, so the check below can tell choices apart
+
+  HttpTestResponse r =
+      Post("/v1/completions", R"({"model":"aidreams","prompt":["The dream",[1,5,9]],"n":2,"max_tokens":12,"seed":7})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 4u) << r.body;
+  const std::vector<std::string> want = {a, a8, b, b8};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], want[i]) << i;
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], a_usage["prompt_tokens"].get<int>() + b_usage["prompt_tokens"].get<int>());
+  EXPECT_EQ(j["usage"]["completion_tokens"],
+            a_usage["completion_tokens"].get<int>() + a8_usage["completion_tokens"].get<int>() +
+                b_usage["completion_tokens"].get<int>() + b8_usage["completion_tokens"].get<int>());
+
+  // Chat, streamed: each choice opens with its role, its deltas make its text, it finishes once,
+  // and one usage chunk closes the stream.
+  const std::string chat = R"({"model":"aidreams","messages":[{"role":"user","content":"Dream"}],"max_tokens":10,"seed":3)";
+  HttpTestResponse one = Post("/v1/chat/completions", chat + "}");
+  HttpTestResponse plain = Post("/v1/chat/completions", chat + R"(,"n":3})");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  json pj = json::parse(plain.body);
+  ASSERT_EQ(pj["choices"].size(), 3u);
+  EXPECT_EQ(pj["choices"][0]["message"], json::parse(one.body)["choices"][0]["message"]);
+  r = Post("/v1/chat/completions", chat + R"(,"n":3,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(r.status, 200);
+  SseResult s = ParseSse(r.body);
+  ASSERT_TRUE(s.well_formed && s.done) << r.body;
+  std::vector<std::string> texts(3);
+  std::vector<int> finishes(3, 0), roles(3, 0);
+  for (size_t e = 0; e + 1 < s.events.size(); ++e) {
+    ASSERT_EQ(s.events[e]["choices"].size(), 1u) << s.events[e].dump();
+    const json& c = s.events[e]["choices"][0];
+    const int i = c["index"].get<int>();
+    ASSERT_TRUE(i >= 0 && i < 3) << c.dump();
+    EXPECT_EQ(finishes[i], 0) << "a chunk after choice " << i << " finished";
+    if (c["delta"].contains("role")) {
+      EXPECT_EQ(texts[i], "");
+      ++roles[i];
+    } else {
+      EXPECT_EQ(roles[i], 1) << "choice " << i << " spoke before its role";
+    }
+    if (c["delta"].contains("content")) texts[i] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) {
+      ++finishes[i];
+      EXPECT_EQ(c["finish_reason"], pj["choices"][i]["finish_reason"]);
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(roles[i], 1);
+    EXPECT_EQ(finishes[i], 1);
+    EXPECT_EQ(texts[i], pj["choices"][i]["message"]["content"]) << i;
+  }
+  EXPECT_TRUE(s.events.back()["choices"].empty());
+  EXPECT_EQ(s.events.back()["usage"], pj["usage"]);
+}
+
+// A request whose choices do not all fit the queue is refused whole: none of them runs.
+TEST_F(ServerTest, ChoicesThatDoNotFitTheQueueAreRefusedTogether) {
+  ServerOptions opts;
+  opts.run_scheduler = false;
+  Start(SchedulerOptions{/*max_queue=*/2, /*max_running=*/4}, opts);
+  HttpTestResponse r = Post("/v1/completions", R"({"model":"aidreams","prompt":"x","n":3,"max_tokens":8})");
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(ErrorBody(r)["code"], "rate_limit_exceeded");
+  std::atomic<bool> stop{false};
+  std::thread stepper([&] { scheduler_->Run(stop); });
+  EXPECT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 0 && scheduler_->Stats().running == 0; }));
+  // Two fit: they run.
+  r = Post("/v1/completions", R"({"model":"aidreams","prompt":"x","n":2,"max_tokens":8,"temperature":0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const int generated = json::parse(r.body)["usage"]["completion_tokens"].get<int>();
+  EXPECT_GT(generated, 0);
+  server_->Stop(false);
+  stop = true;
+  stepper.join();
+  // Only the two admitted choices generated: the three refused ones were dropped unrun.
+  EXPECT_EQ(metrics_->generation_tokens.Value(), generated);
 }
 
 TEST_F(ServerTest, MetricsExposeEngineCounters) {
