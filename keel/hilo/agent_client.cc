@@ -175,7 +175,7 @@ Status AgentClient::Report(const LoadReport& r) {
   Status s;
   if (!reply.ok()) {
     s = reply.status();
-  } else if (reply->status == 400) {
+  } else if (reply->status == 400 || reply->status == 409) {  // 409: binaries the catalog does not cover
     s = Status::InvalidArgument("controller refused the report: " + reply->body);
   } else if (reply->status != 200) {
     s = Status::Unavailable("controller answered " + std::to_string(reply->status) + " to POST /v1/report");

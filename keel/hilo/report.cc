@@ -45,6 +45,7 @@ Result<LoadReport> ParseLoadReport(std::string_view text) {
   KEEL_RETURN_IF_ERROR(r.Number("utilisation", 0, 1, &out.utilisation));
   KEEL_RETURN_IF_ERROR(r.Number("p99_ms", 0, kMaxRate, &out.p99_ms));
   KEEL_RETURN_IF_ERROR(r.Name("applied_state", true, &out.applied_state));
+  if (r.Member("binaries") != nullptr) KEEL_RETURN_IF_ERROR(r.String("binaries", kMaxBinariesBytes, &out.binaries));
   return out;
 }
 
@@ -61,6 +62,7 @@ std::string WriteLoadReport(const LoadReport& r) {
   j["utilisation"] = r.utilisation;
   j["p99_ms"] = r.p99_ms;
   j["applied_state"] = r.applied_state;
+  if (!r.binaries.empty()) j["binaries"] = r.binaries;
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 

@@ -32,9 +32,14 @@ struct LoadReport {
   double utilisation = 0;     // busy fraction of the service's workers, 0..1
   double p99_ms = 0;          // latency p99 over the last window
   std::string applied_state;  // the product state the instance runs in now ("" before the first)
+  // The instance's own binaries (ExecutableFingerprint, fingerprint.h). The controller refuses
+  // reports from binaries other than those its catalog was validated with: their capacities are
+  // not the measured ones. Optional on the wire ("": not sent, as by an older service).
+  std::string binaries;
 };
 
 inline constexpr size_t kMaxReportBytes = 4096;
+inline constexpr size_t kMaxBinariesBytes = 128;
 // The span recent_rate covers by default. A report says what its rate covered (recent_span_ms);
 // for one that does not (an older service) the controller assumes its recent_window_s, whose
 // default is this same value.
@@ -44,7 +49,8 @@ inline constexpr int64_t kMaxRecentSpanMs = 3600 * 1000;
 // Reads one report. Bounds: arrival_rate and recent_rate (optional) 0..1e9, recent_span_ms
 // (optional) 0..3600000, in_flight and queue_depth 0..1e9, utilisation 0..1, p99_ms 0..1e9,
 // unix_ms 0..2^45 (year ~3084); instance and applied_state are names (1..64 of [A-Za-z0-9_.:-];
-// applied_state may be ""); service one of the catalog's services.
+// applied_state may be ""); binaries (optional) a string of at most kMaxBinariesBytes; service one
+// of the catalog's services.
 Result<LoadReport> ParseLoadReport(std::string_view text);
 // Writes `r` as one line of JSON that ParseLoadReport reads back to an equal report.
 std::string WriteLoadReport(const LoadReport& r);

@@ -120,6 +120,8 @@ ControllerServer::ControllerServer(ControllerServerOptions options) : opt_(std::
   requests_ = &metrics_.AddCounter("keel_hilo_http_requests_total", "HTTP requests to the controller.", {"route", "code"});
   reports_ = &metrics_.AddCounter("keel_hilo_reports_total", "Load reports accepted.", {"service"});
   report_errors_ = &metrics_.AddCounter("keel_hilo_report_errors_total", "Load reports refused (400).");
+  foreign_binaries_ = &metrics_.AddCounter("keel_hilo_reports_foreign_binaries_total",
+                                           "Load reports from binaries the catalog was not validated with.", {"service"});
   demand_ = &metrics_.AddGauge("keel_hilo_demand", "Sum of fresh instances' arrival rates (req/s); -1 = no fresh instance.", {"service"});
   predicted_ = &metrics_.AddGauge("keel_hilo_predicted_demand", "Predicted demand x headroom (req/s).", {"service"});
   skew_ = &metrics_.AddGauge("keel_hilo_report_skew_ms", "Receive time minus the report's own unix_ms, last report.", {"service"});
@@ -319,6 +321,7 @@ void ControllerServer::HandleReport(const HttpRequest& req, HttpResponder& r) {
     r.Send(400, "application/json", ErrorBody(400, report.status().message()));
     return;
   }
+  if (!AcceptBinaries(*report, r)) return;
   const int64_t now = Now();
   const int64_t reported_ms = report->unix_ms;
   report->unix_ms = now;  // freshness by our clock, not the service's
@@ -343,6 +346,28 @@ void ControllerServer::HandleReport(const HttpRequest& req, HttpResponder& r) {
   reports_->WithLabels({service}).Inc();
   skew_->WithLabels({service}).Set(static_cast<double>(now - reported_ms));
   r.Send(200, "application/json", R"({"ok":true})");
+}
+
+bool ControllerServer::AcceptBinaries(const LoadReport& report, HttpResponder& r) {
+  const std::string& validated = controller_->catalog().binaries;  // fixed at Create
+  if (report.binaries.empty() || validated.empty() || report.binaries == validated) return true;
+  foreign_binaries_->WithLabels({std::string(ServiceName(report.service))}).Inc();
+  const std::string why = fmt::format("{} instance '{}' runs binaries '{}', not '{}' that the catalog's figures were "
+                                      "measured with; run keel hilo validate with these binaries",
+                                      ServiceName(report.service), report.instance, report.binaries, validated);
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto key = std::make_pair(static_cast<int>(report.service), report.instance);
+    if (foreign_logged_.size() < kMaxInstances) first = foreign_logged_.insert(std::move(key)).second;
+  }
+  if (opt_.allow_unvalidated) {
+    if (first) Log().warn("hilo: accepting reports anyway (--allow-unvalidated): {}", why);
+    return true;
+  }
+  if (first) Log().warn("hilo: refusing reports: {}", why);
+  r.Send(409, "application/json", ErrorBody(409, why));
+  return false;
 }
 
 void ControllerServer::HandlePin(const HttpRequest& req, HttpResponder& r) {

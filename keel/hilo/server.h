@@ -6,7 +6,12 @@
 //   POST /v1/report   a LoadReport (report.h), at most kMaxReportBytes (413 beyond; 400 naming the
 //                     field on bad input). Freshness is stamped with the server's receive time, so
 //                     a service whose clock is skewed cannot make its reports stale or eternal; the
-//                     report's own unix_ms only feeds keel_hilo_report_skew_ms.
+//                     report's own unix_ms only feeds keel_hilo_report_skew_ms. A report naming
+//                     binaries other than the catalog's (LoadReport::binaries) is refused with 409
+//                     (unless allow_unvalidated): the figures do not cover that instance, so it
+//                     counts as silent, and a service with no other instance sends the product to
+//                     the safe state (Controller rules). Counted in
+//                     keel_hilo_reports_foreign_binaries_total{service}, logged once per instance.
 //   GET /v1/state?version=N&wait_ms=T[&service=NAME]
 //                     {version, state, index, levels, reason, pinned}: at once when the current
 //                     version is not N (or N is absent), else after the next change or T ms
@@ -47,6 +52,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -128,6 +134,8 @@ class ControllerServer {
   explicit ControllerServer(ControllerServerOptions options);
   int64_t Now() const;
   void Loop();
+  // False (and 409 sent) when `report` names binaries other than the catalog's.
+  bool AcceptBinaries(const LoadReport& report, HttpResponder& r);
   void HandleReport(const HttpRequest& req, HttpResponder& r);
   void HandleState(const HttpRequest& req, HttpResponder& r);
   void HandlePin(const HttpRequest& req, HttpResponder& r);
@@ -169,6 +177,8 @@ class ControllerServer {
   CounterFamily* requests_ = nullptr;
   CounterFamily* reports_ = nullptr;
   CounterFamily* report_errors_ = nullptr;
+  CounterFamily* foreign_binaries_ = nullptr;
+  std::set<std::pair<int, std::string>> foreign_logged_;  // instances already warned about (bounded)
   GaugeFamily* demand_ = nullptr;
   GaugeFamily* predicted_ = nullptr;
   GaugeFamily* skew_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "keel/core/log.h"
+#include "keel/hilo/fingerprint.h"
 #include "keel/hilo/json_fields.h"
 
 namespace keel::hilo {
@@ -321,6 +322,7 @@ void ServiceLink::ReportLoop() {
         r.service = opt_.service;
         r.instance = opt_.instance;
         r.applied_state = Current().name;
+        r.binaries = opt_.binaries;
         const Status s = client_->Report(r);  // logs its own failures, once per streak
         if (s.ok()) {
           ++reports_ok_;
@@ -352,6 +354,15 @@ Result<std::unique_ptr<ServiceLink>> OpenServiceLink(const LinkSource& f, Servic
     return ServiceLink::Pinned(std::move(catalog), f.state, std::move(o));
   }
   KEEL_ASSIGN_OR_RETURN(ControllerCall call, HttpControllerCallForUrl(f.url));
+  // Hashing the executable reads it once (~10 ms for a 20 MB binary), at start-up only.
+  if (o.binaries.empty()) {
+    Result<std::string> self = ExecutableFingerprint();
+    if (self.ok()) {
+      o.binaries = *self;
+    } else {
+      Log().warn("hilo link: reports go without this binary's fingerprint: {}", self.status().message());
+    }
+  }
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<ServiceLink> link,
                         ServiceLink::Connect(std::move(call), std::move(o), DeadlineIn(f.connect_timeout_ms)));
   if (!f.state.empty()) KEEL_RETURN_IF_ERROR(link->Pin(f.state));

@@ -112,6 +112,9 @@ struct ServiceLinkOptions {
   // keel_hilo_link_reports_total{result="ok"|"error"}. Must outlive the link.
   MetricsRegistry* metrics = nullptr;
   std::function<int64_t()> clock;      // unix ms; null = the system clock
+  // Sent in every report (LoadReport::binaries); OpenServiceLink sets this process's
+  // ExecutableFingerprint. "" = not sent.
+  std::string binaries;
 };
 
 class ServiceLink {

@@ -47,7 +47,15 @@ TEST(HiloReport, RoundTrip) {
   EXPECT_EQ(r->utilisation, 0.83);
   EXPECT_EQ(r->p99_ms, 41.25);
   EXPECT_EQ(r->applied_state, "fewer_docs");
+  EXPECT_EQ(r->binaries, "");
   EXPECT_EQ(WriteLoadReport(*r), text);
+  EXPECT_EQ(text.find("binaries"), std::string::npos);  // not sent when unknown
+
+  LoadReport with = Sample();
+  with.binaries = "keel-xxh3-0123456789abcdef0123456789abcdef";
+  r = ParseLoadReport(WriteLoadReport(with));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->binaries, with.binaries);
 }
 
 TEST(HiloReport, UnknownFieldsAreIgnoredAndEmptyStateAccepted) {
@@ -116,6 +124,8 @@ TEST(HiloReport, HostileValuesNameTheField) {
       {"instance", "a b", "instance: expected a name of 1 to 64 characters [A-Za-z0-9_.:-]"},
       {"instance", std::string(3000, 'x'), "instance: longer than 64 bytes"},
       {"applied_state", json::array(), "applied_state: expected a string"},
+      {"binaries", 7, "binaries: expected a string"},
+      {"binaries", std::string(129, 'b'), "binaries: longer than 128 bytes"},
   };
   for (const Case& c : cases) {
     json j = json::parse(WriteLoadReport(Sample()));

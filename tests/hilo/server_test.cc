@@ -218,6 +218,45 @@ TEST(HiloServer, CatalogAndHealth) {
   server->Stop();
 }
 
+// A service running other binaries than the catalog's is not covered by its figures: its reports
+// are refused (409, named, counted) and it counts as silent; the same binaries or none (an older
+// service) are accepted; --allow-unvalidated accepts them all.
+TEST(HiloServer, ReportsFromOtherBinariesAreRefused) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  Client c(server->port());
+  LoadReport r = Report(Service::kEngine, 5);
+  r.binaries = "keel-xxh3-ffffffffffffffffffffffffffffffff";
+  auto refused = c.Call("POST", "/v1/report", WriteLoadReport(r));
+  EXPECT_EQ(refused.status, 409) << refused.body;
+  EXPECT_NE(refused.body.find("engine instance 'i0' runs binaries 'keel-xxh3-ffffffffffffffffffffffffffffffff', not '" +
+                              TestCatalog().binaries + "'"),
+            std::string::npos)
+      << refused.body;
+  auto services = nlohmann::json::parse(c.Call("GET", "/v1/services").body);
+  EXPECT_TRUE(services["services"].empty()) << services.dump();  // not heard: silent
+  auto metrics = c.Call("GET", "/metrics").body;
+  EXPECT_NE(metrics.find("keel_hilo_reports_foreign_binaries_total{service=\"engine\"} 1"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("keel_hilo_reports_total{service=\"engine\"}"), std::string::npos);
+
+  r.binaries = TestCatalog().binaries;
+  EXPECT_EQ(c.Call("POST", "/v1/report", WriteLoadReport(r)).status, 200);
+  r.binaries.clear();
+  EXPECT_EQ(c.Call("POST", "/v1/report", WriteLoadReport(r)).status, 200);
+  server->Stop();
+
+  auto o = TestOptions();
+  o.allow_unvalidated = true;
+  auto dev = StartServer(o);
+  ASSERT_TRUE(dev);
+  r.binaries = "keel-xxh3-ffffffffffffffffffffffffffffffff";
+  Client d(dev->port());
+  EXPECT_EQ(d.Call("POST", "/v1/report", WriteLoadReport(r)).status, 200);
+  EXPECT_NE(d.Call("GET", "/metrics").body.find("keel_hilo_reports_foreign_binaries_total{service=\"engine\"} 1"),
+            std::string::npos);
+  dev->Stop();
+}
+
 TEST(HiloServer, UnusableCatalogRefusesToStart) {
   // Stale figures (TestCatalog was validated in 2025), then a foreign fingerprint, then a state
   // without figures.
