@@ -292,7 +292,7 @@ void AddHiloCommands(CLI::App& app, Commands& out) {
   auto* hilo_cmd = app.add_subcommand("hilo", "HiLO: one controller puts the whole product in one validated state (docs/hilo.md)");
   hilo_cmd->require_subcommand(1);
   auto* hl_serve = hilo_cmd->add_subcommand("serve", "Serve the controller: POST /v1/report, long-poll GET /v1/state, /v1/catalog, /v1/services, POST /v1/pin, /metrics");
-  auto* hl_check = hilo_cmd->add_subcommand("check", "Parse a catalog and say, state by state, whether the controller may use it (exit 0/1)");
+  auto* hl_check = hilo_cmd->add_subcommand("check", "Parse a catalog and say, state by state, whether the controller may use it (exit 0 usable, 1 not usable, 2 unreadable)");
   for (auto* sub : {hl_serve, hl_check}) {
     sub->add_option("--catalog", hl.catalog, "state catalog (JSON; see docs/hilo.md)")->required()->check(CLI::ExistingFile);
     sub->add_option("--fingerprint", hl.o.fingerprint, "fingerprint the catalog's \"binaries\" must equal (default: this executable's, as `keel hilo fingerprint` prints)");
@@ -333,7 +333,7 @@ void AddHiloCommands(CLI::App& app, Commands& out) {
   auto* hl_val = hilo_cmd->add_subcommand("validate", "Measure every state's quality and capacity through the running product and write them into the catalog (docs/hilo.md)");
   hl_val->add_option("--catalog", hv.catalog, "state catalog to measure (the controller's; figures may be absent)")->required()->check(CLI::ExistingFile);
   hl_val->add_option("--out", hv.out, "where to write the validated catalog")->required();
-  hl_val->add_option("--controller", hv.o.controller_url, "the controller (keel hilo serve, started with --admin-token-file and --allow-unvalidated)")->required();
+  hl_val->add_option("--controller", hv.o.controller_url, "the controller (keel hilo serve, started with --admin-token-file, --allow-unvalidated and --pin <the catalog's first state>)")->required();
   hl_val->add_option("--admin-token-file", hv.admin_token_file, "the controller's admin token (to pin each state)")->required()->check(CLI::ExistingFile);
   hl_val->add_option("--answer", hv.o.answer_url, "the product's entry: keel answer serve")->required();
   hl_val->add_option("--corpus", hv.corpus, "corpus the answer service serves (default $KEEL_SHARED/data/text/val.txt)");

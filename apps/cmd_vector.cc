@@ -32,8 +32,9 @@ int RunVectorKeygen(const std::string& prefix) {
 }
 
 // ---- vector-hilo (begin): `keel vector` and `keel vector-router` follow HiLO (keel/vector/hilo_link.h)
-void AddVectorHiloFlags(CLI::App* cmd, vector::HiloLinkFlags& f) {
-  auto* url = cmd->add_option("--hilo", f.url, "follow the HiLO controller at this URL (http://host:port): apply its state's vector level, report load");
+// `applies`: which of the state's vector level this command applies.
+void AddVectorHiloFlags(CLI::App* cmd, vector::HiloLinkFlags& f, const std::string& applies) {
+  auto* url = cmd->add_option("--hilo", f.url, "follow the HiLO controller at this URL (http://host:port): apply its state's " + applies + ", report load");
   auto* cat = cmd->add_option("--hilo-catalog", f.catalog, "without a controller: a HiLO state catalog to pin one state of (with --hilo-state)")
       ->check(CLI::ExistingFile);
   url->excludes(cat);
@@ -41,7 +42,7 @@ void AddVectorHiloFlags(CLI::App* cmd, vector::HiloLinkFlags& f) {
   cmd->add_option("--hilo-instance", f.instance, "this instance's name in HiLO load reports (default vector-<pid>)");
 }
 void AddVectorReplicaHiloFlags(CLI::App* cmd, vector::HiloLinkFlags& f) {
-  AddVectorHiloFlags(cmd, f);
+  AddVectorHiloFlags(cmd, f, "vector level (nprobe/ef, k, rerank)");
   cmd->add_flag("--hilo-no-meter{false}", f.meter,
                 "behind a vector-router: follow the state but meter no searches (the router reports the tier's load)");
 }
@@ -173,7 +174,7 @@ void AddVectorCommands(CLI::App& app, Commands& out) {
   vrs->add_option("--config,-c", vr->config, "cluster config (JSON: shards, replicas, zones, public keys, trust options)")->required()->check(CLI::ExistingFile);
   vrs->add_option("--host", vr->host, "address to bind (overrides the config; default 127.0.0.1)");
   vrs->add_option("--port", vr->port, "port to bind, 0 = any free port (overrides the config; default 7403)")->check(CLI::Range(0, 65535));
-  AddVectorHiloFlags(vrs, vr->hilo);  // vector-hilo
+  AddVectorHiloFlags(vrs, vr->hilo, "vector fan-out (replicas asked per search, plain mode)");  // vector-hilo
   out.push_back({vrs, [vr] { return vector::RunVectorRouterMain(vr->config, vr->host, vr->port, vr->hilo); }});  // vector-hilo
   // ---- vector-router (end)
 }

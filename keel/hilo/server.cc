@@ -1,5 +1,6 @@
 #include "keel/hilo/server.h"
 
+#include <limits>
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -126,6 +127,9 @@ ControllerServer::ControllerServer(ControllerServerOptions options) : opt_(std::
   predicted_ = &metrics_.AddGauge("keel_hilo_predicted_demand", "Predicted demand x headroom (req/s).", {"service"});
   skew_ = &metrics_.AddGauge("keel_hilo_report_skew_ms", "Receive time minus the report's own unix_ms, last report.", {"service"});
   version_gauge_ = &metrics_.AddGauge("keel_hilo_version", "Version of the current product state.").Get();
+  catalog_age_ = &metrics_.AddGauge("keel_hilo_catalog_age_seconds",
+                                    "Age of the oldest state's figures (validated_at); past max_age_s a restart refuses the catalog.")
+                      .Get();
   waiters_gauge_ = &metrics_.AddGauge("keel_hilo_waiters", "Long-polls waiting now.").Get();
   if (opt_.policy == StatePolicy::kPerService) {
     service_level_ = &metrics_.AddGauge("keel_hilo_service_level",
@@ -263,8 +267,26 @@ std::vector<std::string> ControllerServer::RefreshServicesLocked(int64_t now) {
   return lines;
 }
 
+void ControllerServer::WatchCatalogAge(int64_t now_ms) {
+  int64_t oldest = std::numeric_limits<int64_t>::max();
+  for (const State& s : controller_->catalog().states) {
+    if (s.figures) oldest = std::min(oldest, s.figures->validated_at);
+  }
+  if (oldest == std::numeric_limits<int64_t>::max()) return;  // no figures (validate's own controller)
+  const int64_t age = now_ms / 1000 - oldest;
+  catalog_age_->Set(static_cast<double>(age));
+  // Checked at start (CheckUsable); a controller that outlives the limit keeps acting on the
+  // figures it has (dropping to the safe state for a date would be an outage), but says so.
+  if (age > opt_.max_age_s && !age_warned_.exchange(true)) {
+    Log().error("hilo: the catalog's figures are now {} s old, past max_age_s {}: a restart will refuse this catalog; "
+                "run keel hilo validate",
+                age, opt_.max_age_s);
+  }
+}
+
 Decision ControllerServer::DecideNow() {
   const int64_t now = Now();
+  WatchCatalogAge(now);
   Decision d;
   {
     std::lock_guard<std::mutex> lock(mu_);

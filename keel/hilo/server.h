@@ -51,6 +51,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <map>
 #include <set>
 #include <memory>
@@ -127,6 +128,8 @@ class ControllerServer {
   int64_t service_version(Service s) const;
   // Runs one decision now (what the loop does every decide_interval_ms). For tests and tools.
   Decision DecideNow();
+  // keel_hilo_catalog_age_seconds, and one error line when the figures pass max_age_s.
+  void WatchCatalogAge(int64_t now_ms);
   // Pins (or with "" unpins) the product state and decides at once; see Controller::Pin.
   Status Pin(std::string_view state);
 
@@ -183,6 +186,8 @@ class ControllerServer {
   GaugeFamily* predicted_ = nullptr;
   GaugeFamily* skew_ = nullptr;
   Gauge* version_gauge_ = nullptr;
+  Gauge* catalog_age_ = nullptr;
+  std::atomic<bool> age_warned_{false};
   Gauge* waiters_gauge_ = nullptr;
   GaugeFamily* service_level_ = nullptr;          // kPerService: keel_hilo_service_level{service}
   CounterFamily* service_transitions_ = nullptr;  // kPerService: keel_hilo_service_transitions_total{service}

@@ -257,6 +257,30 @@ TEST(HiloServer, ReportsFromOtherBinariesAreRefused) {
   dev->Stop();
 }
 
+// A controller that outlives max_age_s keeps acting on its figures but shows their age.
+TEST(HiloServer, CatalogAgeIsExportedWhileRunning) {
+  auto now_ms = std::make_shared<std::atomic<int64_t>>(NowMs());
+  auto o = TestOptions();
+  o.max_age_s = 3600;
+  o.clock = [now_ms] { return now_ms->load(); };
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  Client c(server->port());
+  auto age = [&] {
+    const std::string m = c.Call("GET", "/metrics").body;
+    const size_t at = m.find("\nkeel_hilo_catalog_age_seconds ");
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + 31));
+  };
+  EXPECT_GE(age(), 0);
+  EXPECT_LT(age(), 60);
+  *now_ms += 7200 * 1000;
+  for (int i = 0; i < 200 && age() < 7200; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GE(age(), 7200);
+  EXPECT_LT(age(), 7300);
+  EXPECT_EQ(c.Call("GET", "/v1/state").status, 200);  // still serving
+  server->Stop();
+}
+
 TEST(HiloServer, UnusableCatalogRefusesToStart) {
   // Stale figures (TestCatalog was validated in 2025), then a foreign fingerprint, then a state
   // without figures.
