@@ -451,6 +451,17 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     }
   } close_ticket{ticket.get()};
 
+  // More choices than the queue holds could never be admitted together: a 400, not a 429 that a
+  // client would retry for ever.
+  if (const int cap = scheduler_.options().max_queue; job.choices() > cap) {
+    if (ticket) ticket->Close();
+    SendError(res,
+              BadParam("n", fmt::format("{} choices (prompts x n) are more than this server queues at once ({}, "
+                                        "keel serve --max-queue)",
+                                        job.choices(), cap)),
+              headers);
+    return;
+  }
   // Every choice is submitted, or none runs: a refusal part-way cancels those already queued.
   std::vector<ChoiceState> choices(static_cast<size_t>(job.choices()));
   std::shared_ptr<EngineMetrics> metrics = metrics_;

@@ -765,11 +765,24 @@ TEST_F(ServerTest, ChoicesThatDoNotFitTheQueueAreRefusedTogether) {
   ServerOptions opts;
   opts.run_scheduler = false;
   Start(SchedulerOptions{/*max_queue=*/2, /*max_running=*/4}, opts);
-  HttpTestResponse r = Post("/v1/completions", R"({"model":"aidreams","prompt":"x","n":3,"max_tokens":8})");
+  // Two fit the queue; one is taken, so the second of two finds it full.
+  std::thread holder;
+  HttpTestResponse held;
+  holder = std::thread([&] { held = Post("/v1/completions", R"({"model":"aidreams","prompt":"y","max_tokens":8})"); });
+  ASSERT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 1; }));
+  HttpTestResponse r = Post("/v1/completions", R"({"model":"aidreams","prompt":"x","n":2,"max_tokens":8})");
   EXPECT_EQ(r.status, 429) << r.body;
   EXPECT_EQ(ErrorBody(r)["code"], "rate_limit_exceeded");
+  // More than the queue holds at all: a 400 naming n, not a 429 to retry.
+  r = Post("/v1/completions", R"({"model":"aidreams","prompt":"x","n":3,"max_tokens":8})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(ErrorBody(r)["param"], "n");
+  EXPECT_NE(r.body.find("3 choices (prompts x n) are more than this server queues at once (2"), std::string::npos) << r.body;
   std::atomic<bool> stop{false};
   std::thread stepper([&] { scheduler_->Run(stop); });
+  holder.join();
+  ASSERT_EQ(held.status, 200) << held.body;
+  const int held_tokens = json::parse(held.body)["usage"]["completion_tokens"].get<int>();
   EXPECT_TRUE(Eventually([&] { return scheduler_->QueueDepth() == 0 && scheduler_->Stats().running == 0; }));
   // Two fit: they run.
   r = Post("/v1/completions", R"({"model":"aidreams","prompt":"x","n":2,"max_tokens":8,"temperature":0})");
@@ -779,8 +792,8 @@ TEST_F(ServerTest, ChoicesThatDoNotFitTheQueueAreRefusedTogether) {
   server_->Stop(false);
   stop = true;
   stepper.join();
-  // Only the two admitted choices generated: the three refused ones were dropped unrun.
-  EXPECT_EQ(metrics_->generation_tokens.Value(), generated);
+  // Only the held request and the two admitted choices generated: the refused ones never ran.
+  EXPECT_EQ(metrics_->generation_tokens.Value(), held_tokens + generated);
 }
 
 TEST_F(ServerTest, MetricsExposeEngineCounters) {
