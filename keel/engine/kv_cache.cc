@@ -250,14 +250,14 @@ void KvCache::RefreshPointers(Sequence& s) {
   }
 }
 
-Result<int> KvCache::BeginSequence(SeqId seq, const std::vector<int>& prompt) {
+Result<int> KvCache::BeginSequence(SeqId seq, const std::vector<int>& prompt, int max_reuse) {
   if (seqs_.count(seq)) return Status::InvalidArgument("kv cache: sequence " + std::to_string(seq) + " exists");
   Sequence s;
   s.last_key = fingerprint_hash_;
   lookup_tokens_ += static_cast<int64_t>(prompt.size());
   if (prefix_sharing_ && !prompt.empty()) {
     // Keep at least the last prompt token to compute: its logits start generation.
-    const int shareable = static_cast<int>(prompt.size() - 1) / block_tokens_;
+    const int shareable = std::min(static_cast<int>(prompt.size() - 1), std::max(max_reuse, 0)) / block_tokens_;
     Hash128 parent = fingerprint_hash_;
     for (int i = 0; i < shareable; ++i) {
       Hash128 key = NextKey(parent, prompt.data() + i * block_tokens_);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,9 +79,11 @@ class KvCache {
   KvCache& operator=(const KvCache&) = delete;
 
   // Starts a sequence. Reuses registered blocks for the longest chain of full chunks of
-  // `prompt`, leaving at least the last prompt token to compute. Returns how many leading
+  // `prompt`, leaving at least the last prompt token to compute, and at most `max_reuse` tokens
+  // (a caller that needs some positions computed: prompt scoring). Returns how many leading
   // prompt tokens are already in the cache (a multiple of block_tokens).
-  Result<int> BeginSequence(SeqId seq, const std::vector<int>& prompt);
+  Result<int> BeginSequence(SeqId seq, const std::vector<int>& prompt,
+                            int max_reuse = std::numeric_limits<int>::max());
   // Ensures blocks exist for positions [0, n_tokens). ResourceExhausted if the budget is spent;
   // the sequence keeps what it had.
   Status Reserve(SeqId seq, int n_tokens);

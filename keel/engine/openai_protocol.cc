@@ -320,7 +320,7 @@ std::optional<ApiError> ParseMessages(const json& body, const Tokenizer& tok, st
 // Fills max_tokens: explicit values must be >= 1 and fit the context with the prompt; the
 // default is what the context leaves (chat) or at most 16 (completions).
 std::optional<ApiError> ParseMaxTokens(const json& body, bool chat, int prompt_len, int context,
-                                       GenerationParams* params) {
+                                       GenerationParams* params, bool allow_zero) {
   const char* name = "max_tokens";
   int64_t value = 0;
   bool present = false;
@@ -345,7 +345,9 @@ std::optional<ApiError> ParseMaxTokens(const json& body, bool chat, int prompt_l
     params->max_tokens = static_cast<int>(chat ? left : std::min<int64_t>(16, left));
     return std::nullopt;
   }
-  if (value < 1) return BadParam(name, fmt::format("'{}' must be at least 1", name));
+  if (value < (allow_zero ? 0 : 1)) {
+    return BadParam(name, fmt::format("'{}' must be at least {}", name, allow_zero ? "0 (with echo)" : "1"));
+  }
   if (value > static_cast<int64_t>(context - prompt_len)) {  // no overflow for huge values
     ApiError e = BadParam(name, fmt::format("This model's maximum context length is {} tokens. However, you "
                                              "requested {} tokens ({} in the prompt, {} for the completion). Please "
@@ -389,12 +391,15 @@ std::optional<ApiError> ParseLogprobs(const json& body, bool chat, GenerationPar
   return std::nullopt;
 }
 
+std::optional<ApiError> ParseEcho(const json& body, bool chat, ServerJob* job) {
+  if (chat) return std::nullopt;
+  if (auto e = GetBool(body, "echo", &job->echo)) return e;
+  job->params.prompt_logprobs = job->echo && job->params.logprobs >= 0;
+  return std::nullopt;
+}
+
 std::optional<ApiError> RejectUnsupported(const json& body, bool chat) {
   if (!chat) {
-    auto echo = body.find("echo");
-    if (echo != body.end() && !echo->is_null() && !(echo->is_boolean() && !echo->get<bool>())) {
-      return BadParam("echo", "echo is not supported");
-    }
     auto suffix = body.find("suffix");
     if (suffix != body.end() && !suffix->is_null() && !(suffix->is_string() && suffix->get<std::string>().empty())) {
       return BadParam("suffix", "suffix is not supported");
@@ -481,6 +486,7 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool 
   if (!err) err = ParseLogprobs(body, chat, &job->params);
   if (!err) err = ParseLogitBias(body, vocab, &job->params.sampling);
   if (!err) err = RejectUnsupported(body, chat);
+  if (!err) err = ParseEcho(body, chat, job);
   std::vector<std::vector<int>> prompts;
   if (!err) {
     if (chat) {
@@ -497,9 +503,10 @@ std::optional<ApiError> ParseGenerateRequest(const std::string& body_text, bool 
     p.tokens = std::move(tokens);
     if (max_prompt_tokens > 0) p.tokens_cut = CutPromptFront(&p.tokens, max_prompt_tokens);
     GenerationParams fitted;
-    if (auto e = ParseMaxTokens(body, chat, static_cast<int>(p.tokens.size()), context, &fitted)) return e;
+    if (auto e = ParseMaxTokens(body, chat, static_cast<int>(p.tokens.size()), context, &fitted, job->echo)) return e;
     p.max_tokens = fitted.max_tokens;
     if (p.tokens.empty()) return BadParam(chat ? "messages" : "prompt", "the prompt is empty");
+    if (job->echo) p.echo_text = EchoText(tok, p.tokens);
     job->prompts.push_back(std::move(p));
   }
   if (job->choices() > kMaxChoicesPerRequest) {
@@ -587,6 +594,65 @@ json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogp
   }
   return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
               {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+}
+
+namespace {
+
+// A prompt token's text in an echo: BOS and EOS are markers, not text the client sent.
+std::string EchoPiece(const Tokenizer& tok, int prev, int token) {
+  if (token == Tokenizer::kBos || token == Tokenizer::kEos) return {};
+  return tok.Decode(prev, token);
+}
+
+}  // namespace
+
+std::string EchoText(const Tokenizer& tok, const std::vector<int>& prompt) {
+  std::string out;
+  int prev = Tokenizer::kBos;
+  for (int t : prompt) {
+    out += EchoPiece(tok, prev, t);
+    prev = t;
+  }
+  return out;
+}
+
+json PromptLogprobsObject(const Tokenizer& tok, bool with_first, int first, const std::vector<TokenLogprob>& entries,
+                          size_t* text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  auto key = [](const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); };
+  if (with_first) {
+    const std::string text = EchoPiece(tok, Tokenizer::kBos, first);
+    tokens.push_back(text);
+    token_logprobs.push_back(nullptr);
+    top_logprobs.push_back(nullptr);
+    offsets.push_back(*text_offset);
+    *text_offset += text.size();
+  }
+  for (const TokenLogprob& e : entries) {
+    const std::string text = EchoPiece(tok, e.prev, e.token);
+    json top = json::object();
+    for (const auto& [id, lp] : e.top) top[key(EchoPiece(tok, e.prev, id))] = lp;
+    top[key(text)] = e.logprob;
+    tokens.push_back(text);
+    token_logprobs.push_back(e.logprob);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    *text_offset += text.size();
+  }
+  return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+}
+
+void AppendLogprobs(json* into, const json& more) {
+  if (into->is_null()) {
+    *into = more;
+    return;
+  }
+  for (const char* field : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    json& to = (*into)[field];
+    for (const json& v : more[field]) to.push_back(v);
+  }
 }
 
 std::string StreamChunk(const ServerJob& job, const std::string& model, int index, const std::string& text,

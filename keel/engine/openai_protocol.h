@@ -37,6 +37,7 @@ struct ApiError {
 // One prompt of a request, parsed and validated: what its choices are generated from.
 struct JobPrompt {
   std::vector<int> tokens;
+  std::string echo_text;  // with ServerJob::echo: the prompt as the model reads it (EchoText)
   int max_tokens = 16;   // generated tokens at most, fitted to this prompt and the context
   int tokens_cut = 0;    // dropped from the front of a prompt over max_prompt_tokens
 };
@@ -58,6 +59,9 @@ struct ServerJob {
   GenerationParams params;         // shared by every choice (max_tokens: see JobPrompt)
   bool stream = false;
   bool include_usage = false;
+  // Completions' echo: each choice's text starts with its prompt; with logprobs, the prompt's
+  // tokens are scored too (params.prompt_logprobs) and lead the choice's logprobs.
+  bool echo = false;
   std::string id;
   int64_t created = 0;
   std::chrono::steady_clock::time_point start;
@@ -131,10 +135,11 @@ std::optional<ApiError> ParseMessages(const nlohmann::json& body, const Tokenize
 
 // Fills params->max_tokens for a prompt of `prompt_len` tokens in a `context`-token window.
 // Chat reads max_completion_tokens first, then max_tokens. A prompt that fills the context is an
-// error on "prompt"/"messages"; an explicit value must be >= 1 and fit beside the prompt. The
-// default is what the context leaves (chat) or min(16, that) (completions).
+// error on "prompt"/"messages"; an explicit value must be >= 1 (>= 0 with `allow_zero`: echo,
+// which may only score the prompt) and fit beside the prompt. The default is what the context
+// leaves (chat) or min(16, that) (completions).
 std::optional<ApiError> ParseMaxTokens(const nlohmann::json& body, bool chat, int prompt_len, int context,
-                                       GenerationParams* params);
+                                       GenerationParams* params, bool allow_zero = false);
 
 // Log-probabilities into params->logprobs (-1: none). Completions: "logprobs" is the number of
 // alternatives per token, an integer 0..kMaxTopLogprobs (the sampled token's own log-probability
@@ -142,8 +147,12 @@ std::optional<ApiError> ParseMaxTokens(const nlohmann::json& body, bool chat, in
 // integer 0..kMaxTopLogprobs that needs logprobs true.
 std::optional<ApiError> ParseLogprobs(const nlohmann::json& body, bool chat, GenerationParams* params);
 
-// Rejects features Keel does not implement: for completions echo (unless false) and suffix
-// (unless ""), for chat tools (unless []).
+// Completions' "echo" (a boolean) into job->echo; with logprobs it also asks the scheduler to
+// score the prompt (params.prompt_logprobs). Chat has no such field.
+std::optional<ApiError> ParseEcho(const nlohmann::json& body, bool chat, ServerJob* job);
+
+// Rejects features Keel does not implement: for completions suffix (unless ""), for chat tools
+// (unless []).
 std::optional<ApiError> RejectUnsupported(const nlohmann::json& body, bool chat);
 
 // Cuts a prompt longer than `max_tokens` (>= 1) from the front: a leading BOS stays, then the
@@ -153,7 +162,7 @@ int CutPromptFront(std::vector<int>* prompt, int max_tokens);
 
 // The whole request body of either endpoint, in the order the server checks it: nesting (at
 // most 32 levels), JSON syntax, a top-level object, ParseCommon, ParseLogprobs, RejectUnsupported, the prompt
-// (ParseMessages or ParsePrompt), then for each prompt CutPromptFront to `max_prompt_tokens` when
+// (ParseMessages or ParsePrompt; ParseEcho before them), then for each prompt CutPromptFront to `max_prompt_tokens` when
 // it is > 0 (HiLO's max_context; JobPrompt::tokens_cut), ParseMaxTokens against `context` and a
 // non-empty prompt; then prompts x n <= kMaxChoicesPerRequest. Fills the parsed fields of *job
 // (job->chat, id, created and start are the caller's).
@@ -187,6 +196,18 @@ nlohmann::json UsageObject(const Usage& u);
 //                 from *text_offset, which is advanced (a stream carries it across chunks).
 nlohmann::json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogprob>& entries,
                               size_t* text_offset);
+// The prompt as echo returns it: its tokens decoded in order, BOS and EOS as nothing.
+std::string EchoText(const Tokenizer& tok, const std::vector<int>& prompt);
+// A completions "logprobs" object (LogprobsObject's shape) for an echoed prompt: with
+// `with_first`, first the prompt's first token (`first`), whose logprob and top_logprobs are null
+// (nothing precedes it); then the scored positions `entries`. Text offsets count from
+// *text_offset, which is advanced.
+nlohmann::json PromptLogprobsObject(const Tokenizer& tok, bool with_first, int first,
+                                    const std::vector<TokenLogprob>& entries, size_t* text_offset);
+// Appends the arrays of completions logprobs object `more` to those of `into` (null `into`:
+// becomes `more`).
+void AppendLogprobs(nlohmann::json* into, const nlohmann::json& more);
+
 // One streamed chunk of choice `index` as an SSE event: `text` as a delta (chat: a choice's
 // first chunk also carries role "assistant" and content even when empty) or as "text";
 // finish_reason `finish` or null; `logprobs` (null, or a LogprobsObject); "usage": null when

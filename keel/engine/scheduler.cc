@@ -34,6 +34,10 @@ struct Scheduler::Active {
   std::string out_text;        // text ready for the next event
   std::vector<int> out_tokens;
   std::vector<TokenLogprob> out_logprobs;
+  // params.prompt_logprobs: the next prompt position to score (its row is the one before), and
+  // the scores not yet delivered. Kept across preemption, so nothing is scored twice.
+  int prompt_scored = 1;
+  std::vector<TokenLogprob> out_prompt_logprobs;
   Clock::time_point last_token_time;
   bool first_token_seen = false;
   bool done = false;
@@ -42,6 +46,15 @@ struct Scheduler::Active {
 
   explicit Active(std::shared_ptr<Request> r) : req(std::move(r)), sampler(req->params.sampling) {}
   bool prefilling() const { return computed < static_cast<int>(context.size()); }
+  // Whether the row at context position `pos` scores a prompt token (the one at pos + 1).
+  bool scores(int pos) const {
+    return req->params.prompt_logprobs && pos + 1 >= prompt_scored && pos + 1 < static_cast<int>(req->prompt.size());
+  }
+  // Leading context tokens that may come from shared blocks: none that a pending score needs.
+  int max_reuse() const {
+    if (!req->params.prompt_logprobs) return static_cast<int>(context.size());
+    return std::max(0, prompt_scored - 1);
+  }
   int length() const { return static_cast<int>(req->prompt.size() + generated.size()); }
 };
 
@@ -73,7 +86,9 @@ Status Scheduler::Submit(std::shared_ptr<Request> request) {
                                      std::to_string(c.vocab_size - 1) + ")");
     }
   }
-  if (p.max_tokens < 1) return Status::InvalidArgument("max_tokens must be at least 1");
+  if (p.max_tokens < (p.prompt_logprobs ? 0 : 1)) {
+    return Status::InvalidArgument(p.prompt_logprobs ? "max_tokens must be at least 0" : "max_tokens must be at least 1");
+  }
   if (n >= c.max_seq_len) {
     return Status::InvalidArgument("prompt has " + std::to_string(n) + " tokens but the model's context is " +
                                    std::to_string(c.max_seq_len) + " tokens");
@@ -100,7 +115,10 @@ Status Scheduler::Submit(std::shared_ptr<Request> request) {
                                    std::to_string(total_blocks_.load()) + "; raise the KV budget");
   }
   request->submitted = Clock::now();
-  if (link_ != nullptr && QueueDepth() < options_.max_queue) request->fetched = link_->Fetch(request->prompt);
+  // A prompt to be scored is computed in full, so its stored chunks would not be used.
+  if (link_ != nullptr && !p.prompt_logprobs && QueueDepth() < options_.max_queue) {
+    request->fetched = link_->Fetch(request->prompt);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutdown_) return Status::Unavailable("server is shutting down");
@@ -165,7 +183,7 @@ void Scheduler::Admit() {
       continue;
     }
     a->seq = next_seq_++;
-    Result<int> reused = cache_->BeginSequence(a->seq, a->context);
+    Result<int> reused = cache_->BeginSequence(a->seq, a->context, a->max_reuse());
     int adopted = 0;
     if (reused.ok() && !resumed && a->req->fetched && !a->req->fetched->values.empty()) {
       const FetchedPrefix& f = *a->req->fetched;
@@ -250,14 +268,16 @@ bool Scheduler::ReserveDecode(size_t index) {
 }
 
 void Scheduler::Deliver(Active& a, bool finished) {
-  if (!finished && a.out_text.empty()) return;
+  if (!finished && a.out_text.empty() && a.out_prompt_logprobs.empty()) return;
   GenerationEvent ev;
   ev.text = std::move(a.out_text);
   ev.tokens = std::move(a.out_tokens);
   ev.logprobs = std::move(a.out_logprobs);
+  ev.prompt_logprobs = std::move(a.out_prompt_logprobs);
   a.out_text.clear();
   a.out_tokens.clear();
   a.out_logprobs.clear();
+  a.out_prompt_logprobs.clear();
   ev.finished = finished;
   ev.finish_reason = a.reason;
   ev.error = a.error;
@@ -386,6 +406,18 @@ void Scheduler::ApplyTokenClamp() {
   }
 }
 
+void Scheduler::ScorePrompt(Active& a, int pos, const float* logits) {
+  const int vocab = model_.config.vocab_size;
+  TokenLogprob lp;
+  lp.token = a.req->prompt[static_cast<size_t>(pos + 1)];
+  lp.prev = a.req->prompt[static_cast<size_t>(pos)];
+  const double log_norm = LogNormalizer(logits, vocab);
+  TopLogprobs(logits, vocab, std::max(a.req->params.logprobs, 0), log_norm, &lp.top);
+  lp.logprob = static_cast<float>(logits[lp.token] - log_norm);
+  a.out_prompt_logprobs.push_back(std::move(lp));
+  a.prompt_scored = pos + 2;
+}
+
 bool Scheduler::Step() {
   if (cancel_all_.load()) {
     for (auto& a : active_) a->req->cancelled = true;
@@ -434,7 +466,7 @@ bool Scheduler::Step() {
     const int chunk = std::min(remaining, budget);
     for (int j = 0; j < chunk; ++j) {
       const int pos = a.computed + j;
-      batch.push_back({a.seq, a.context[pos], pos, j == remaining - 1});
+      batch.push_back({a.seq, a.context[pos], pos, j == remaining - 1 || a.scores(pos)});
       owners.push_back(&a);
     }
     budget -= chunk;
@@ -468,11 +500,22 @@ bool Scheduler::Step() {
   }
   int row = 0;
   const int vocab = model_.config.vocab_size;
+  bool scored = false;
   for (size_t r = 0; r < batch.size(); ++r) {
     if (!batch[r].want_logits) continue;
     Active& a = *owners[r];
     float* logits = &logits_[static_cast<size_t>(row) * vocab];
     ++row;
+    if (a.done) continue;
+    if (a.scores(batch[r].pos)) {
+      ScorePrompt(a, batch[r].pos, logits);
+      scored = true;
+      continue;
+    }
+    if (a.req->params.max_tokens == 0) {  // scoring only: the prompt is done
+      Finish(a, FinishReason::kLength);
+      continue;
+    }
     const int want_logprobs = a.req->params.logprobs;
     if (want_logprobs < 0) {
       Emit(a, a.sampler.Sample(logits, vocab), nullptr);
@@ -486,6 +529,12 @@ bool Scheduler::Step() {
     lp.token = a.sampler.Sample(logits, vocab);
     lp.logprob = static_cast<float>(logprob_row_[static_cast<size_t>(lp.token)] - log_norm);
     Emit(a, lp.token, &lp);
+  }
+  if (scored) {
+    // Scores of prompt chunks that did not end the prefill go out now.
+    for (Active* a : owners) {
+      if (!a->done && !a->out_prompt_logprobs.empty()) Deliver(*a, false);
+    }
   }
   if (link_ != nullptr) {
     // Prompts that finished prefilling this step: their full chunks go to the shared store.

@@ -48,12 +48,18 @@ inline constexpr int kMaxTopLogprobs = 20;
 
 struct GenerationParams {
   SamplingOptions sampling;
-  int max_tokens = 16;                 // generated tokens at most
+  int max_tokens = 16;                 // generated tokens at most (0 only with prompt_logprobs)
   std::vector<std::string> stop;       // stop sequences (not included in the output)
   bool stop_at_eos = true;             // BOS/EOS end generation (llama2.c stops at BOS)
   // -1: no log-probabilities. 0..kMaxTopLogprobs: every generated token's log-probability
   // plus that many most likely alternatives (see TokenLogprob).
   int logprobs = -1;
+  // Also score the prompt: for each prompt token after the first, its log-probability given the
+  // tokens before it, with max(logprobs, 0) alternatives, in GenerationEvent::prompt_logprobs
+  // before any generated token (what OpenAI's echo with logprobs returns, and how evaluation
+  // harnesses score a text). Such a prompt is computed in full: no prefix-cache or kvstore reuse.
+  // With max_tokens 0 the request only scores its prompt.
+  bool prompt_logprobs = false;
 };
 
 // The log-probability of one generated token under the model's own distribution (softmax of
@@ -69,6 +75,10 @@ struct GenerationEvent {
   std::string text;           // new text since the last event (may be empty)
   std::vector<int> tokens;    // token ids produced since the last event
   std::vector<TokenLogprob> logprobs;  // one per entry of `tokens` when params.logprobs >= 0
+  // With params.prompt_logprobs: the prompt positions scored since the last event, in order, from
+  // position 1 (the first prompt token has no log-probability); all of them come before the first
+  // generated token.
+  std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Status error;               // set when finish_reason == kError
@@ -160,8 +170,8 @@ class Scheduler {
 
   // Validates and enqueues. With a kvstore link, first looks the prompt up in the store, which
   // blocks the caller up to the link's lookup deadline. InvalidArgument when the prompt is empty, a token id is out of
-  // range, prompt + max_tokens exceeds the context, or the request could never fit the KV
-  // budget; ResourceExhausted when the queue is full; Unavailable after Shutdown.
+  // range, max_tokens < 1 (< 0 with prompt_logprobs), prompt + max_tokens exceeds the context, or
+  // the request could never fit the KV budget; ResourceExhausted when the queue is full; Unavailable after Shutdown.
   Status Submit(std::shared_ptr<Request> request);
 
   // Lowers every unfinished request's max_tokens to at most `max_tokens` (>= 1): queued,
@@ -200,6 +210,8 @@ class Scheduler {
   void ReleaseSequence(SeqId seq);  // the cache's blocks and the feed-forward's per-sequence state
   void Finish(Active& a, FinishReason reason, Status error = Status::Ok());
   void Emit(Active& a, int token, TokenLogprob* logprob);
+  // params.prompt_logprobs: the log-probability of prompt token pos + 1 from `logits` (row pos).
+  void ScorePrompt(Active& a, int pos, const float* logits);
   void Deliver(Active& a, bool finished);
   void PublishStats();  // KV figures for Stats(), read by other threads
   void ApplyTokenClamp();  // a pending ClampMaxTokens, on the scheduler thread

@@ -159,6 +159,7 @@ struct ChoiceState {
   std::shared_ptr<Request> request;
   std::string text;                    // non-streamed answers
   std::vector<TokenLogprob> logprobs;  // non-streamed answers with logprobs
+  std::vector<TokenLogprob> prompt_logprobs;  // non-streamed echo with logprobs
   size_t text_offset = 0;              // of the next token (completions' text_offset)
   bool finished = false;
   GenerationEvent last;                // the final event: finish reason, error, token counts
@@ -497,6 +498,17 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     for (int i = 0; job.chat && !gone && i < job.choices(); ++i) {
       gone = !res.WriteChunk(StreamChunk(job, options_.model_name, i, "", nullptr, true));
     }
+    // Echo: the prompt comes first; with logprobs its first token now (nothing scores it), the
+    // rest as the scheduler scores them.
+    for (int i = 0; job.echo && !gone && i < job.choices(); ++i) {
+      const JobPrompt& p = job.prompt_of(i);
+      if (job.params.prompt_logprobs) {
+        json lp = PromptLogprobsObject(tokenizer_, true, p.tokens.front(), {}, &choices[static_cast<size_t>(i)].text_offset);
+        gone = !res.WriteChunk(StreamChunk(job, options_.model_name, i, lp["tokens"][0].get<std::string>(), nullptr, false, lp));
+      } else {
+        gone = !res.WriteChunk(StreamChunk(job, options_.model_name, i, p.echo_text, nullptr, false));
+      }
+    }
   }
 
   // Until every choice has finished, one has failed, or the client has gone. A client that went
@@ -520,6 +532,12 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     }
     ChoiceState& c = choices[static_cast<size_t>(ce.choice)];
     const GenerationEvent& ev = ce.ev;
+    if (job.stream && !ev.prompt_logprobs.empty() && !gone) {
+      json lp = PromptLogprobsObject(tokenizer_, false, 0, ev.prompt_logprobs, &c.text_offset);
+      std::string text;
+      for (const json& t : lp["tokens"]) text += t.get<std::string>();
+      gone = !res.WriteChunk(StreamChunk(job, options_.model_name, ce.choice, text, nullptr, false, lp));
+    }
     if (job.stream) {
       // A chunk for new text, and for tokens that added none (a stop sequence held back, an
       // incomplete UTF-8 character) when their log-probabilities were asked for.
@@ -533,6 +551,7 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     } else {
       c.text += ev.text;
       if (want_logprobs) c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+      c.prompt_logprobs.insert(c.prompt_logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
     }
     if (!ev.finished) continue;
     c.finished = true;
@@ -586,9 +605,16 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
   }
   std::vector<ChoiceResult> results;
   results.reserve(choices.size());
-  for (ChoiceState& c : choices) {
-    json lp_obj = want_logprobs ? LogprobsObject(job.chat, tokenizer_, c.logprobs, &c.text_offset) : json(nullptr);
-    results.push_back(ChoiceResult{std::move(c.text), OpenAiFinishReason(c.last.finish_reason), std::move(lp_obj)});
+  for (size_t i = 0; i < choices.size(); ++i) {
+    ChoiceState& c = choices[i];
+    const JobPrompt& p = job.prompt_of(static_cast<int>(i));
+    json lp_obj = nullptr;
+    if (job.params.prompt_logprobs) {
+      lp_obj = PromptLogprobsObject(tokenizer_, true, p.tokens.front(), c.prompt_logprobs, &c.text_offset);
+    }
+    if (want_logprobs) AppendLogprobs(&lp_obj, LogprobsObject(job.chat, tokenizer_, c.logprobs, &c.text_offset));
+    std::string text = job.echo ? p.echo_text + c.text : std::move(c.text);
+    results.push_back(ChoiceResult{std::move(text), OpenAiFinishReason(c.last.finish_reason), std::move(lp_obj)});
   }
   res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, results, usage)), headers);
 }

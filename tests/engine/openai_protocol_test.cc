@@ -280,8 +280,7 @@ TEST(OpenAiProtocol, ParseCommonSamplingAndModel) {
 TEST(OpenAiProtocol, RejectUnsupportedPerEndpoint) {
   EXPECT_FALSE(RejectUnsupported(json::parse(R"({"logprobs":false,"echo":false,"suffix":""})"), false));
   EXPECT_FALSE(RejectUnsupported(json::parse(R"({"logprobs":true,"tools":[]})"), true));
-  EXPECT_EQ(RejectUnsupported(json::parse(R"({"echo":true})"), false)->param, "echo");
-  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"echo":true})"), true));  // chat has no echo
+  EXPECT_FALSE(RejectUnsupported(json::parse(R"({"echo":true})"), false));  // supported: ParseEcho
   EXPECT_EQ(RejectUnsupported(json::parse(R"({"suffix":"x"})"), false)->param, "suffix");
   EXPECT_EQ(RejectUnsupported(json::parse(R"({"tools":[{}]})"), true)->param, "tools");
   EXPECT_FALSE(RejectUnsupported(json::parse(R"({"tools":[{}]})"), false));
@@ -473,6 +472,54 @@ TEST(OpenAiProtocol, SeveralPromptsAndChoices) {
   EXPECT_EQ(refusal(R"({"model":"m","prompt":[[1],[2,3]],"max_tokens":511})"),
             "max_tokens: This model's maximum context length is 512 tokens. However, you requested 513 tokens (2 in the "
             "prompt, 511 for the completion). Please reduce the length of the prompt or completion.");
+}
+
+TEST(OpenAiProtocol, EchoAllowsScoringOnly) {
+  Tokenizer tok = LoadAidreams();
+  auto parse = [&](const std::string& body, ServerJob* job) {
+    auto e = ParseGenerateRequest(body, false, "m", tok, 512, 512, job);
+    return e ? e->param.value_or("") + ": " + e->message : std::string("accepted");
+  };
+  ServerJob job;
+  EXPECT_EQ(parse(R"({"model":"m","prompt":"Echoes of","echo":true,"max_tokens":0,"logprobs":1})", &job), "accepted");
+  EXPECT_TRUE(job.echo);
+  EXPECT_TRUE(job.params.prompt_logprobs);
+  EXPECT_EQ(job.prompts[0].max_tokens, 0);
+  EXPECT_EQ(job.prompts[0].echo_text, "Echoes of");  // BOS is no text; no leading space after it
+  ServerJob no_lp;
+  EXPECT_EQ(parse(R"({"model":"m","prompt":"x","echo":true})", &no_lp), "accepted");
+  EXPECT_TRUE(no_lp.echo);
+  EXPECT_FALSE(no_lp.params.prompt_logprobs);  // nothing to score without logprobs
+  ServerJob off;
+  EXPECT_EQ(parse(R"({"model":"m","prompt":"x","echo":false,"logprobs":2})", &off), "accepted");
+  EXPECT_FALSE(off.echo);
+  EXPECT_FALSE(off.params.prompt_logprobs);
+  ServerJob bad;
+  EXPECT_EQ(parse(R"({"model":"m","prompt":"x","echo":"yes"})", &bad), "echo: 'echo' must be a boolean");
+  EXPECT_EQ(parse(R"({"model":"m","prompt":"x","max_tokens":0})", &bad), "max_tokens: 'max_tokens' must be at least 1");
+  EXPECT_EQ(parse(R"({"model":"m","prompt":"x","echo":true,"max_tokens":-1})", &bad),
+            "max_tokens: 'max_tokens' must be at least 0 (with echo)");
+  // Chat has no echo: the field is not read there.
+  ServerJob chat;
+  EXPECT_FALSE(ParseGenerateRequest(R"({"model":"m","messages":[{"role":"user","content":"x"}],"echo":true})", true,
+                                    "m", tok, 512, 512, &chat));
+  EXPECT_FALSE(chat.echo);
+
+  EXPECT_EQ(EchoText(tok, {Tokenizer::kBos}), "");
+  // The prompt's logprobs object: the first token with nulls, then the scored ones.
+  const std::vector<int> ids = tok.Encode("Echoes of", true);
+  std::vector<TokenLogprob> scored;
+  for (size_t i = 1; i < ids.size(); ++i) scored.push_back(TokenLogprob{ids[i], ids[i - 1], -0.5f * i, {}});
+  size_t offset = 0;
+  json lp = PromptLogprobsObject(tok, true, ids[0], scored, &offset);
+  ASSERT_EQ(lp["tokens"].size(), ids.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_EQ(lp["token_logprobs"][1], -0.5f);
+  EXPECT_EQ(offset, std::string("Echoes of").size());
+  json more = PromptLogprobsObject(tok, false, 0, {TokenLogprob{ids[1], ids[0], -1.0f, {}}}, &offset);
+  AppendLogprobs(&lp, more);
+  EXPECT_EQ(lp["tokens"].size(), ids.size() + 1);
+  EXPECT_EQ(lp["text_offset"].back(), std::string("Echoes of").size());
 }
 
 TEST(OpenAiProtocol, FinishReasonsAndSse) {

@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int t : p.tokens) {
       if (t < 0 || t >= kVocab) Broken("a prompt token outside the vocabulary", body);
     }
-    if (p.max_tokens < 1 || static_cast<int64_t>(p.tokens.size()) + p.max_tokens > context) {
+    if (p.max_tokens < (job.echo ? 0 : 1) || static_cast<int64_t>(p.tokens.size()) + p.max_tokens > context) {
       Broken("an accepted request that does not fit its context", body);
     }
   }

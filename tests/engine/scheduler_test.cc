@@ -18,6 +18,8 @@ struct Collected {
   std::string text;
   std::vector<int> tokens;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
+  bool prompt_scored_after_text = false;  // a prompt score came after generated text: wrong order
   GenerationEvent final_event;
   int events = 0;
 };
@@ -46,6 +48,8 @@ class SchedulerTest : public ::testing::Test {
       out->text += ev.text;
       out->tokens.insert(out->tokens.end(), ev.tokens.begin(), ev.tokens.end());
       out->logprobs.insert(out->logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+      if (!ev.prompt_logprobs.empty() && !out->tokens.empty() && ev.tokens.empty()) out->prompt_scored_after_text = true;
+      out->prompt_logprobs.insert(out->prompt_logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
       ++out->events;
       if (ev.finished) out->final_event = ev;
     };
@@ -263,6 +267,66 @@ TEST_F(SchedulerTest, LogprobsAreTheLogSoftmaxOfTheLogits) {
   bool below_top = false;
   for (const TokenLogprob& lp : c.logprobs) below_top |= lp.logprob < lp.top[0].second;
   EXPECT_TRUE(below_top);
+}
+
+// A scored prompt: position i's log-probability is what the model gave token i after the tokens
+// before it, the very number it reports for the same token when it generates it. So scoring the
+// prompt + a greedy continuation reproduces the continuation's logprobs bit for bit, whether the
+// prompt's prefix is cached, the prefill is cut into chunks, or the request only scores.
+TEST_F(SchedulerTest, PromptLogprobsEqualTheLogprobsOfGeneratingTheSameTokens) {
+  for (int chunk : {512, 5}) {
+    SchedulerOptions so;
+    so.max_batch_tokens = chunk;
+    auto e = Open(64 << 20, so);
+    Collected gen;
+    auto g = Make(*e, "Echoes of vectors unfold", 12, &gen);
+    g->params.logprobs = 3;
+    ASSERT_TRUE(e->scheduler().Submit(g).ok());
+    e->scheduler().RunUntilIdle();
+    ASSERT_EQ(gen.logprobs.size(), gen.tokens.size());
+    ASSERT_GE(gen.tokens.size(), 4u);
+    EXPECT_TRUE(gen.prompt_logprobs.empty());  // not asked for
+
+    std::vector<int> whole = g->prompt;
+    whole.insert(whole.end(), gen.tokens.begin(), gen.tokens.end());
+    for (int round = 0; round < 2; ++round) {  // the second finds the prompt's blocks cached
+      for (int max_tokens : {0, 3}) {
+        Collected sc;
+        auto s = Make(*e, "", max_tokens, &sc);
+        s->prompt = whole;
+        s->params.logprobs = 3;
+        s->params.prompt_logprobs = true;
+        ASSERT_TRUE(e->scheduler().Submit(s).ok());
+        e->scheduler().RunUntilIdle();
+        EXPECT_FALSE(sc.prompt_scored_after_text);
+        ASSERT_EQ(sc.prompt_logprobs.size(), whole.size() - 1) << "chunk " << chunk << " round " << round;
+        for (size_t i = 0; i + 1 < whole.size(); ++i) {
+          EXPECT_EQ(sc.prompt_logprobs[i].token, whole[i + 1]);
+          EXPECT_EQ(sc.prompt_logprobs[i].prev, whole[i]);
+        }
+        const size_t first_gen = g->prompt.size() - 1;
+        for (size_t k = 0; k < gen.logprobs.size(); ++k) {
+          const TokenLogprob& want = gen.logprobs[k];
+          const TokenLogprob& got = sc.prompt_logprobs[first_gen + k];
+          EXPECT_EQ(got.logprob, want.logprob) << k;
+          EXPECT_EQ(got.top, want.top) << k;
+        }
+        EXPECT_EQ(static_cast<int>(sc.tokens.size()), max_tokens);
+        EXPECT_EQ(sc.final_event.finish_reason, FinishReason::kLength);
+        EXPECT_EQ(sc.final_event.cached_prompt_tokens, 0);  // computed in full, cached or not
+      }
+    }
+  }
+  // max_tokens 0 needs prompt scoring.
+  auto e = Open();
+  Collected c;
+  auto r = Make(*e, "Echoes", 0, &c);
+  EXPECT_EQ(e->scheduler().Submit(r).code(), StatusCode::kInvalidArgument);
+  r->params.prompt_logprobs = true;
+  EXPECT_TRUE(e->scheduler().Submit(r).ok());
+  e->scheduler().RunUntilIdle();
+  EXPECT_EQ(c.final_event.completion_tokens, 0);
+  EXPECT_EQ(c.prompt_logprobs.size(), r->prompt.size() - 1);
 }
 
 TEST_F(SchedulerTest, LogprobsOffByDefaultAndBounded) {

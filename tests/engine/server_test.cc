@@ -2,6 +2,7 @@
 // model, the real scheduler. No wall-clock assertions: waits are bounded only to turn a hang
 // into a failure.
 #include "keel/engine/server.h"
+#include "keel/engine/openai_protocol.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -758,6 +759,78 @@ TEST_F(ServerTest, SeveralPromptsAndChoicesAnswerAsSingleRequestsWould) {
   }
   EXPECT_TRUE(s.events.back()["choices"].empty());
   EXPECT_EQ(s.events.back()["usage"], pj["usage"]);
+}
+
+// echo: the text starts with the prompt as the model read it; with logprobs the prompt's tokens
+// lead the logprobs (the first with nulls), scored as the model would generate them; max_tokens 0
+// only scores; streamed, the chunks add up to the same text and logprobs.
+TEST_F(ServerTest, EchoReturnsThePromptAndScoresIt) {
+  Start();
+  const std::vector<int> prompt = tokenizer_->Encode("Echoes of", true);
+  json ids = json::array();
+  for (int t : prompt) ids.push_back(t);
+  auto post = [&](json body) {
+    body["model"] = "aidreams";
+    body["prompt"] = ids;
+    HttpTestResponse r = Post("/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r;
+  };
+  // Greedy generation with logprobs, then the same with echo.
+  const json gen = json::parse(post({{"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}}).body)["choices"][0];
+  const std::string continuation = gen["text"];
+  const json& gen_lp = gen["logprobs"];
+  const json echoed = json::parse(post({{"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}, {"echo", true}}).body);
+  const json& e = echoed["choices"][0];
+  EXPECT_EQ(e["text"], "Echoes of" + continuation);
+  const json& lp = e["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size() + gen_lp["tokens"].size()) << echoed.dump();
+  EXPECT_EQ(lp["tokens"][0], "");  // BOS is no text
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t k = 0; k < gen_lp["tokens"].size(); ++k) {  // the generated part, as without echo
+    EXPECT_EQ(lp["tokens"][prompt.size() + k], gen_lp["tokens"][k]) << k;
+    EXPECT_EQ(lp["token_logprobs"][prompt.size() + k], gen_lp["token_logprobs"][k]) << k;
+  }
+  // text_offset: byte offsets into the whole text, the prompt's included.
+  std::string joined;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size()) << i;
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined, e["text"]);
+  EXPECT_EQ(echoed["usage"]["prompt_tokens"], prompt.size());
+
+  // Echo without logprobs: the text only.
+  const json plain = json::parse(post({{"max_tokens", 6}, {"temperature", 0}, {"echo", true}}).body)["choices"][0];
+  EXPECT_EQ(plain["text"], "Echoes of" + continuation);
+  EXPECT_TRUE(plain["logprobs"].is_null());
+
+  // Scoring only (max_tokens 0): the prompt's scores as above, nothing generated. (That a scored
+  // position equals the logprob the model generated its token with is the scheduler's test.)
+  const json zero = json::parse(post({{"max_tokens", 0}, {"logprobs", 1}, {"echo", true}}).body);
+  const json& z = zero["choices"][0];
+  EXPECT_EQ(z["text"], "Echoes of");
+  EXPECT_EQ(z["finish_reason"], "length");
+  EXPECT_EQ(z["logprobs"]["tokens"].size(), prompt.size());
+  EXPECT_EQ(zero["usage"]["completion_tokens"], 0);
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    EXPECT_EQ(z["logprobs"]["token_logprobs"][i], lp["token_logprobs"][i]) << i;
+  }
+  // Without echo, max_tokens 0 stays an error.
+  EXPECT_EQ(Post("/v1/completions", R"({"model":"aidreams","prompt":"x","max_tokens":0})").status, 400);
+
+  // Streamed: the same text and logprobs, in pieces.
+  HttpTestResponse st = post({{"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}, {"echo", true}, {"stream", true}});
+  SseResult s = ParseSse(st.body);
+  ASSERT_TRUE(s.well_formed && s.done) << st.body;
+  EXPECT_EQ(StreamText(s, false), "Echoes of" + continuation);
+  json streamed = nullptr;
+  for (const json& ev : s.events) {
+    const json& c = ev["choices"][0];
+    if (!c["logprobs"].is_null()) AppendLogprobs(&streamed, c["logprobs"]);
+  }
+  EXPECT_EQ(streamed, lp);
 }
 
 // A request whose choices do not all fit the queue is refused whole: none of them runs.
