@@ -554,6 +554,50 @@ json UsageObject(const Usage& u) {
               {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
+namespace {
+
+// A prompt token's text in an echo: BOS and EOS are markers, not text the client sent.
+std::string EchoPiece(const Tokenizer& tok, int prev, int token) {
+  if (token == Tokenizer::kBos || token == Tokenizer::kEos) return {};
+  return tok.Decode(prev, token);
+}
+
+// The four parallel arrays of a completions "logprobs" object, filled token by token; text
+// offsets count from *text_offset, which is advanced.
+struct CompletionLogprobs {
+  explicit CompletionLogprobs(size_t* offset) : text_offset(offset) {}
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  size_t* text_offset;
+
+  // Dictionary keys are made valid UTF-8 here, not at serialisation, so that two byte tokens
+  // that both become U+FFFD stay one key instead of a duplicate.
+  static std::string Key(const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); }
+  void Push(const std::string& text, json logprob, json top) {
+    tokens.push_back(text);
+    token_logprobs.push_back(std::move(logprob));
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    *text_offset += text.size();
+  }
+  // `piece(prev, token)`: the text a token adds. The dictionary holds the alternatives and the
+  // token itself.
+  template <class Piece>
+  void Add(const TokenLogprob& e, Piece piece) {
+    const std::string text = piece(e.prev, e.token);
+    json top = json::object();
+    for (const auto& [id, lp] : e.top) top[Key(piece(e.prev, id))] = lp;
+    top[Key(text)] = e.logprob;
+    Push(text, e.logprob, std::move(top));
+  }
+  json Take() {
+    return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
+                {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+  }
+};
+
+}  // namespace
+
 json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogprob>& entries,
                     size_t* text_offset) {
   auto bytes_of = [](const std::string& s) {
@@ -576,35 +620,10 @@ json LogprobsObject(bool chat, const Tokenizer& tok, const std::vector<TokenLogp
     }
     return json{{"content", std::move(content)}, {"refusal", nullptr}};
   }
-  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
-       offsets = json::array();
-  // Dictionary keys are made valid UTF-8 here, not at serialisation, so that two byte tokens
-  // that both become U+FFFD stay one key instead of a duplicate.
-  auto key = [](const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); };
-  for (const TokenLogprob& e : entries) {
-    const std::string text = tok.Decode(e.prev, e.token);
-    json top = json::object();
-    for (const auto& [id, lp] : e.top) top[key(tok.Decode(e.prev, id))] = lp;
-    top[key(text)] = e.logprob;
-    tokens.push_back(text);
-    token_logprobs.push_back(e.logprob);
-    top_logprobs.push_back(std::move(top));
-    offsets.push_back(*text_offset);
-    *text_offset += text.size();
-  }
-  return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
-              {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+  CompletionLogprobs out(text_offset);
+  for (const TokenLogprob& e : entries) out.Add(e, [&](int prev, int t) { return tok.Decode(prev, t); });
+  return out.Take();
 }
-
-namespace {
-
-// A prompt token's text in an echo: BOS and EOS are markers, not text the client sent.
-std::string EchoPiece(const Tokenizer& tok, int prev, int token) {
-  if (token == Tokenizer::kBos || token == Tokenizer::kEos) return {};
-  return tok.Decode(prev, token);
-}
-
-}  // namespace
 
 std::string EchoText(const Tokenizer& tok, const std::vector<int>& prompt) {
   std::string out;
@@ -618,30 +637,10 @@ std::string EchoText(const Tokenizer& tok, const std::vector<int>& prompt) {
 
 json PromptLogprobsObject(const Tokenizer& tok, bool with_first, int first, const std::vector<TokenLogprob>& entries,
                           size_t* text_offset) {
-  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
-       offsets = json::array();
-  auto key = [](const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); };
-  if (with_first) {
-    const std::string text = EchoPiece(tok, Tokenizer::kBos, first);
-    tokens.push_back(text);
-    token_logprobs.push_back(nullptr);
-    top_logprobs.push_back(nullptr);
-    offsets.push_back(*text_offset);
-    *text_offset += text.size();
-  }
-  for (const TokenLogprob& e : entries) {
-    const std::string text = EchoPiece(tok, e.prev, e.token);
-    json top = json::object();
-    for (const auto& [id, lp] : e.top) top[key(EchoPiece(tok, e.prev, id))] = lp;
-    top[key(text)] = e.logprob;
-    tokens.push_back(text);
-    token_logprobs.push_back(e.logprob);
-    top_logprobs.push_back(std::move(top));
-    offsets.push_back(*text_offset);
-    *text_offset += text.size();
-  }
-  return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
-              {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+  CompletionLogprobs out(text_offset);
+  if (with_first) out.Push(EchoPiece(tok, Tokenizer::kBos, first), nullptr, nullptr);
+  for (const TokenLogprob& e : entries) out.Add(e, [&](int prev, int t) { return EchoPiece(tok, prev, t); });
+  return out.Take();
 }
 
 void AppendLogprobs(json* into, const json& more) {
