@@ -197,20 +197,41 @@ TEST_F(SchedulerTest, RequestLargerThanTheWholeCacheIsRejected) {
 }
 
 TEST_F(SchedulerTest, PreemptionUnderTightBudgetKeepsOutputsExact) {
-  std::vector<Collected> roomy(6), tight(6);
-  {
-    auto e = Open();
-    for (int i = 0; i < 6; ++i) ASSERT_TRUE(e->scheduler().Submit(Make(*e, kPrompts[i], 60, &roomy[i])).ok());
+  // Also with scored prompts: a preempted sequence recomputes its context but scores no prompt
+  // position twice.
+  for (bool score : {false, true}) {
+    auto make = [&](Engine& e, int i, Collected* out) {
+      auto r = Make(e, kPrompts[i], 60, out);
+      r->params.prompt_logprobs = score;
+      return r;
+    };
+    std::vector<Collected> roomy(6), tight(6);
+    {
+      auto e = Open();
+      for (int i = 0; i < 6; ++i) ASSERT_TRUE(e->scheduler().Submit(make(*e, i, &roomy[i])).ok());
+      e->scheduler().RunUntilIdle();
+      EXPECT_EQ(e->scheduler().Stats().preemptions, 0);
+    }
+    // 10 blocks: six sequences of ~64 tokens cannot all fit. With scoring, at most 9 tokens go
+    // through per step, so prompts are prefilled in pieces beside the decoders and a sequence
+    // may be preempted between two pieces of its prompt.
+    SchedulerOptions so;
+    so.max_batch_tokens = score ? 9 : 512;
+    auto e = Open(10 * 32768, so);
+    for (int i = 0; i < 6; ++i) ASSERT_TRUE(e->scheduler().Submit(make(*e, i, &tight[i])).ok());
     e->scheduler().RunUntilIdle();
-    EXPECT_EQ(e->scheduler().Stats().preemptions, 0);
-  }
-  auto e = Open(10 * 32768);  // 10 blocks: six sequences of ~64 tokens cannot all fit
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(e->scheduler().Submit(Make(*e, kPrompts[i], 60, &tight[i])).ok());
-  e->scheduler().RunUntilIdle();
-  EXPECT_GT(e->scheduler().Stats().preemptions, 0);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(roomy[i].tokens, tight[i].tokens) << i;
-    EXPECT_EQ(roomy[i].text, tight[i].text) << i;
+    EXPECT_GT(e->scheduler().Stats().preemptions, 0);
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(roomy[i].tokens, tight[i].tokens) << i;
+      EXPECT_EQ(roomy[i].text, tight[i].text) << i;
+      const size_t scored = score ? e->tokenizer().Encode(kPrompts[i], true).size() - 1 : 0;
+      ASSERT_EQ(tight[i].prompt_logprobs.size(), scored) << i;
+      ASSERT_EQ(roomy[i].prompt_logprobs.size(), scored) << i;
+      for (size_t k = 0; k < scored; ++k) {
+        EXPECT_EQ(tight[i].prompt_logprobs[k].token, roomy[i].prompt_logprobs[k].token);
+        EXPECT_EQ(tight[i].prompt_logprobs[k].logprob, roomy[i].prompt_logprobs[k].logprob);
+      }
+    }
   }
 }
 
