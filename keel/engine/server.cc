@@ -434,6 +434,85 @@ struct MeterTicket {
   }
 };
 
+// Submits every choice of `job` into `scheduler`, their events going to `queue`: all of them,
+// or none (a refusal part-way cancels those already queued and is returned).
+std::optional<ApiError> SubmitChoices(Scheduler& scheduler, const ServerJob& job, const std::shared_ptr<EventQueue>& queue,
+                                      const std::shared_ptr<EngineMetrics>& metrics,
+                                      const std::shared_ptr<MeterTicket>& ticket, std::vector<ChoiceState>* choices) {
+  // More choices than the queue holds could never be admitted together: a 400, not a 429 that a
+  // client would retry for ever.
+  if (const int cap = scheduler.options().max_queue; job.choices() > cap) {
+    return BadParam("n", fmt::format("{} choices (prompts x n) are more than this server queues at once ({}, "
+                                     "keel serve --max-queue)",
+                                     job.choices(), cap));
+  }
+  choices->assign(static_cast<size_t>(job.choices()), ChoiceState{});
+  for (int i = 0; i < job.choices(); ++i) {
+    auto request = std::make_shared<Request>();
+    request->prompt = job.prompt_of(i).tokens;
+    request->params = job.params_of(i);
+    // Runs on the scheduler thread: copy and hand off, never touch the socket.
+    request->on_event = [queue, metrics, i, last = 0, stream = job.stream](const GenerationEvent& ev) mutable {
+      if (ev.completion_tokens > last) {
+        metrics->generation_tokens.Inc(ev.completion_tokens - last);
+        last = ev.completion_tokens;
+      }
+      queue->Push(i, ev, stream || ev.finished);
+    };
+    if (ticket) request->on_admitted = [ticket] { ticket->Admitted(); };
+    Status st = scheduler.Submit(request);
+    if (!st.ok()) {
+      CancelAll(*choices);
+      return SubmitError(st);
+    }
+    (*choices)[static_cast<size_t>(i)].request = std::move(request);
+  }
+  return std::nullopt;
+}
+
+// What a stream carries before any event: each chat choice's role, and with echo each choice's
+// prompt (with logprobs, its first token, which nothing scores). False when the client is gone.
+bool WriteStreamStart(HttpResponder& res, const ServerJob& job, const std::string& model, const Tokenizer& tok,
+                      std::vector<ChoiceState>* choices) {
+  for (int i = 0; job.chat && i < job.choices(); ++i) {
+    if (!res.WriteChunk(StreamChunk(job, model, i, "", nullptr, true))) return false;
+  }
+  for (int i = 0; job.echo && i < job.choices(); ++i) {
+    const JobPrompt& p = job.prompt_of(i);
+    std::string chunk;
+    if (job.params.prompt_logprobs) {
+      json lp = PromptLogprobsObject(tok, true, p.tokens.front(), {}, &(*choices)[static_cast<size_t>(i)].text_offset);
+      chunk = StreamChunk(job, model, i, lp["tokens"][0].get<std::string>(), nullptr, false, lp);
+    } else {
+      chunk = StreamChunk(job, model, i, p.echo_text, nullptr, false);
+    }
+    if (!res.WriteChunk(chunk)) return false;
+  }
+  return true;
+}
+
+// The body of a non-streamed answer whose choices all finished.
+json FinishedBody(const ServerJob& job, const std::string& model, const Tokenizer& tok,
+                  std::vector<ChoiceState>* choices) {
+  Usage usage;
+  usage.prompt_tokens = job.prompt_tokens();
+  std::vector<ChoiceResult> results;
+  results.reserve(choices->size());
+  for (size_t i = 0; i < choices->size(); ++i) {
+    ChoiceState& c = (*choices)[i];
+    usage.completion_tokens += c.last.completion_tokens;
+    const JobPrompt& p = job.prompt_of(static_cast<int>(i));
+    json lp_obj = nullptr;
+    if (job.params.prompt_logprobs) {
+      lp_obj = PromptLogprobsObject(tok, true, p.tokens.front(), c.prompt_logprobs, &c.text_offset);
+    }
+    if (job.params.logprobs >= 0) AppendLogprobs(&lp_obj, LogprobsObject(job.chat, tok, c.logprobs, &c.text_offset));
+    std::string text = job.echo ? p.echo_text + c.text : std::move(c.text);
+    results.push_back(ChoiceResult{std::move(text), OpenAiFinishReason(c.last.finish_reason), std::move(lp_obj)});
+  }
+  return CompletionBody(job, model, results, usage);
+}
+
 }  // namespace
 
 void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& headers) {
@@ -452,41 +531,11 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     }
   } close_ticket{ticket.get()};
 
-  // More choices than the queue holds could never be admitted together: a 400, not a 429 that a
-  // client would retry for ever.
-  if (const int cap = scheduler_.options().max_queue; job.choices() > cap) {
-    if (ticket) ticket->Close();
-    SendError(res,
-              BadParam("n", fmt::format("{} choices (prompts x n) are more than this server queues at once ({}, "
-                                        "keel serve --max-queue)",
-                                        job.choices(), cap)),
-              headers);
+  std::vector<ChoiceState> choices;
+  if (std::optional<ApiError> refused = SubmitChoices(scheduler_, job, queue, metrics_, ticket, &choices)) {
+    if (ticket) ticket->Close();  // before the answer, so a client holding it sees it counted
+    SendError(res, *refused, headers);
     return;
-  }
-  // Every choice is submitted, or none runs: a refusal part-way cancels those already queued.
-  std::vector<ChoiceState> choices(static_cast<size_t>(job.choices()));
-  std::shared_ptr<EngineMetrics> metrics = metrics_;
-  for (int i = 0; i < job.choices(); ++i) {
-    auto request = std::make_shared<Request>();
-    request->prompt = job.prompt_of(i).tokens;
-    request->params = job.params_of(i);
-    // Runs on the scheduler thread: copy and hand off, never touch the socket.
-    request->on_event = [queue, metrics, i, last = 0, stream = job.stream](const GenerationEvent& ev) mutable {
-      if (ev.completion_tokens > last) {
-        metrics->generation_tokens.Inc(ev.completion_tokens - last);
-        last = ev.completion_tokens;
-      }
-      queue->Push(i, ev, stream || ev.finished);
-    };
-    if (ticket) request->on_admitted = [ticket] { ticket->Admitted(); };
-    Status st = scheduler_.Submit(request);
-    if (!st.ok()) {
-      CancelAll(choices);
-      if (ticket) ticket->Close();  // before the answer, so a client holding it sees it counted
-      SendError(res, SubmitError(st), headers);
-      return;
-    }
-    choices[static_cast<size_t>(i)].request = std::move(request);
   }
   metrics_->prompt_tokens.Inc(static_cast<double>(job.prompt_tokens()));
 
@@ -494,21 +543,8 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
   if (job.stream) {
     HttpHeaderList stream_headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
     stream_headers.insert(stream_headers.end(), headers.begin(), headers.end());
-    gone = !res.BeginStream(200, "text/event-stream", stream_headers);
-    for (int i = 0; job.chat && !gone && i < job.choices(); ++i) {
-      gone = !res.WriteChunk(StreamChunk(job, options_.model_name, i, "", nullptr, true));
-    }
-    // Echo: the prompt comes first; with logprobs its first token now (nothing scores it), the
-    // rest as the scheduler scores them.
-    for (int i = 0; job.echo && !gone && i < job.choices(); ++i) {
-      const JobPrompt& p = job.prompt_of(i);
-      if (job.params.prompt_logprobs) {
-        json lp = PromptLogprobsObject(tokenizer_, true, p.tokens.front(), {}, &choices[static_cast<size_t>(i)].text_offset);
-        gone = !res.WriteChunk(StreamChunk(job, options_.model_name, i, lp["tokens"][0].get<std::string>(), nullptr, false, lp));
-      } else {
-        gone = !res.WriteChunk(StreamChunk(job, options_.model_name, i, p.echo_text, nullptr, false));
-      }
-    }
+    gone = !res.BeginStream(200, "text/event-stream", stream_headers) ||
+           !WriteStreamStart(res, job, options_.model_name, tokenizer_, &choices);
   }
 
   // Until every choice has finished, one has failed, or the client has gone. A client that went
@@ -594,29 +630,16 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
     return;
   }
 
-  Usage usage;
-  usage.prompt_tokens = job.prompt_tokens();
-  for (const ChoiceState& c : choices) usage.completion_tokens += c.last.completion_tokens;
   if (job.stream) {
+    Usage usage;
+    usage.prompt_tokens = job.prompt_tokens();
+    for (const ChoiceState& c : choices) usage.completion_tokens += c.last.completion_tokens;
     bool ok = !job.include_usage || res.WriteChunk(UsageChunk(job, options_.model_name, usage));
     if (ok) ok = res.WriteChunk("data: [DONE]\n\n");
     if (ok) res.EndStream();
     return;
   }
-  std::vector<ChoiceResult> results;
-  results.reserve(choices.size());
-  for (size_t i = 0; i < choices.size(); ++i) {
-    ChoiceState& c = choices[i];
-    const JobPrompt& p = job.prompt_of(static_cast<int>(i));
-    json lp_obj = nullptr;
-    if (job.params.prompt_logprobs) {
-      lp_obj = PromptLogprobsObject(tokenizer_, true, p.tokens.front(), c.prompt_logprobs, &c.text_offset);
-    }
-    if (want_logprobs) AppendLogprobs(&lp_obj, LogprobsObject(job.chat, tokenizer_, c.logprobs, &c.text_offset));
-    std::string text = job.echo ? p.echo_text + c.text : std::move(c.text);
-    results.push_back(ChoiceResult{std::move(text), OpenAiFinishReason(c.last.finish_reason), std::move(lp_obj)});
-  }
-  res.Send(200, "application/json", Dump(CompletionBody(job, options_.model_name, results, usage)), headers);
+  res.Send(200, "application/json", Dump(FinishedBody(job, options_.model_name, tokenizer_, &choices)), headers);
 }
 
 // ---------------------------------------------------------------------------------------------
