@@ -491,16 +491,22 @@ bool WriteStreamStart(HttpResponder& res, const ServerJob& job, const std::strin
   return true;
 }
 
+// A request's usage once its choices all finished: each prompt once, every choice's completion.
+Usage UsageOf(const ServerJob& job, const std::vector<ChoiceState>& choices) {
+  Usage usage;
+  usage.prompt_tokens = job.prompt_tokens();
+  for (const ChoiceState& c : choices) usage.completion_tokens += c.last.completion_tokens;
+  return usage;
+}
+
 // The body of a non-streamed answer whose choices all finished.
 json FinishedBody(const ServerJob& job, const std::string& model, const Tokenizer& tok,
                   std::vector<ChoiceState>* choices) {
-  Usage usage;
-  usage.prompt_tokens = job.prompt_tokens();
+  const Usage usage = UsageOf(job, *choices);
   std::vector<ChoiceResult> results;
   results.reserve(choices->size());
   for (size_t i = 0; i < choices->size(); ++i) {
     ChoiceState& c = (*choices)[i];
-    usage.completion_tokens += c.last.completion_tokens;
     const JobPrompt& p = job.prompt_of(static_cast<int>(i));
     json lp_obj = nullptr;
     if (job.params.prompt_logprobs) {
@@ -631,10 +637,7 @@ void Server::RunJob(ServerJob& job, HttpResponder& res, const HttpHeaderList& he
   }
 
   if (job.stream) {
-    Usage usage;
-    usage.prompt_tokens = job.prompt_tokens();
-    for (const ChoiceState& c : choices) usage.completion_tokens += c.last.completion_tokens;
-    bool ok = !job.include_usage || res.WriteChunk(UsageChunk(job, options_.model_name, usage));
+    bool ok = !job.include_usage || res.WriteChunk(UsageChunk(job, options_.model_name, UsageOf(job, choices)));
     if (ok) ok = res.WriteChunk("data: [DONE]\n\n");
     if (ok) res.EndStream();
     return;
