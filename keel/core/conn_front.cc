@@ -204,6 +204,21 @@ ConnectionFrontStats ConnectionFront::stats() const {
   return s;
 }
 
+void ConnectionFront::CloseListener() {
+  if (listen_registered_) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listening_.fd, nullptr);
+    listen_registered_ = false;
+  }
+  if (listening_.fd >= 0) {
+    // Closed now, not at the end of Stop: an open listener keeps completing handshakes that
+    // no one accepts, so a client connecting during the drain hangs until the process exits
+    // (then is reset) instead of being refused at once and trying another instance.
+    UnlinkUnixSocket(listening_);  // before close: the open socket pins its inode
+    ::close(listening_.fd);
+    listening_.fd = -1;
+  }
+}
+
 void ConnectionFront::Loop() {
   std::vector<epoll_event> events(256);
   while (!quit_.load()) {
@@ -215,6 +230,9 @@ void ConnectionFront::Loop() {
       Log().error("{}: epoll_wait: {}", options_.tag, std::strerror(errno));
       break;
     }
+    // Before anything below closes a connection: a client that sees its connection closed by the
+    // stop and reconnects at once must find the port refused, not a listener about to close.
+    if (!accepting_.load()) CloseListener();
     for (int i = 0; i < n; ++i) {
       void* p = events[i].data.ptr;
       if (p == &kWakeTag) {
@@ -234,18 +252,6 @@ void ConnectionFront::Loop() {
     }
     TakeReturned();
     if (!accepting_.load()) {
-      if (listen_registered_) {
-        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listening_.fd, nullptr);
-        listen_registered_ = false;
-      }
-      if (listening_.fd >= 0) {
-        // Closed now, not at the end of Stop: an open listener keeps completing handshakes that
-        // no one accepts, so a client connecting during the drain hangs until the process exits
-        // (then is reset) instead of being refused at once and trying another instance.
-        UnlinkUnixSocket(listening_);  // before close: the open socket pins its inode
-        ::close(listening_.fd);
-        listening_.fd = -1;
-      }
       if (!closed_parked_) CloseAllParked();
       closed_parked_ = true;
     } else if (!listen_registered_ && Clock::now() >= accept_paused_until_) {
@@ -440,6 +446,7 @@ void ConnectionFront::Dispatch(Conn* c) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!accepting_.load()) {
       // Stopping: requests not yet started are not served.
+      CloseListener();
       Drop(c);
       return;
     }
@@ -515,6 +522,7 @@ void ConnectionFront::TakeReturned() {
   }
   for (auto [c, again] : back) {
     if (!again || !accepting_.load()) {
+      if (!accepting_.load()) CloseListener();
       Drop(c);
       continue;
     }

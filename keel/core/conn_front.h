@@ -135,6 +135,7 @@ class ConnectionFront {
   struct Conn;
   struct Client;
   void Loop();
+  void CloseListener();  // I/O thread, idempotent; before any connection is closed for the stop
   void AcceptReady();
   void Admit(int fd, std::string peer, const std::string& ip);
   void Reject(int fd);
