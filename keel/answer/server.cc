@@ -418,9 +418,9 @@ void AnswerServer::Serve(const HttpRequest& req, HttpResponder& res, const hilo:
     keel["generate_ms"] = generate_ms;
     return keel;
   };
-  // A client that left while its request waited for the search is not generated for: the gateway
-  // cannot tell a non-streaming caller left, so under overload that is engine time spent on
-  // answers nobody reads (a client that timed out, or a load generator's cut-off).
+  // A client that left while its request waited for the search is not generated for: under
+  // overload that would be engine time spent on answers nobody reads (a client that timed out, or
+  // a load generator's cut-off). Once generating, the gateway and the engine notice on their own.
   if (res.ClientGone()) {
     res.Abandon();
     return;

@@ -71,6 +71,11 @@ class AsyncResponder {
   // Ends the body, sending `last` (when not empty) as its final chunk in the same write.
   virtual Task<bool> EndStream(std::string_view last = {}) = 0;
   virtual int status() const = 0;
+  // Whether the client has closed or reset its connection while its answer is being prepared
+  // (a non-blocking peek: end of stream or a socket error; bytes it sent meanwhile, a pipelined
+  // request or a TLS record, are not a departure). A proxy waiting on an upstream polls it to
+  // abandon work nobody will read.
+  virtual bool ClientGone() { return false; }
 };
 
 using AsyncHandler = std::function<Task<void>(const HttpRequest&, AsyncResponder&)>;
@@ -152,6 +157,12 @@ class HttpClient {
   // response timeout, connection reset; the message says which), Corruption (malformed response,
   // truncated body), ResourceExhausted (body over max_response_bytes).
   Task<Result<ClientResponse>> Fetch(ClientRequest request);
+  // Fetch for a caller that may lose interest: `wanted` is asked every `poll` while the
+  // response is awaited, and once it answers false the upstream connection is closed (the
+  // upstream sees the request abandoned; the connection is not reused) and the result is
+  // Cancelled. `wanted` runs on the caller's strand.
+  Task<Result<ClientResponse>> FetchWhile(ClientRequest request, std::function<bool()> wanted,
+                                          std::chrono::milliseconds poll = std::chrono::milliseconds(200));
   // Sends the request and returns once the response headers have arrived.
   Task<Result<std::unique_ptr<ResponseStream>>> Open(ClientRequest request);
 

@@ -174,13 +174,22 @@ Task<void> Gateway::Impl::Fail(Exchange& x, const GatewayError& error, const Htt
   co_await x.resp.Send(status, "application/json", std::move(body), headers);
 }
 
-void Gateway::Impl::Settle(Exchange& x, const RouteTarget& target, int64_t in, int64_t out) {
+void Gateway::Impl::Settle(Exchange& x, const RouteTarget& target, int64_t in, int64_t out, std::string_view status) {
   const KeyDecision& d = *x.auth.decision;
   governance->Settle(x.reservation, UsageRecord{x.request_id, d.key_id, d.team, target.model, in, out,
                                                 CostOf(d.prices, target.model, in, out), UnixMillis()});
   tokens->WithLabels({"input"}).Inc(static_cast<double>(in));
   if (out > 0) tokens->WithLabels({"output"}).Inc(static_cast<double>(out));
-  requests->WithLabels({x.route, "200"}).Inc();
+  requests->WithLabels({x.route, std::string(status)}).Inc();
+}
+
+void Gateway::Impl::SettleAbandoned(Exchange& x, const RouteTarget& target, const Upstream& up) {
+  upstream_requests->WithLabels({up.config.name, "abandoned"}).Inc();
+  Log().debug("gateway: {} client left before its answer; the request to {} was abandoned", x.request_id,
+             up.config.name);
+  // Charged as reserved: how much the upstream generated before it saw the connection close is
+  // unknown, and a budget must not be overspent by clients that hang up.
+  Settle(x, target, x.input_tokens, x.request.max_tokens.value_or(0), "499");
 }
 
 Task<void> Gateway::Impl::Handle(const HttpRequest& req, AsyncResponder& resp) {

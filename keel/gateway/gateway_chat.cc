@@ -275,7 +275,13 @@ Task<bool> Gateway::Impl::Relay(Exchange& x) {
 Task<Attempt> Gateway::Impl::RelayWhole(Exchange& x, const RouteTarget& target, Upstream& up,
                                         ClientRequest request, GatewayError* last_error) {
   const auto sent = Clock::now();
-  auto r = co_await up.client->Fetch(std::move(request));
+  // The client is watched while the upstream works: one that leaves takes the upstream's work
+  // with it (streams notice at their next write, RelayStream).
+  auto r = co_await up.client->FetchWhile(std::move(request), [&x] { return !x.resp.ClientGone(); });
+  if (!r.ok() && r.status().code() == StatusCode::kCancelled) {
+    SettleAbandoned(x, target, up);
+    co_return Attempt::kAnswered;  // nobody to answer, and no fallback for nobody
+  }
   if (!r.ok()) {
     upstream_requests->WithLabels({up.config.name, "error"}).Inc();
     *last_error = TransportError(up, r.status());

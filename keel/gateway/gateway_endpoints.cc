@@ -195,7 +195,12 @@ Task<void> Gateway::Impl::HandleEmbeddings(Exchange& x) {
     body["model"] = target.model;
     auto request = up.vendor->BuildEmbeddings(up.config, body.dump());
     if (!request.ok()) continue;  // this vendor has no embeddings endpoint
-    auto got = co_await up.client->Fetch(std::move(request).value());
+    auto got = co_await up.client->FetchWhile(std::move(request).value(), [&x] { return !x.resp.ClientGone(); });
+    if (!got.ok() && got.status().code() == StatusCode::kCancelled) {
+      upstream_requests->WithLabels({up.config.name, "abandoned"}).Inc();
+      Settle(x, target, input_tokens, 0, "499");
+      co_return;
+    }
     if (!got.ok()) {
       last_error = {504, ErrorKind::kTimeout, "upstream " + up.config.name + ": " + got.status().message()};
       continue;

@@ -146,8 +146,13 @@ struct Gateway::Impl {
   Task<void> HandleGeminiModels(Exchange& x, std::string_view id);
   Task<void> HandleCountTokens(Exchange& x);
 
-  // Settles a finished request's usage against its reservation and the metrics.
-  void Settle(Exchange& x, const RouteTarget& target, int64_t input_tokens, int64_t output_tokens);
+  // Settles a finished request's usage against its reservation and the metrics; `status` is
+  // the request's label on keel_gateway_requests_total (499: the client left before its answer).
+  void Settle(Exchange& x, const RouteTarget& target, int64_t input_tokens, int64_t output_tokens,
+              std::string_view status = "200");
+  // A whole (non-streamed) answer's upstream request whose client left while it was awaited:
+  // the upstream connection is closed, so the upstream stops generating for nobody.
+  void SettleAbandoned(Exchange& x, const RouteTarget& target, const Upstream& up);
 };
 
 // The model a team's policy maps `requested` to (its rewrites), and whether its allow list

@@ -190,6 +190,14 @@ class AsyncServerTest : public ::testing::Test {
       for (int i = 0; i < 4096 && ok; ++i) ok = co_await w.WriteChunk(block);
       flood_write_failed_ = !ok;
       flood_done_ = true;
+    } else if (req.path == "/until-gone") {
+      // A whole answer that takes long (up to 10 s) unless its client leaves first.
+      for (int i = 0; i < 2000 && !w.ClientGone(); ++i) co_await SleepMs(5);
+      if (w.ClientGone()) {
+        saw_gone_ = true;
+        co_return;
+      }
+      co_await w.Send(200, "text/plain", "nobody left");
     } else if (req.path == "/silent") {
       co_return;  // no answer: the server sends 500
     } else if (req.path == "/throw") {
@@ -207,6 +215,7 @@ class AsyncServerTest : public ::testing::Test {
   std::atomic<bool> second_written_{false};
   std::atomic<bool> flood_write_failed_{false};
   std::atomic<bool> flood_done_{false};
+  std::atomic<bool> saw_gone_{false};
 
   size_t connections_seen() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -699,6 +708,53 @@ TEST_F(AsyncClientTest, AbandonedStreamIsNotPooled) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->body, "hello ");
   EXPECT_EQ(connections_seen(), 2u);
+}
+
+TEST_F(AsyncServerTest, ClientGoneSeesAClosedConnectionButNotAWaitingOne) {
+  Start();
+  {
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw(HttpTestClient::BuildRequest("GET", "/until-gone")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(saw_gone_.load());  // still waiting for its answer
+  }  // leaves
+  for (int i = 0; i < 1000 && !saw_gone_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(saw_gone_.load());
+  // A client that sends its next request early is still there.
+  saw_gone_ = false;
+  HttpTestClient early(server_->port());
+  ASSERT_TRUE(early.SendRaw(HttpTestClient::BuildRequest("GET", "/until-gone") +
+                            HttpTestClient::BuildRequest("GET", "/hello")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(saw_gone_.load());
+}
+
+TEST_F(AsyncClientTest, FetchWhileAbandonsTheUpstreamWhenTheCallerLosesInterest) {
+  Start();
+  HttpClient client(io_.io());
+  std::atomic<int> asked{0};
+  auto wanted = [&asked] { return ++asked < 3; };  // gives up at the third poll
+  auto r = RunSync(io_.io().get_executor(), client.FetchWhile({.method = "GET", .url = Url("/until-gone")}, wanted,
+                                                              std::chrono::milliseconds(20)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
+  EXPECT_EQ(asked.load(), 3);
+  // The upstream saw its client leave: the connection was closed, not left to finish.
+  for (int i = 0; i < 1000 && !saw_gone_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(saw_gone_.load());
+  // A caller that stays gets its answer, and the connection goes back to the pool.
+  auto ok = RunSync(io_.io().get_executor(),
+                    client.FetchWhile({.method = "GET", .url = Url("/slow?50")}, [] { return true; },
+                                      std::chrono::milliseconds(5)));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->body, "slow done");
+  const size_t seen = connections_seen();
+  ASSERT_TRUE(Fetch(client, {.method = "GET", .url = Url("/hello")}).ok());
+  EXPECT_EQ(connections_seen(), seen);  // reused: the abandoned one was not pooled, this one was
+  // Errors still come through as errors, not as cancellations.
+  auto refused = RunSync(io_.io().get_executor(),
+                         client.FetchWhile({.method = "GET", .url = "http://127.0.0.1:1/x"}, [] { return true; }));
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
 }
 
 TEST_F(AsyncClientTest, ResponseTimeoutAndBodyLimit) {

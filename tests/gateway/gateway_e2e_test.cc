@@ -177,6 +177,7 @@ class GatewayE2E : public ::testing::Test {
            {"targets", {{{"upstream", "oa"}, {"model", "gpt-garbage"}}, {{"upstream", "an"}, {"model", "claude-garbage"}}}}},
           {{"name", "m-truncate"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-truncate"}}}}},
           {{"name", "m-paced"}, {"targets", {{{"upstream", "oa-paced"}, {"model", "gpt-test"}}}}},
+          {{"name", "m-slow"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-slow"}}}}},
           {{"name", "m-timeout"},
            {"targets", {{{"upstream", "oa-short"}, {"model", "gpt-slow"}}, {{"upstream", "an"}, {"model", "claude-ok"}}}}},
           {{"name", "m-badkey"}, {"targets", {{{"upstream", "an-badkey"}, {"model", "claude-x"}}}}},
@@ -515,6 +516,34 @@ TEST_F(GatewayE2E, FallsBackOn429And5xxAndReportsUpstreamGarbage) {
   EXPECT_NE(metrics.body.find("keel_gateway_fallbacks_total"), std::string::npos);
   // Still serving.
   EXPECT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_a_).status, 200);
+}
+
+// A client that hangs up on a whole (non-streamed) answer takes the upstream's work with it: the
+// fake's "slow" answer (5 s) sees its connection closed long before it would answer.
+TEST_F(GatewayE2E, ClientLeavingAWholeAnswerAbandonsItsUpstreamRequest) {
+  auto vendor_stat = [](const char* name) {
+    test::HttpTestClient http(vendor_port_[0]);
+    json stats = json::parse(http.Request("GET", "/_fake/stats").body, nullptr, false);
+    return stats.is_object() ? stats.value(name, int64_t{-1}) : int64_t{-1};
+  };
+  const int64_t cancelled_before = vendor_stat("cancelled");
+  {
+    test::HttpTestClient c(gateway_port_);
+    ASSERT_TRUE(c.SendRaw(test::HttpTestClient::BuildRequest("POST", "/v1/chat/completions",
+                                                             Chat("m-slow", "hello").dump(), "application/json",
+                                                             {{"Authorization", "Bearer " + key_open_}})));
+    ASSERT_TRUE(WaitFor([&] { return vendor_stat("active") == 1; }));
+  }  // hangs up while the upstream works
+  ASSERT_TRUE(WaitFor([&] { return vendor_stat("active") == 0; }));
+  // Cancelled, not answered: the fake counts an exchange whose client left before its answer.
+  EXPECT_EQ(vendor_stat("cancelled"), cancelled_before + 1);
+  test::HttpTestClient http(gateway_port_);
+  const std::string metrics = http.Request("GET", "/metrics").body;
+  EXPECT_NE(metrics.find(R"(keel_gateway_upstream_requests_total{upstream="oa",outcome="abandoned"} 1)"),
+            std::string::npos) << metrics;
+  EXPECT_NE(metrics.find(R"(code="499"} 1)"), std::string::npos) << metrics;
+  // Still serving, and a client that stays gets its answer.
+  EXPECT_EQ(Post("/v1/chat/completions", Chat("m-openai", "hi").dump(), key_open_).status, 200);
 }
 
 TEST_F(GatewayE2E, UpstreamTimeoutFallsBackAndVendorAuthFailureIs502InTheClientsFormat) {

@@ -23,8 +23,10 @@
 #include "keel/gateway/async_http.h"
 
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -220,6 +222,16 @@ class AsyncHttpServer::Impl::Responder final : public AsyncResponder {
   bool keep_alive() const { return keep_alive_; }
   void set_keep_alive(bool v) { keep_alive_ = v; }
   int status() const override { return status_; }
+
+  bool ClientGone() override {
+    if (failed_) return true;
+    auto& sock = beast::get_lowest_layer(stream_).socket();
+    if (!sock.is_open()) return true;
+    char c;
+    const ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return true;
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  }
 
   Task<bool> Send(int status, std::string_view content_type, std::string body,
                   const HttpHeaderList& extra) override {

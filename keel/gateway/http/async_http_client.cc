@@ -10,16 +10,20 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <utility>
 
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
@@ -132,9 +136,30 @@ using TcpStream = beast::tcp_stream;
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 using UnixStream = beast::basic_stream<asio::local::stream_protocol>;
 
+class Conn;
+
+// How FetchWhile reaches the connection its request is on, to close it when the caller loses
+// interest. Touched only on the request's strand; a connection detaches before it is pooled or
+// destroyed, so `conn` never outlives what it points to.
+struct Abandon {
+  Conn* conn = nullptr;
+  bool requested = false;
+};
+
 class Conn {
  public:
-  virtual ~Conn() = default;
+  virtual ~Conn() { Unwatch(); }
+  // Closes the socket: pending reads and writes end with operation_aborted.
+  virtual void Close() = 0;
+  void Watch(Abandon* a) {
+    Unwatch();
+    watcher_ = a;
+    a->conn = this;
+  }
+  void Unwatch() {
+    if (watcher_ && watcher_->conn == this) watcher_->conn = nullptr;
+    watcher_ = nullptr;
+  }
   virtual void Expire(std::chrono::steady_clock::duration d) = 0;
   virtual void NoExpire() = 0;
   virtual Task<error_code> Write(Request& req) = 0;
@@ -150,6 +175,18 @@ class Conn {
   // answer arrives 512 bytes per system call (and per Relay pass).
   Conn() { buffer.reserve(16384); }
   beast::flat_buffer buffer;  // bytes read past the parser's needs (none after a full response)
+
+ private:
+  Abandon* watcher_ = nullptr;
+};
+
+// A FetchWhile's request, shared by the fetch it spawns and the loop that polls its caller.
+struct FetchWhileState {
+  explicit FetchWhileState(const asio::any_io_executor& ex) : wake(ex) {}
+  asio::steady_timer wake;  // the poll's clock; cancelled when the fetch ends
+  Abandon abandon;
+  std::optional<Result<ClientResponse>> result;
+  bool done = false;
 };
 
 template <class Stream>
@@ -159,6 +196,7 @@ class ConnOf final : public Conn {
   explicit ConnOf(Args&&... args) : stream(std::forward<Args>(args)...) {}
   void Expire(std::chrono::steady_clock::duration d) override { beast::get_lowest_layer(stream).expires_after(d); }
   void NoExpire() override { beast::get_lowest_layer(stream).expires_never(); }
+  void Close() override { beast::get_lowest_layer(stream).close(); }
   Task<error_code> Write(Request& req) override {
     error_code ec;
     co_await http::async_write(stream, req, Ec(ec));
@@ -207,8 +245,14 @@ struct HttpClient::Impl : std::enable_shared_from_this<HttpClient::Impl> {
   class Stream;
 
   Task<Result<std::unique_ptr<Conn>>> Connect(const Url& u);
-  Task<void> OpenInto(ClientRequest request, bool whole, std::optional<Result<std::unique_ptr<Stream>>>* out);
-  Task<void> FetchInto(ClientRequest request, std::optional<Result<ClientResponse>>* out);
+  Task<void> OpenInto(ClientRequest request, bool whole, std::optional<Result<std::unique_ptr<Stream>>>* out,
+                      Abandon* abandon = nullptr);
+  Task<void> FetchInto(ClientRequest request, std::optional<Result<ClientResponse>>* out,
+                       Abandon* abandon = nullptr);
+  static Task<void> RunAbandonable(std::shared_ptr<Impl> impl, std::shared_ptr<FetchWhileState> st,
+                                   ClientRequest request);
+  Task<void> FetchWhileInto(ClientRequest request, std::function<bool()> wanted, std::chrono::milliseconds poll,
+                            std::optional<Result<ClientResponse>>* out);
   asio::ssl::context& TlsContext();
 
   std::unique_ptr<Conn> TakeIdle(const std::string& origin) {
@@ -222,6 +266,7 @@ struct HttpClient::Impl : std::enable_shared_from_this<HttpClient::Impl> {
     return nullptr;
   }
   void Release(const std::string& origin, std::unique_ptr<Conn> c) {
+    c->Unwatch();
     c->NoExpire();
     std::lock_guard<std::mutex> lock(mu);
     auto& list = idle[origin];
@@ -443,7 +488,7 @@ Task<Result<std::unique_ptr<Conn>>> HttpClient::Impl::Connect(const Url& u) {
 }
 
 Task<void> HttpClient::Impl::OpenInto(ClientRequest request, bool whole,
-                                      std::optional<Result<std::unique_ptr<Stream>>>* out) {
+                                      std::optional<Result<std::unique_ptr<Stream>>>* out, Abandon* abandon) {
   auto url = ParseUrl(request.url);
   if (!url.ok()) {
     out->emplace(url.status());
@@ -478,6 +523,13 @@ Task<void> HttpClient::Impl::OpenInto(ClientRequest request, bool whole,
         co_return;
       }
       conn = std::move(c).value();
+    }
+    if (abandon) {
+      if (abandon->requested) {
+        out->emplace(Status::Cancelled("request to " + u.origin + " abandoned by its caller"));
+        co_return;
+      }
+      conn->Watch(abandon);
     }
     // A pooled connection the server closed meanwhile fails here or before any response byte:
     // retry once on a fresh one (the request cannot have been processed without an answer
@@ -528,9 +580,10 @@ Task<void> HttpClient::Impl::OpenInto(ClientRequest request, bool whole,
   out->emplace(std::move(stream));
 }
 
-Task<void> HttpClient::Impl::FetchInto(ClientRequest request, std::optional<Result<ClientResponse>>* out) {
+Task<void> HttpClient::Impl::FetchInto(ClientRequest request, std::optional<Result<ClientResponse>>* out,
+                                       Abandon* abandon) {
   std::optional<Result<std::unique_ptr<Stream>>> opened;
-  co_await OpenInto(std::move(request), /*whole=*/true, &opened);
+  co_await OpenInto(std::move(request), /*whole=*/true, &opened, abandon);
   if (!opened->ok()) {
     out->emplace(opened->status());
     co_return;
@@ -558,6 +611,42 @@ Task<void> HttpClient::Impl::FetchInto(ClientRequest request, std::optional<Resu
   out->emplace(std::move(r));
 }
 
+// Runs on the caller's strand beside FetchWhileInto's poll loop (so Abandon is never touched
+// from two threads).
+Task<void> HttpClient::Impl::RunAbandonable(std::shared_ptr<Impl> impl, std::shared_ptr<FetchWhileState> st,
+                                            ClientRequest request) {
+  try {
+    co_await impl->FetchInto(std::move(request), &st->result, &st->abandon);
+  } catch (const std::exception& e) {
+    st->result.emplace(Status::Internal(std::string("upstream request failed: ") + e.what()));
+  }
+  st->done = true;
+  st->wake.cancel();
+}
+
+Task<void> HttpClient::Impl::FetchWhileInto(ClientRequest request, std::function<bool()> wanted,
+                                            std::chrono::milliseconds poll,
+                                            std::optional<Result<ClientResponse>>* out) {
+  auto ex = co_await asio::this_coro::executor;
+  auto st = std::make_shared<FetchWhileState>(ex);
+  asio::co_spawn(ex, RunAbandonable(shared_from_this(), st, std::move(request)), asio::detached);
+  bool gave_up = false;
+  while (!st->done) {
+    st->wake.expires_after(poll);
+    error_code ec;
+    co_await st->wake.async_wait(Ec(ec));
+    if (st->done || gave_up || wanted()) continue;
+    gave_up = true;
+    st->abandon.requested = true;
+    if (st->abandon.conn) st->abandon.conn->Close();
+  }
+  if (gave_up) {
+    out->emplace(Status::Cancelled("the caller abandoned the request"));
+  } else {
+    out->emplace(std::move(*st->result));
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // HttpClient
 
@@ -574,6 +663,21 @@ Task<Result<ClientResponse>> HttpClient::Fetch(ClientRequest request) {
     co_await impl->FetchInto(std::move(request), &out);
   } else {
     co_await asio::co_spawn(asio::make_strand(impl->io), impl->FetchInto(std::move(request), &out),
+                            asio::use_awaitable);
+  }
+  co_return std::move(*out);
+}
+
+Task<Result<ClientResponse>> HttpClient::FetchWhile(ClientRequest request, std::function<bool()> wanted,
+                                                    std::chrono::milliseconds poll) {
+  std::shared_ptr<Impl> impl = impl_;
+  std::optional<Result<ClientResponse>> out;
+  auto ex = co_await asio::this_coro::executor;
+  if (detail::IsStrand(ex)) {
+    co_await impl->FetchWhileInto(std::move(request), std::move(wanted), poll, &out);
+  } else {
+    co_await asio::co_spawn(asio::make_strand(impl->io),
+                            impl->FetchWhileInto(std::move(request), std::move(wanted), poll, &out),
                             asio::use_awaitable);
   }
   co_return std::move(*out);
