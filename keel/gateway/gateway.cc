@@ -47,14 +47,31 @@ constexpr ChatRoute kChatRoutes[] = {
 };
 
 // Gemini's model routes live under these prefixes ("/v1beta/models/{m}:generateContent").
-bool IsGeminiPath(std::string_view path) {
+bool HasKeyParameter(std::string_view query) {
+  for (size_t at = 0; at <= query.size();) {
+    const size_t amp = std::min(query.find('&', at), query.size());
+    if (StartsWith(query.substr(at, amp - at), "key=")) return true;
+    at = amp + 1;
+  }
+  return false;
+}
+
+// Gemini's own paths, and the /v1/ ones it shares with OpenAI and Anthropic. /v1/models/{m}:method
+// is Gemini's (its methods are all POSTs); a GET of an id with colons (OpenAI fine-tunes are
+// "ft:gpt-4o:org::id") is a model lookup. The model list and a model's GET are Gemini's when the
+// request carries Gemini's key (x-goog-api-key or ?key=) and neither OpenAI's nor Anthropic's
+// (@google/genai with apiVersion "v1").
+bool IsGeminiRequest(const HttpRequest& req, bool get) {
+  const std::string_view path = req.path;
   for (std::string_view p : {"/v1beta/models", "/v1alpha/models"}) {
     if (path == p || StartsWith(path, std::string(p) + "/")) return true;
   }
-  // /v1/models/{m}:method is Gemini's too; /v1/models/{id} without a method is OpenAI/Anthropic.
-  return StartsWith(path, "/v1/models/") && path.find(':') != std::string_view::npos;
+  if (path != "/v1/models" && !StartsWith(path, "/v1/models/")) return false;
+  if (!get) return path.find(':') != std::string_view::npos;
+  const bool gemini_key = req.headers.Has("x-goog-api-key") || HasKeyParameter(req.query);
+  return gemini_key && !req.headers.Has("authorization") && !req.headers.Has("x-api-key") &&
+         !req.headers.Has("anthropic-version");
 }
-
 
 // What a request's method and path ask for, decided before any work is done for it.
 enum class RouteKind { kChat, kCountTokens, kEmbeddings, kModels, kGeminiModels, kWrongMethod, kUnknown };
@@ -91,9 +108,9 @@ RouteMatch MatchRoute(const HttpRequest& req) {
     return route(RouteKind::kCountTokens, post, path);
   }
   if (path == "/v1/embeddings") return route(RouteKind::kEmbeddings, post, path);
-  if (IsGeminiPath(path)) {
+  if (IsGeminiRequest(req, get)) {
     m.format = WireFormat::kGemini;
-    if (path.find(':') == std::string::npos) {
+    if (get || path.find(':') == std::string::npos) {
       m.allow = "GET, HEAD";
       return route(RouteKind::kGeminiModels, get, path.size() > 15 ? "/v1beta/models/{id}" : "/v1beta/models");
     }

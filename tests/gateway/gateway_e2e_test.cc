@@ -178,6 +178,8 @@ class GatewayE2E : public ::testing::Test {
           {{"name", "m-truncate"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-truncate"}}}}},
           {{"name", "m-paced"}, {"targets", {{{"upstream", "oa-paced"}, {"model", "gpt-test"}}}}},
           {{"name", "m-slow"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-slow"}}}}},
+          // Shaped like an OpenAI fine-tune id: colons must not make a GET of it a Gemini method.
+          {{"name", "ft:m-openai:acme::x1"}, {"targets", {{{"upstream", "oa"}, {"model", "gpt-test"}}}}},
           {{"name", "m-timeout"},
            {"targets", {{{"upstream", "oa-short"}, {"model", "gpt-slow"}}, {{"upstream", "an"}, {"model", "claude-ok"}}}}},
           {{"name", "m-badkey"}, {"targets", {{{"upstream", "an-badkey"}, {"model", "claude-x"}}}}},
@@ -1356,6 +1358,33 @@ TEST_F(GatewayE2E, GeminiFrontCountsTokensListsModelsAndRefusesUnknownKeys) {
   r = Send("GET", "/v1beta/models?key=sk-keel-not-a-real-key", "", {});
   EXPECT_EQ(r.status, 401) << r.body;
   EXPECT_EQ(json::parse(r.body, nullptr, false)["error"].value("status", ""), "UNAUTHENTICATED") << r.body;
+
+  // @google/genai with apiVersion "v1": the list and a model under /v1/, with Gemini's key.
+  r = Send("GET", "/v1/models", "", goog);
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["models"].is_array()) << r.body;
+  r = Send("GET", "/v1/models/m-openai?key=" + key_open_, "", {});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body, nullptr, false).value("name", ""), "models/m-openai") << r.body;
+  // The same paths with OpenAI's key stay OpenAI's.
+  r = Send("GET", "/v1/models", "", {{"Authorization", "Bearer " + key_open_}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body, nullptr, false).value("object", ""), "list") << r.body;
+}
+
+// A model id with colons (OpenAI's fine-tunes: "ft:gpt-4o:org::id") is looked up, not read as a
+// Gemini method call, by every SDK's GET.
+TEST_F(GatewayE2E, ModelIdsWithColonsAreLookedUp) {
+  const std::string id = "ft:m-openai:acme::x1";
+  auto r = Send("GET", "/v1/models/" + id, "", {{"Authorization", "Bearer " + key_open_}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body, nullptr, false).value("id", ""), id) << r.body;
+  r = Send("GET", "/v1/models/" + id, "", {{"x-api-key", key_open_}, {"anthropic-version", "2023-06-01"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body, nullptr, false).value("id", ""), id) << r.body;
+  // And chat with it works as before.
+  EXPECT_EQ(Post("/v1/chat/completions", Chat(id, "hi").dump(), key_open_).status, 200);
 }
 
 // An SDK uploads its whole body before it reads the answer: a body over listen.max_body_bytes

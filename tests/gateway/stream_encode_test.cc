@@ -478,6 +478,19 @@ TEST(StreamEncoder, GeminiAndResponsesClientsGetTheirOwnEncoders) {
   EXPECT_EQ(Json::parse(responses.back().data)["response"]["output"][0]["content"][0]["text"], "x");
 }
 
+// U+2028 / U+2029 end a line for JavaScript: @google/genai's framing regex (/^data: (.*)\n\n/)
+// stops at them and drops the rest of the stream. Written as escapes, the text is unchanged.
+TEST(StreamEncoder, GeminiSseEscapesJavaScriptLineTerminators) {
+  const std::string text = "a\xE2\x80\xA8" "b\xE2\x80\xA9" "c \xE2\x82\xAC";  // U+2028, U+2029, and a euro sign kept
+  const std::string body = EncodeAll(WireFormat::kGemini, {Text(text), E(Kind::kDone)}, false);
+  EXPECT_EQ(body.find("\xE2\x80\xA8"), std::string::npos);
+  EXPECT_EQ(body.find("\xE2\x80\xA9"), std::string::npos);
+  EXPECT_NE(body.find("a\\u2028b\\u2029c \xE2\x82\xAC"), std::string::npos) << body;
+  auto frames = Frames(body);
+  ASSERT_FALSE(frames.empty());
+  EXPECT_EQ(Json::parse(frames.front().data)["candidates"][0]["content"]["parts"][0]["text"], text);
+}
+
 // ---- real-shaped upstream streams -> every client format
 
 const char kOpenAIUp[] =

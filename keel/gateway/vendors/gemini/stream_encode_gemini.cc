@@ -22,6 +22,18 @@ namespace {
 
 using namespace stream_internal;  // NOLINT: Json (ordered: fields in Gemini's order), Dump, RandomHex
 
+// `json_text` with U+2028 and U+2029 (E2 80 A8 / E2 80 A9) written as JSON escapes.
+void AppendEscapingJsLineTerminators(std::string_view json_text, std::string* out) {
+  size_t from = 0;
+  for (size_t i = json_text.find('\xE2'); i != std::string_view::npos; i = json_text.find('\xE2', i + 1)) {
+    if (i + 2 < json_text.size() && json_text[i + 1] == '\x80' && (json_text[i + 2] == '\xA8' || json_text[i + 2] == '\xA9')) {
+      out->append(json_text.substr(from, i - from)).append(json_text[i + 2] == '\xA8' ? "\\u2028" : "\\u2029");
+      from = i + 3;
+    }
+  }
+  out->append(json_text.substr(from));
+}
+
 // Arguments are held until the end; a stream whose calls exceed this is failed, not truncated.
 constexpr size_t kMaxBufferedArgumentBytes = size_t{16} << 20;
 constexpr JsonLimits kArgumentLimits{.max_depth = 128, .max_values = size_t{1} << 20, .require_object = true};
@@ -128,10 +140,15 @@ class GeminiEncoder final : public StreamEncoder {
     Frame(Dump(j), out);
   }
 
-  // Compact JSON has no raw line breaks, so one "data:" line always holds the whole chunk.
+  // Compact JSON has no raw line breaks, so one "data:" line always holds the whole chunk. But
+  // U+2028 and U+2029 are line terminators to JavaScript: @google/genai frames events with
+  // /^data: (.*)(?:\n\n|\r\r|\r\n\r\n)/, whose `.` stops at them, and drops the rest of the
+  // stream. They can only occur inside JSON strings, where \u2028 / \u2029 mean the same.
   void Frame(const std::string& json_text, std::string* out) {
     if (sse_) {
-      out->append("data: ").append(json_text).append("\r\n\r\n");
+      out->append("data: ");
+      AppendEscapingJsLineTerminators(json_text, out);
+      out->append("\r\n\r\n");
       return;
     }
     out->append(frames_ == 0 ? "[" : ",\r\n").append(json_text);
