@@ -274,7 +274,7 @@ TEST(OpenAIAnswerWrite, CommonCases) {
   r.finish = FinishReason::kStop;
   r.usage = {3, 5};
   EXPECT_EQ(BuildOpenAIChatResponse(r, "gpt-4o"),
-            R"({"choices":[{"finish_reason":"stop","index":0,"logprobs":null,"message":{"content":"Hello","role":"assistant"}}],)"
+            R"({"choices":[{"finish_reason":"stop","index":0,"logprobs":null,"message":{"annotations":[],"content":"Hello","refusal":null,"role":"assistant"}}],)"
             R"("created":1700000000,"id":"chatcmpl-abc","model":"gpt-4o","object":"chat.completion",)"
             R"("usage":{"completion_tokens":5,"prompt_tokens":3,"total_tokens":8}})");
   ExpectSameAnswer(r, "gpt-4o", true);

@@ -37,7 +37,7 @@ inline json ToolCallsJson(const std::vector<ToolCall>& calls) {
 }
 
 inline std::string BuildOpenAIChatResponse(const ChatResponse& response, const std::string& model) {
-  json message = {{"role", "assistant"}, {"content", response.content}};
+  json message = {{"role", "assistant"}, {"content", response.content}, {"refusal", nullptr}, {"annotations", json::array()}};
   if (!response.tool_calls.empty()) {
     if (response.content.empty()) message["content"] = nullptr;
     message["tool_calls"] = ToolCallsJson(response.tool_calls);

@@ -781,6 +781,17 @@ TEST(TranslateBadInput, InvalidArgumentNamesTheField) {
       {kOpenAI, R"({"model":"m","logprobs":true,)" + msgs + "}", "logprobs: not supported"},
       {kOpenAI, R"({"model":"m","logprobs":false,"top_logprobs":2,)" + msgs + "}", "top_logprobs: not supported"},
       {kCompletions, R"({"model":"m","prompt":"a","logprobs":0})", "logprobs: not supported"},
+      // Fields that change the answer and are not carried: refused, not dropped with a 200.
+      {kOpenAI, R"({"model":"m","functions":[{"name":"f","parameters":{}}],)" + msgs + "}", "functions: the legacy functions form"},
+      {kOpenAI, R"({"model":"m","function_call":"auto",)" + msgs + "}", "function_call: the legacy functions form"},
+      {kOpenAI, R"({"model":"m","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},)" + msgs + "}",
+       "modalities: only"},
+      {kOpenAI, R"({"model":"m","audio":{"voice":"alloy","format":"wav"},)" + msgs + "}", "audio: not supported"},
+      {kOpenAI, R"({"model":"m","web_search_options":{},)" + msgs + "}", "web_search_options: not supported"},
+      {kOpenAI, R"({"model":"m","prediction":{"type":"content","content":"x"},)" + msgs + "}", "prediction: not supported"},
+      {kCompletions, R"({"model":"m","prompt":"a","echo":true})", "echo: not supported"},
+      {kCompletions, R"({"model":"m","prompt":"a","suffix":"end"})", "suffix: not supported"},
+      {kCompletions, R"({"model":"m","prompt":"a","best_of":3})", "best_of: only 1"},
       {kOpenAI, R"({"model":"m","tools":{},)" + msgs + "}", "tools: expected an array"},
       {kOpenAI, R"({"model":"m","tools":[{"type":"web_search"}],)" + msgs + "}", "tools[0].type"},
       {kOpenAI, R"({"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":[]}}],)" + msgs + "}",
@@ -826,11 +837,15 @@ TEST(TranslateBadInput, InvalidArgumentNamesTheField) {
 // are served.
 TEST(TranslateBadInput, OffValuesOfRefusedFieldsPass) {
   const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
-  for (const std::string& extra : {R"("logprobs":false,)", R"("logprobs":null,"top_logprobs":null,)", R"("n":1,)"}) {
+  for (const std::string& extra : {R"("logprobs":false,)", R"("logprobs":null,"top_logprobs":null,)", R"("n":1,)",
+                                   R"("modalities":["text"],)", R"("functions":null,"audio":null,"prediction":null,)"}) {
     auto r = ParseClientRequest(WireFormat::kOpenAIChat, R"({"model":"m",)" + extra + msgs + "}");
     EXPECT_TRUE(r.ok()) << extra << ": " << r.status().ToString();
   }
   auto c = ParseClientRequest(WireFormat::kOpenAICompletions, R"({"model":"m","prompt":"a","logprobs":null})");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  c = ParseClientRequest(WireFormat::kOpenAICompletions,
+                         R"({"model":"m","prompt":"a","echo":false,"suffix":null,"best_of":1})");
   EXPECT_TRUE(c.ok()) << c.status().ToString();
 }
 

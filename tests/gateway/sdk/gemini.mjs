@@ -60,6 +60,27 @@ for (const model of upstreamModels) {
   });
 }
 
+// U+2028 / U+2029 are line ends to JavaScript: the SDK's SSE framing regex stops at them, so a
+// gateway that writes them raw loses the rest of the stream ("Incomplete JSON segment").
+for (const model of upstreamModels) {
+  await check(`generateContentStream carries U+2028/U+2029 via ${model}`, async () => {
+    let text = '';
+    for await (const chunk of await ai.models.generateContentStream({ model, contents: 'one\u2028two\u2029three' })) {
+      text += chunk.text ?? '';
+    }
+    assert.ok(text.startsWith('one\u2028two\u2029three'), JSON.stringify(text));
+  });
+}
+
+await check('apiVersion v1: models.list and models.get', async () => {
+  const v1 = new GoogleGenAI({ apiKey: env.key, apiVersion: 'v1', httpOptions: { baseUrl: env.gateway } });
+  const names = [];
+  for await (const m of await v1.models.list()) names.push(m.name);
+  assert.ok(names.includes(`models/${models.gemini}`), JSON.stringify(names));
+  const one = await v1.models.get({ model: models.gemini });
+  assert.equal(one.name, `models/${models.gemini}`);
+});
+
 for (const model of [models.geminiTools, models.openaiTools, models.anthropicTools]) {
   await check(`function calling via ${model}`, async () => {
     const tools = [{ functionDeclarations: [{ name: 'find', description: 'finds', parameters: { type: Type.OBJECT, properties: { q: { type: Type.STRING } } } }] }];

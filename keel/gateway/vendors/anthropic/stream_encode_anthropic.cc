@@ -92,7 +92,11 @@ class AnthropicEncoder final : public StreamEncoder {
                 {"content", Json::array()},
                 {"stop_reason", nullptr},
                 {"stop_sequence", nullptr},
-                {"usage", {{"input_tokens", std::max<int64_t>(usage_.input_tokens, 0)}, {"output_tokens", 0}}}};
+                {"usage", {{"input_tokens", std::max<int64_t>(usage_.input_tokens, 0)},
+                           {"output_tokens", 0},
+                           {"cache_creation_input_tokens", nullptr},
+                           {"cache_read_input_tokens", nullptr},
+                           {"service_tier", nullptr}}}};
     Event("message_start", Json{{"type", "message_start"}, {"message", std::move(msg)}}, out);
   }
 

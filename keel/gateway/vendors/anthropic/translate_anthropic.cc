@@ -349,9 +349,14 @@ std::string BuildAnthropicResponse(const ChatResponse& response, const std::stri
                {"content", std::move(content)},
                {"stop_reason", *stop ? json(stop) : json(nullptr)},
                {"stop_sequence", by_sequence ? json(response.stop_sequence) : json(nullptr)},
-               // Anthropic clients require both counts; unknown is reported as 0.
+               // Anthropic clients require both counts; unknown is reported as 0. The cache counts
+               // and service tier are required (nullable) members of the SDKs' Usage type; the
+               // gateway does not carry them, so they are null.
                {"usage", {{"input_tokens", std::max<int64_t>(response.usage.input_tokens, 0)},
-                          {"output_tokens", std::max<int64_t>(response.usage.output_tokens, 0)}}}};
+                          {"output_tokens", std::max<int64_t>(response.usage.output_tokens, 0)},
+                          {"cache_creation_input_tokens", nullptr},
+                          {"cache_read_input_tokens", nullptr},
+                          {"service_tier", nullptr}}}};
   return Dump(body);
 }
 

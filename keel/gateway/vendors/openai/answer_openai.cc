@@ -185,10 +185,12 @@ std::string BuildOpenAIChatResponse(const ChatResponse& response, const std::str
   out.reserve(256 + StringsSize(response, model));
   out += "{\"choices\":[{\"finish_reason\":";
   AppendFinish(response.finish, &out);
-  out += ",\"index\":0,\"logprobs\":null,\"message\":{\"content\":";
+  // refusal and annotations: members OpenAI always sends and its SDKs type as required
+  // (string | null, array); the gateway has neither to carry.
+  out += ",\"index\":0,\"logprobs\":null,\"message\":{\"annotations\":[],\"content\":";
   if (!response.tool_calls.empty() && response.content.empty()) out += "null";
   else AppendJsonString(response.content, &out);
-  out += ",\"role\":\"assistant\"";
+  out += ",\"refusal\":null,\"role\":\"assistant\"";
   if (!response.tool_calls.empty()) {
     out += ",\"tool_calls\":";
     AppendOpenAIToolCalls(response.tool_calls, &out);

@@ -124,7 +124,8 @@ bool internal::ReadOpenAIChatRequestFast(std::string_view body, ChatRequest* req
     if (key == "top_k" || key == "presence_penalty" || key == "frequency_penalty" || key == "logit_bias" ||
         key == "stop" || key == "n" || key == "logprobs" || key == "top_logprobs" || key == "tools" ||
         key == "tool_choice" || key == "parallel_tool_calls" || key == "response_format" || key == "prompt" ||
-        key == "reasoning_effort") {
+        key == "reasoning_effort" || key == "functions" || key == "function_call" || key == "audio" ||
+        key == "modalities" || key == "web_search_options" || key == "prediction") {
       return Null(s);  // read and checked by the DOM reader only
     }
     return s.Skip();

@@ -270,6 +270,33 @@ Result<const json*> FirstChoice(const json& body, ChatResponse* out) {
   return &(*choices)[0];
 }
 
+// Fields that change the answer but that the neutral form does not carry: refused, never
+// dropped with a 200 (docs/gateway.md, "Parameters per upstream"). Values asking for the default
+// (null, false, "", a text-only modality list, best_of 1) pass.
+Status RefuseUncarriedChatFields(const json& body) {
+  if (auto it = body.find("modalities"); it != body.end() && !it->is_null() && *it != json::array({"text"}))
+    return Status::InvalidArgument("modalities: only [\"text\"] is supported by the gateway");
+  for (const char* f : {"functions", "function_call"}) {
+    if (auto it = body.find(f); it != body.end() && !it->is_null())
+      return Status::InvalidArgument(std::string(f) + ": the legacy functions form is not supported; send tools");
+  }
+  for (const char* f : {"audio", "web_search_options", "prediction"}) {
+    if (auto it = body.find(f); it != body.end() && !it->is_null())
+      return Status::InvalidArgument(std::string(f) + ": not supported by the gateway");
+  }
+  return Status::Ok();
+}
+
+Status RefuseUncarriedCompletionsFields(const json& body) {
+  if (auto it = body.find("echo"); it != body.end() && !it->is_null() && *it != false)
+    return Status::InvalidArgument("echo: not supported by the gateway");
+  if (auto it = body.find("suffix"); it != body.end() && !it->is_null() && *it != "")
+    return Status::InvalidArgument("suffix: not supported by the gateway");
+  if (auto it = body.find("best_of"); it != body.end() && !it->is_null() && *it != 1)
+    return Status::InvalidArgument("best_of: only 1 is supported by the gateway");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ChatRequest> ParseOpenAIChatRequest(std::string_view text) {
@@ -283,6 +310,7 @@ Result<ChatRequest> internal::ParseOpenAIChatRequestDom(std::string_view text) {
   ChatRequest req;
   req.client_format = WireFormat::kOpenAIChat;
   KEEL_RETURN_IF_ERROR(ReadCommon(body, &req));
+  KEEL_RETURN_IF_ERROR(RefuseUncarriedChatFields(body));
   KEEL_RETURN_IF_ERROR(ReadMessages(body, &req));
   KEEL_RETURN_IF_ERROR(ReadTools(body, &req));
   KEEL_RETURN_IF_ERROR(
@@ -297,6 +325,7 @@ Result<ChatRequest> ParseOpenAICompletionsRequest(std::string_view text) {
   ChatRequest req;
   req.client_format = WireFormat::kOpenAICompletions;
   KEEL_RETURN_IF_ERROR(ReadCommon(body, &req));
+  KEEL_RETURN_IF_ERROR(RefuseUncarriedCompletionsFields(body));
   auto p = body.find("prompt");
   if (p == body.end() || p->is_null()) return Status::InvalidArgument("prompt: required");
   if (p->is_array()) {
