@@ -135,6 +135,13 @@ RouteMatch MatchRoute(const HttpRequest& req) {
     if (req.headers.Has("anthropic-version")) m.format = WireFormat::kAnthropicMessages;
     return route(RouteKind::kModels, get, path == "/v1/models" ? path : "/v1/models/{id}");
   }
+  // No route: answered in the format the path (or Anthropic's version header) speaks, so an
+  // SDK calling an API the gateway lacks (batches, files, tuned models) gets its own error type.
+  if (StartsWith(path, "/v1/messages/") || req.headers.Has("anthropic-version")) {
+    m.format = WireFormat::kAnthropicMessages;
+  } else if (StartsWith(path, "/v1beta/") || StartsWith(path, "/v1alpha/")) {
+    m.format = WireFormat::kGemini;
+  }
   return m;  // kUnknown, "other"
 }
 }  // namespace
@@ -266,7 +273,10 @@ Task<void> Gateway::Impl::Handle(const HttpRequest& req, AsyncResponder& resp) {
     const HttpHeaderList extra = {{"Allow", m.allow}};
     co_await Fail(x, e, extra);
   } else {
-    const GatewayError e{404, ErrorKind::kNotFound, "no route for " + req.path};
+    // OpenAI answers an unknown URL as an invalid request with no code (its kNotFound code is
+    // "model_not_found"); Anthropic and Gemini answer not_found_error / NOT_FOUND.
+    const ErrorKind kind = m.format == WireFormat::kOpenAIChat ? ErrorKind::kInvalidRequest : ErrorKind::kNotFound;
+    const GatewayError e{404, kind, "no route for " + req.method + " " + req.path};
     co_await Fail(x, e);
   }
   request_seconds->WithLabels({x.route}).Observe(SecondsSince(start));

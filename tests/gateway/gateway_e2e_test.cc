@@ -1373,6 +1373,27 @@ TEST_F(GatewayE2E, GeminiFrontCountsTokensListsModelsAndRefusesUnknownKeys) {
   EXPECT_EQ(json::parse(r.body, nullptr, false).value("object", ""), "list") << r.body;
 }
 
+// An API the gateway lacks is a 404 in the caller's own format (SDKs raise their NotFound error
+// with the vendor's error type), never an OpenAI "model_not_found".
+TEST_F(GatewayE2E, UnknownRoutesAre404InTheFormatThePathSpeaks) {
+  auto r = Send("GET", "/v1/messages/batches", "", {{"x-api-key", key_open_}, {"anthropic-version", "2023-06-01"}});
+  EXPECT_EQ(r.status, 404) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  EXPECT_EQ(j.value("type", ""), "error") << r.body;
+  EXPECT_EQ(j["error"].value("type", ""), "not_found_error") << r.body;
+  r = Send("POST", "/v1beta/tunedModels/x:generateContent", "{}", {{"x-goog-api-key", key_open_}});
+  EXPECT_EQ(r.status, 404) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  EXPECT_EQ(j["error"].value("status", ""), "NOT_FOUND") << r.body;
+  EXPECT_EQ(j["error"].value("code", 0), 404) << r.body;
+  r = Send("GET", "/v1/fine_tuning/jobs", "", {{"Authorization", "Bearer " + key_open_}});
+  EXPECT_EQ(r.status, 404) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  EXPECT_EQ(j["error"].value("type", ""), "invalid_request_error") << r.body;
+  EXPECT_TRUE(j["error"]["code"].is_null()) << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("GET /v1/fine_tuning/jobs"), std::string::npos) << r.body;
+}
+
 // A model id with colons (OpenAI's fine-tunes: "ft:gpt-4o:org::id") is looked up, not read as a
 // Gemini method call, by every SDK's GET.
 TEST_F(GatewayE2E, ModelIdsWithColonsAreLookedUp) {
