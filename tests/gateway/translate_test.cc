@@ -395,6 +395,33 @@ TEST(TranslateRequest, OpenAIToAnthropicAlternatesAndMergesToolResults) {
   EXPECT_EQ(back.user, "u-1");
 }
 
+// Anthropic refuses an empty turn anywhere but last: an empty assistant turn is left out (its
+// neighbours merge), and an OpenAI refusal is the text the assistant said.
+TEST(TranslateRequest, OpenAIToAnthropicLeavesEmptyTurnsOutAndCarriesRefusals) {
+  ChatRequest r = MustParse(kOpenAI, json{{"model", "m"},
+                                          {"messages",
+                                           {{{"role", "user"}, {"content", "q1"}},
+                                            {{"role", "assistant"}, {"content", ""}},
+                                            {{"role", "user"}, {"content", "q2"}},
+                                            {{"role", "assistant"}, {"content", nullptr}, {"refusal", "I cannot"}},
+                                            {{"role", "user"}, {"content", "q3"}}}}});
+  json up = J(Up(kAnthropic, r, "claude-x", 64));
+  const json& msgs = up["messages"];
+  ASSERT_EQ(msgs.size(), 3u) << msgs.dump();
+  EXPECT_EQ(msgs[0]["role"], "user");
+  ASSERT_EQ(msgs[0]["content"].size(), 2u) << msgs.dump();  // q1 and q2, merged
+  EXPECT_EQ(msgs[0]["content"][1]["text"], "q2");
+  EXPECT_EQ(msgs[1]["role"], "assistant");
+  EXPECT_EQ(msgs[1]["content"][0]["text"], "I cannot");
+  for (const json& m : msgs) EXPECT_FALSE(m["content"].empty()) << msgs.dump();
+  // A refusal read by the fast reader and the DOM reader alike (a null one is no refusal).
+  ChatRequest plain = MustParse(kOpenAI, json{{"model", "m"},
+                                              {"messages",
+                                               {{{"role", "user"}, {"content", "q1"}},
+                                                {{"role", "assistant"}, {"content", "a"}, {"refusal", nullptr}}}}});
+  EXPECT_EQ(plain.messages.back().content, "a");
+}
+
 TEST(TranslateRequest, OpenAIToGemini) {
   ChatRequest r = MustParse(kOpenAI, OpenAIToolConversation());
   json up = J(Up(kGemini, r, "gemini-2.5-flash"));

@@ -229,10 +229,15 @@ Result<std::string> BuildAnthropicRequest(const ChatRequest& request, const std:
   json body = {{"model", model}, {"max_tokens", request.max_tokens.value_or(default_max_tokens)}};
   if (!request.system.empty()) body["system"] = request.system;
   json messages = json::array();
-  for (const Message& m : EffectiveMessages(request)) {
+  const auto& turns = EffectiveMessages(request);
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const Message& m = turns[i];
     json blocks = json::array();
-    // Anthropic rejects empty text blocks.
+    // Anthropic rejects empty text blocks, and an empty turn anywhere but last ("all messages
+    // must have non-empty content except for the optional final assistant message"): an empty
+    // turn says nothing, so it is left out and its neighbours merge (AppendTurn).
     if (!m.content.empty() && m.role != "tool") blocks.push_back({{"type", "text"}, {"text", m.content}});
+    if (m.role != "tool" && m.tool_calls.empty() && blocks.empty() && i + 1 < turns.size()) continue;
     if (m.role == "assistant") {
       for (const ToolCall& c : m.tool_calls)
         blocks.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name},

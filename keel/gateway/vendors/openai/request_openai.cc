@@ -76,7 +76,7 @@ bool ReadMessage(Scanner& s, Message* m) {
   return s.Object([&](const std::string& key) {
     if (key == "role") return seen.First(1) && s.Peek() == '"' && s.String(&m->role);
     if (key == "content") return seen.First(2) && (Null(s) || (s.Peek() == '"' && s.String(&m->content)));
-    if (key == "tool_calls") return Null(s);
+    if (key == "tool_calls" || key == "refusal") return Null(s);  // read by the DOM reader only
     return s.Skip();
   });
 }

@@ -147,6 +147,8 @@ Status ReadMessages(const json& body, ChatRequest* req) {
     }
     if (msg.role == "assistant") {
       KEEL_RETURN_IF_ERROR(ReadToolCalls(m, path + ".tool_calls", /*require_id=*/true, &msg.tool_calls));
+      // A refused turn (content null, refusal the text the model said) is what the model said.
+      if (msg.content.empty()) KEEL_RETURN_IF_ERROR(ReadString(m, "refusal", path + ".refusal", &msg.content));
     } else if (msg.role == "tool") {
       KEEL_RETURN_IF_ERROR(
           ReadRequiredString(m, "tool_call_id", path + ".tool_call_id", &msg.tool_call_id));
