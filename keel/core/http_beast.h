@@ -78,4 +78,21 @@ inline int TransferCodingError(const boost::beast::http::request_header<>& heade
   return 0;
 }
 
+// RFC 9110 §8.4 on a request's Content-Encoding: a server that cannot decode the body's coding
+// answers 415 (an SDK's gzip-compressed JSON would otherwise fail as "malformed JSON" at a binary
+// byte). Returns 0 for none or "identity", else 415.
+inline int ContentCodingError(const boost::beast::http::request_header<>& header, std::string* message) {
+  namespace http = boost::beast::http;
+  if (header.count(http::field::content_encoding) == 0) return 0;
+  const auto field = header[http::field::content_encoding];
+  const std::string_view value(field.data(), field.size());
+  const size_t b = value.find_first_not_of(" \t"), e = value.find_last_not_of(" \t");
+  const std::string_view coding = b == std::string_view::npos ? std::string_view() : value.substr(b, e - b + 1);
+  if (coding.empty() || boost::beast::iequals(boost::beast::string_view(coding.data(), coding.size()), "identity")) {
+    return 0;
+  }
+  *message = "Content-Encoding " + std::string(coding.substr(0, 64)) + " is not supported: send the body uncompressed";
+  return 415;
+}
+
 }  // namespace keel

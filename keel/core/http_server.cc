@@ -372,6 +372,11 @@ class HttpSession final : public FrontSession {
         *step = FrontStep::Close(ErrorBytes(options_, Version(), status, why), true);
         return true;
       }
+      if (const int status = ContentCodingError(parser_->get().base(), &why)) {
+        refusals_.coding_not_implemented.fetch_add(1, std::memory_order_relaxed);
+        *step = FrontStep::Close(ErrorBytes(options_, Version(), status, why), true);
+        return true;
+      }
       if (MissingHost(parser_->get().base(), &why)) {
         refusals_.malformed.fetch_add(1, std::memory_order_relaxed);
         *step = FrontStep::Close(ErrorBytes(options_, Version(), 400, why), true);

@@ -186,7 +186,7 @@ struct HttpRefusalStats {
   int64_t malformed = 0;               // 400: bad request line, header or chunking; bad Transfer-Encoding
   int64_t body_too_large = 0;          // 413
   int64_t headers_too_large = 0;       // 431
-  int64_t coding_not_implemented = 0;  // 501: a transfer coding other than chunked
+  int64_t coding_not_implemented = 0;  // 501: a transfer coding other than chunked; 415: a content coding
 };
 
 class HttpServer {

@@ -360,6 +360,26 @@ TEST_F(HttpServerTest, TransferCodingsOtherThanChunkedAreRefusedNotSmuggled) {
   EXPECT_EQ(r.status, 200) << r.body;  // plain chunked still works
 }
 
+// RFC 9110 §8.4: a body in a content coding the server cannot decode is a 415 naming it, not a
+// handler's "malformed JSON"; "identity" is no coding.
+TEST_F(HttpServerTest, CompressedBodiesAre415) {
+  StartServer();
+  for (const std::string coding : {"gzip", "br", "deflate"}) {
+    HttpTestClient c(server_->port());
+    ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: " + coding +
+                          "\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00"));
+    HttpTestResponse r;
+    ASSERT_TRUE(c.ReadResponse(&r)) << coding;
+    EXPECT_EQ(r.status, 415) << coding << ": " << r.body;
+    EXPECT_NE(r.body.find("Content-Encoding " + coding), std::string::npos) << r.body;
+  }
+  HttpTestClient c(server_->port());
+  ASSERT_TRUE(c.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}"));
+  HttpTestResponse r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
 // RFC 9112 §3.2.2: a server must accept the absolute form a proxy sends.
 TEST_F(HttpServerTest, AbsoluteFormTargetsAreServedAsTheirPath) {
   StartServer();

@@ -655,6 +655,20 @@ TEST_F(GatewayE2E, TransferCodingsOtherThanChunkedAreRefusedNotSmuggled) {
   }
 }
 
+// A gzip-compressed body is a 415 in the client's error format, not "malformed JSON at byte 8".
+TEST_F(GatewayE2E, CompressedRequestBodiesAre415) {
+  test::HttpTestClient http(gateway_port_, 10);
+  ASSERT_TRUE(http.SendRaw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key_open_ +
+                           "\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\n"
+                           "\x1f\x8b\x08\x00"));
+  test::HttpTestResponse r;
+  ASSERT_TRUE(http.ReadResponse(&r));
+  EXPECT_EQ(r.status, 415) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["error"].is_object()) << r.body;
+  EXPECT_NE(j["error"].value("message", "").find("Content-Encoding gzip"), std::string::npos) << r.body;
+}
+
 TEST_F(GatewayE2E, JsonDepthBombsAre400OnEveryFront) {
   const std::string bomb(60000, '[');  // under listen.max_body_bytes (64 KiB)
   for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/embeddings"}) {

@@ -512,6 +512,7 @@ Task<void> AsyncHttpServer::Impl::RunSession(ConnCtl& ctl, Stream& stream, const
       std::string why;
       int status = TransferCodingError(parser.get().base(), parser.chunked(), &why);
       if (status == 0 && MissingHost(parser.get().base(), &why)) status = 400;
+      if (status == 0) status = ContentCodingError(parser.get().base(), &why);
       if (status != 0) {
         const std::string target(parser.get().target());
         if (co_await WriteError(stream, parser.get().version(), status, why, target)) linger = true;
